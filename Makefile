@@ -1,0 +1,46 @@
+# Set-up and entry points. `make demo` and `make test` work on a fresh clone (CPU, no GPU).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip -q
+FASTBPE := tools/fastbpe/fast
+SAMPLE := data/processed/sample
+
+.PHONY: install demo data test bench clean
+
+install: $(VENV)/.installed $(FASTBPE)
+
+# The virtual environment: torch 2.13.0 unless a torch is already importable there, then the rest.
+$(VENV)/.installed: requirements.txt
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
+	$(PIP) install -r requirements.txt cython setuptools wheel
+	$(PIP) install --no-build-isolation fastBPE==0.1.0
+	touch $@
+
+# fastBPE's command-line tool (learnbpe, applybpe, getvocab), compiled from its PyPI source release.
+$(FASTBPE): $(VENV)/.installed
+	rm -rf tools/fastbpe && mkdir -p tools/fastbpe
+	$(PIP) download --no-binary :all: --no-deps fastBPE==0.1.0 -d tools/fastbpe
+	tar -xzf tools/fastbpe/fastBPE-0.1.0.tar.gz -C tools/fastbpe
+	g++ -std=c++11 -pthread -O3 tools/fastbpe/fastBPE-0.1.0/fastBPE/main.cc \
+		-Itools/fastbpe/fastBPE-0.1.0/fastBPE -o $@
+
+data: $(SAMPLE)/.done
+
+$(SAMPLE)/.done: install data/sample/python-docs.jsonl.xz
+	$(PY) -m xlm_pkm.data.preprocess --input data/sample/python-docs.jsonl.xz --output $(SAMPLE) \
+		--bpe-codes 8000 --valid-docs 20 --test-docs 20 --workers 2
+	touch $@
+
+demo: data
+	$(PY) -m xlm_pkm.data.stats $(SAMPLE)
+
+test: install
+	$(PY) -m pytest -q tests
+
+bench: install
+	$(PY) benchmarks/preprocess_throughput.py
+
+clean:
+	rm -rf $(VENV) tools $(SAMPLE)
