@@ -1,0 +1,71 @@
+"""Memory usage statistics of the paper (§4.2): how evenly a memory's slots are read.
+
+Over an evaluation set, each slot i accumulates z'_i = Σ_x w(x)_i (the summed softmax weight it
+received) and c_i (how many times it was selected). With z = z' / ||z'||_1:
+
+    usage = 100 · #{i : z_i ≠ 0} / |K|           (% of slots ever read)
+    kl    = log|K| + Σ_i z_i log z_i             (KL(z ‖ uniform), nats; 0 = perfectly even)
+
+The same two numbers are reported for the counts c (`usage_count`, `kl_count`), and `slots_p` is
+the smallest number of slots holding p% of the weight mass (p = 50, 90, 99).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+class SlotStats:
+    """Per-slot summed weight and hit count, accumulated on the device of the reads (no host sync).
+
+    The tensors are plain attributes, not module buffers: they stay out of `state_dict()` and out
+    of DDP's buffer broadcast, and are allocated on the first `add`.
+    """
+
+    def __init__(self, n_slots: int):
+        self.n_slots = n_slots
+        self.reset()
+
+    def reset(self) -> None:
+        self.weights: torch.Tensor | None = None  # (n_slots,) float64
+        self.counts: torch.Tensor | None = None  # (n_slots,) float64
+
+    def add(self, indices: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor | None = None) -> None:
+        """indices, weights: (N, ...) selected slots and their weights; keep: (N,) bool, False at padding."""
+        if self.weights is None:
+            self.weights = torch.zeros(self.n_slots, dtype=torch.float64, device=indices.device)
+            self.counts = torch.zeros(self.n_slots, dtype=torch.float64, device=indices.device)
+        hits = torch.ones_like(weights, dtype=torch.float64)
+        weights = weights.detach().double()
+        if keep is not None:
+            mask = keep.reshape(-1, *[1] * (weights.dim() - 1)).to(torch.float64)  # (N, 1, ...)
+            weights, hits = weights * mask, hits * mask
+        self.weights.index_add_(0, indices.reshape(-1), weights.reshape(-1))
+        self.counts.index_add_(0, indices.reshape(-1), hits.reshape(-1))
+
+    def summary(self) -> dict[str, float]:
+        """usage, kl, usage_count, kl_count, slots_50, slots_90, slots_99 (see the module docstring)."""
+        if self.weights is None:
+            return {k: float("nan") for k in ("usage", "kl", "usage_count", "kl_count", "slots_50", "slots_90", "slots_99")}
+        usage, kl = usage_and_kl(self.weights)
+        usage_count, kl_count = usage_and_kl(self.counts)
+        out = {"usage": usage, "kl": kl, "usage_count": usage_count, "kl_count": kl_count}
+        out.update({f"slots_{p}": slots_holding(self.weights, p / 100) for p in (50, 90, 99)})
+        return out
+
+
+def usage_and_kl(mass: torch.Tensor) -> tuple[float, float]:
+    """(% of slots with non-zero mass, KL(mass / Σ mass ‖ uniform) in nats)."""
+    z = mass / mass.sum()
+    used = z > 0
+    kl = math.log(mass.numel()) + (z[used] * z[used].log()).sum()
+    return 100.0 * used.double().mean().item(), kl.item()
+
+
+def slots_holding(mass: torch.Tensor, fraction: float) -> int:
+    """The smallest number of slots whose mass adds up to at least `fraction` of the total."""
+    cumulative = mass.sort(descending=True).values.cumsum(0)  # (n_slots,)
+    target = torch.tensor(fraction, dtype=cumulative.dtype, device=cumulative.device) * cumulative[-1]
+    return min(int(torch.searchsorted(cumulative, target * (1 - 1e-12)).item()) + 1, mass.numel())
