@@ -1,0 +1,97 @@
+"""Reading raw corpora as a stream of documents.
+
+Formats, chosen by file name (after an optional `.gz` / `.xz` / `.bz2` suffix):
+  * `*.jsonl` / `*.json`: one JSON object per line, the document in its `text` field;
+  * anything else: plain text, documents separated by one or more blank lines (whitespace-only
+    lines count as blank).
+Bytes that are not UTF-8 are replaced by U+FFFD and counted (`Reader.replaced`: invalid sequences), never fatal.
+Documents with no non-blank text are skipped, so every document yielded has at least one line.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import lzma
+from pathlib import Path
+from typing import Iterator
+
+REPLACEMENT_UTF8 = "\ufffd".encode()
+OPENERS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
+
+
+class CorpusError(ValueError):
+    """An input file is missing, unreadable or malformed."""
+
+
+def input_format(path: Path) -> str:
+    """'jsonl' or 'text'."""
+    suffixes = Path(path).suffixes
+    if suffixes and suffixes[-1] in OPENERS:
+        suffixes = suffixes[:-1]
+    return "jsonl" if suffixes and suffixes[-1] in (".jsonl", ".json") else "text"
+
+
+class Reader:
+    """Iterate over the documents (str) of one input file, counting replaced invalid UTF-8 sequences."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.replaced = 0
+        if not self.path.is_file():
+            raise CorpusError(f"input file not found: {self.path}")
+
+    def _lines(self) -> Iterator[str]:
+        opener = OPENERS.get(self.path.suffix, open)
+        try:
+            with opener(self.path, "rb") as raw:
+                for line in raw:
+                    text = line.decode("utf-8", errors="replace")
+                    if "\ufffd" in text:
+                        self.replaced += text.count("\ufffd") - line.count(REPLACEMENT_UTF8)
+                    yield text
+        except (OSError, EOFError, lzma.LZMAError) as e:
+            raise CorpusError(f"cannot read {self.path}: {e}") from None
+
+    def _clean(self, text: str) -> str:
+        """Replace lone surrogates (from JSON escapes) so the text encodes as UTF-8."""
+        try:
+            text.encode("utf-8")
+            return text
+        except UnicodeEncodeError:
+            clean = text.encode("utf-8", errors="replace").decode("utf-8")
+            self.replaced += sum(a != b for a, b in zip(text, clean))
+            return clean
+
+    def _jsonl(self) -> Iterator[str]:
+        for n, line in enumerate(self._lines(), 1):
+            if not line.strip():
+                continue
+            try:
+                text = json.loads(line)["text"]
+            except (ValueError, KeyError, TypeError):
+                raise CorpusError(f"malformed JSONL {self.path}, line {n}: expected an object with a `text` string") from None
+            if not isinstance(text, str):
+                raise CorpusError(f"malformed JSONL {self.path}, line {n}: `text` is not a string")
+            yield self._clean(text)
+
+    def _text(self) -> Iterator[str]:
+        lines: list[str] = []
+        for line in self._lines():
+            if line.strip():
+                lines.append(line)
+            elif lines:
+                yield "".join(lines)
+                lines = []
+        if lines:
+            yield "".join(lines)
+
+    def __iter__(self) -> Iterator[str]:
+        documents = self._jsonl() if input_format(self.path) == "jsonl" else self._text()
+        return (doc for doc in documents if doc.strip())
+
+
+def document_lines(text: str) -> list[str]:
+    """The non-blank lines of a document (blank lines inside a document are dropped)."""
+    return [line for line in text.split("\n") if line.strip()]

@@ -1,0 +1,141 @@
+"""The preprocessing plan: which documents form which chunk, and which are held out.
+
+A scan reads every input once (in parallel over files) and records, per file, its number of documents
+and the document index at which each 256 KB block of text starts. From these:
+
+* **Held-out split**: documents are numbered globally in input order (files in the order given);
+  `numpy.random.default_rng(seed).choice(n_docs, valid + test, replace=False)` picks the held-out
+  documents, the first `valid` of them for valid and the rest for test. Valid and test are thus
+  disjoint from train, chosen per document, reproducible for a seed, and independent of `--workers`.
+* **Chunks**: consecutive documents of one file, about `chunk_mb` of text each (by default
+  total / 64, clamped to [1, 64] MB, so a small corpus still keeps several workers busy and a large
+  one makes shards of ~64 MB of text). A chunk is the unit of work and gives one train shard.
+
+The plan is saved as `DIR/plan.json`; a re-run with other inputs or options into the same DIR is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .corpus import CorpusError, Reader
+
+BLOCK_BYTES = 1 << 18  # chunks are made of 256 KB blocks
+MB = 1 << 20
+log = logging.getLogger(__name__)
+
+
+class PlanError(ValueError):
+    """The requested split or output directory does not fit the inputs."""
+
+
+@dataclass
+class FileScan:
+    path: str
+    n_docs: int
+    n_bytes: int  # UTF-8 bytes of document text
+    block_starts: list[int]  # document index where each BLOCK_BYTES block of text starts
+    replaced: int  # invalid UTF-8 sequences replaced by U+FFFD
+
+
+@dataclass
+class Chunk:
+    index: int
+    path: str
+    doc_start: int  # first document (index within the file)
+    doc_stop: int
+    global_start: int  # global index of doc_start
+    n_bytes: int
+
+
+def scan_file(path: str) -> FileScan:
+    """Count the documents of one input and where its blocks start."""
+    reader = Reader(path)
+    n_docs = n_bytes = 0
+    block_starts = []
+    for text in reader:
+        while n_bytes >= len(block_starts) * BLOCK_BYTES:
+            block_starts.append(n_docs)
+        n_bytes += len(text.encode("utf-8"))
+        n_docs += 1
+    if n_docs == 0:
+        raise CorpusError(f"empty input: no documents in {path}")
+    return FileScan(str(path), n_docs, n_bytes, block_starts, reader.replaced)
+
+
+def inputs_signature(inputs: list[str]) -> list[list]:
+    """(path, size, mtime) of each input, to recognise the same corpus on a re-run."""
+    return [[str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in inputs]
+
+
+def default_chunk_mb(total_bytes: int) -> float:
+    return round(min(64.0, max(1.0, total_bytes / MB / 64)), 2)
+
+
+def make_chunks(scans: list[FileScan], chunk_mb: float) -> list[Chunk]:
+    blocks = max(1, round(chunk_mb * MB / BLOCK_BYTES))
+    chunks: list[Chunk] = []
+    global_start = 0
+    for scan in scans:
+        for block in range(0, len(scan.block_starts), blocks):
+            stop_block = block + blocks
+            start = scan.block_starts[block]
+            stop = scan.block_starts[stop_block] if stop_block < len(scan.block_starts) else scan.n_docs
+            n_bytes = min(stop_block * BLOCK_BYTES, scan.n_bytes) - block * BLOCK_BYTES
+            if stop > start:
+                chunks.append(Chunk(len(chunks), scan.path, start, stop, global_start + start, n_bytes))
+        global_start += scan.n_docs
+    return chunks
+
+
+@dataclass
+class Plan:
+    inputs: list[list]
+    options: dict  # as requested, to refuse a re-run with other options
+    scans: list[FileScan]
+    chunk_mb: float
+    valid_docs: list[int]
+    test_docs: list[int]
+
+    @property
+    def n_docs(self) -> int:
+        return sum(s.n_docs for s in self.scans)
+
+    @property
+    def n_bytes(self) -> int:
+        return sum(s.n_bytes for s in self.scans)
+
+    def chunks(self) -> list[Chunk]:
+        return make_chunks(self.scans, self.chunk_mb)
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self)))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: Path) -> "Plan":
+        d = json.loads(path.read_text())
+        d["scans"] = [FileScan(**s) for s in d["scans"]]
+        return cls(**d)
+
+
+def make_plan(inputs: list[str], valid: int, test: int, seed: int, chunk_mb: float | None, scans: list[FileScan]) -> Plan:
+    """Choose the held-out documents and the chunk size from the scans of `inputs`."""
+    total = sum(s.n_docs for s in scans)
+    if valid < 0 or test < 0 or valid + test >= total:
+        raise PlanError(f"--valid-docs {valid} + --test-docs {test} must leave training documents: the input has {total} documents")
+    held_out = np.random.default_rng(seed).choice(total, valid + test, replace=False)
+    options = {"valid_docs": valid, "test_docs": test, "seed": seed, "chunk_mb": chunk_mb}
+    chunk_mb = chunk_mb or default_chunk_mb(sum(s.n_bytes for s in scans))
+    for s in scans:
+        if s.replaced:
+            log.warning("%s: replaced %d invalid UTF-8 sequences with U+FFFD", s.path, s.replaced)
+    return Plan(inputs_signature(inputs), options, scans, chunk_mb,
+                sorted(int(i) for i in held_out[:valid]), sorted(int(i) for i in held_out[valid:]))

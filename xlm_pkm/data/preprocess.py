@@ -1,0 +1,285 @@
+"""Raw text -> Moses tokens -> fastBPE -> binary shards, streaming and in parallel.
+
+    python -m xlm_pkm.data.preprocess --input PATH [PATH ...] --output DIR
+        [--bpe-codes N | --codes FILE] [--workers N] [--valid-docs N] [--test-docs N]
+        [--seed S] [--chunk-mb MB] [--keep-intermediate] [--slurm-partition P]
+
+Steps (see plan.py for the held-out split and the chunks):
+  1. scan the inputs (one pass, parallel over files) and write DIR/plan.json;
+  2. tokenize each chunk (Moses, one line per line, blank lines dropped, a blank line after each
+     document) into DIR/work/NNNNN.{train,valid,test}.tok;
+  3. learn DIR/codes with `fast learnbpe` on the train text (unless --codes);
+  4. apply BPE to the train text with the fastBPE binding (same bytes as `fast applybpe`);
+  5. DIR/vocab with `fast getvocab` on the train BPE text; valid/test BPE is limited to it, as in XLM;
+  6. binarize: one DIR/train.NNN.bin per chunk, DIR/valid.000.bin, DIR/test.000.bin (shard.py),
+     and DIR/meta.json. With --keep-intermediate, DIR/{train,valid,test}.{tok,bpe} too.
+Every output is written under a temporary name and renamed; a re-run skips finished work.
+Documents that are empty after tokenization are dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+from .corpus import CorpusError, Reader, document_lines
+from .dictionary import Dictionary, DictionaryError
+from .executor import Executor
+from .fastbpe import FastBPEError, bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
+from .moses import tokenize_line
+from .plan import MB, Chunk, Plan, PlanError, inputs_signature, make_plan, scan_file
+from .shard import ShardError, ShardWriter, is_complete, token_dtype
+
+SPLITS = ("train", "valid", "test")
+HELD_OUT = ("valid", "test")
+BPE_BATCH_LINES = 10_000
+log = logging.getLogger("xlm_pkm.data.preprocess")
+
+
+def work_file(work: Path, chunk: int, split: str, kind: str) -> Path:
+    return work / f"{chunk:05d}.{split}.{kind}"
+
+
+def _publish(tmp_paths: list[Path]) -> None:
+    for tmp in tmp_paths:
+        os.replace(tmp, tmp.with_suffix(""))
+
+
+def tokenize_chunk(work: Path, held_out: dict[str, list[int]], chunk: Chunk) -> None:
+    """Tokenize the documents of a chunk into one .tok file per split (held-out ones by global index)."""
+    outputs = [work_file(work, chunk.index, split, "tok") for split in SPLITS]
+    if all(p.exists() for p in outputs):
+        return
+    split_of = {g: split for split in HELD_OUT for g in held_out[split]}
+    tmps = [p.with_name(p.name + ".tmp") for p in outputs]
+    files = {split: open(tmp, "w", encoding="utf-8", newline="\n") for split, tmp in zip(SPLITS, tmps)}
+    for index, text in enumerate(Reader(chunk.path)):
+        if index < chunk.doc_start:
+            continue
+        if index >= chunk.doc_stop:
+            break
+        lines = [tok for tok in map(tokenize_line, document_lines(text)) if tok]
+        if lines:
+            split = split_of.get(chunk.global_start + index - chunk.doc_start, "train")
+            files[split].write("\n".join(lines) + "\n\n")
+    for f in files.values():
+        f.close()
+    _publish(tmps)
+
+
+def apply_bpe(src: Path, dst: Path, codes: Path, vocab: Path | None) -> None:
+    """Apply BPE codes (limited to `vocab` when given) to a text file, line by line, in batches."""
+    if dst.exists():
+        return
+    applier = bpe_applier(codes, vocab)
+    tmp = dst.with_name(dst.name + ".tmp")
+    with open(src, encoding="utf-8", newline="\n") as fin, open(tmp, "w", encoding="utf-8", newline="\n") as fout:
+        batch: list[str] = []
+        for line in fin:
+            batch.append(line.rstrip("\n"))
+            if len(batch) == BPE_BATCH_LINES:
+                fout.write("\n".join(applier.apply(batch)) + "\n")
+                batch = []
+        if batch:
+            fout.write("\n".join(applier.apply(batch)) + "\n")
+    os.replace(tmp, dst)
+
+
+def bpe_documents(paths: list[Path], dictionary: Dictionary):
+    """Token ids of each document in BPE text files: <s>, then each line's ids followed by </s>."""
+    index, unk, eos = dictionary.ids.get, dictionary.unk, dictionary.eos
+    for path in paths:
+        with open(path, encoding="utf-8", newline="\n") as f:
+            ids = [dictionary.bos]
+            for line in f:
+                if line == "\n":
+                    if len(ids) > 1:
+                        yield ids
+                    ids = [dictionary.bos]
+                else:
+                    ids.extend(index(w, unk) for w in line.rstrip("\n").split(" ") if w)
+                    ids.append(eos)
+            if len(ids) > 1:
+                yield ids
+
+
+def binarize(paths: list[Path], shard: Path, dictionary: Dictionary) -> None:
+    if is_complete(shard, dictionary.fingerprint()):
+        return
+    with ShardWriter(shard, token_dtype(len(dictionary)), dictionary.fingerprint()) as writer:
+        for ids in bpe_documents(paths, dictionary):
+            writer.add_document(ids)
+
+
+def binarize_chunk(out: Path, work: Path, chunk: int) -> None:
+    """BPE of the chunk's held-out text (limited to the vocab), then its train shard."""
+    for split in HELD_OUT:
+        apply_bpe(work_file(work, chunk, split, "tok"), work_file(work, chunk, split, "bpe"), out / "codes", out / "vocab")
+    binarize([work_file(work, chunk, "train", "bpe")], out / f"train.{chunk:03d}.bin", Dictionary.load(out / "vocab"))
+
+
+def _concatenate(paths: list[Path], dst: Path) -> None:
+    tmp = dst.with_name(dst.name + ".tmp")
+    with open(tmp, "wb") as fout:
+        for p in paths:
+            with open(p, "rb") as fin:
+                shutil.copyfileobj(fin, fout, 1 << 20)
+    os.replace(tmp, dst)
+
+
+def _load_plan(out: Path, inputs: list[str], options: dict, args: tuple, executor: Executor) -> Plan:
+    path = out / "plan.json"
+    if path.exists():
+        plan = Plan.load(path)
+        if plan.inputs != inputs_signature(inputs) or plan.options != options:
+            raise PlanError(f"{out} holds the output of other inputs or options (see {path}): use another --output or delete it")
+        return plan
+    scans = executor.map(scan_file, inputs, "scan", [os.path.getsize(p) / MB for p in inputs])
+    plan = make_plan(inputs, *args, scans)
+    plan.options = options
+    plan.save(path)
+    return plan
+
+
+def _complete(out: Path, chunks: list[Chunk]) -> bool:
+    if not (out / "codes").exists() or not (out / "vocab").exists():
+        return False
+    fp = Dictionary.load(out / "vocab").fingerprint()
+    shards = [out / f"train.{c.index:03d}.bin" for c in chunks] + [out / f"{s}.000.bin" for s in HELD_OUT]
+    return all(is_complete(p, fp) for p in shards)
+
+
+def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, codes: str | None = None,
+               valid_docs: int = 5000, test_docs: int = 5000, seed: int = 0, chunk_mb: float | None = None,
+               keep_intermediate: bool = False, executor: Executor | None = None) -> dict:
+    """Run the pipeline; return {step: seconds} (steps skipped on a re-run take ~0 s)."""
+    out, work = Path(output), Path(output) / "work"
+    executor = executor or Executor()
+    executor.slurm_folder = work / "slurm"
+    for p in inputs:
+        if not Path(p).is_file():
+            raise CorpusError(f"input file not found: {p}")
+    find_fastbpe()
+    codes_digest = None
+    if codes:
+        check_codes(Path(codes))
+        codes_digest = hashlib.sha256(Path(codes).read_bytes()).hexdigest()
+    elif n_codes < 1:
+        raise PlanError(f"--bpe-codes must be positive, got {n_codes}")
+    options = {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
+               "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
+    out.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    t0 = time.perf_counter()
+    plan = _load_plan(out, inputs, options, (valid_docs, test_docs, seed, chunk_mb), executor)
+    chunks = plan.chunks()
+    times["scan"] = time.perf_counter() - t0
+    if _complete(out, chunks):
+        log.info("%s is complete: nothing to do", out)
+        return times
+    work.mkdir(exist_ok=True)
+    sizes = [c.n_bytes / MB for c in chunks]
+    log.info("%d documents, %.1f MB of text, %d chunks of ~%g MB, %d workers", plan.n_docs, plan.n_bytes / MB,
+             len(chunks), plan.chunk_mb, min(executor.workers, len(chunks)))
+
+    def step(name: str, fn, *args):
+        start = time.perf_counter()
+        result = fn(*args)
+        times[name] = time.perf_counter() - start
+        log.info("%s: %.1f s", name, times[name])
+        return result
+
+    held_out = {"valid": plan.valid_docs, "test": plan.test_docs}
+    tasks = [(work, _held_out_slice(held_out, c), c) for c in chunks]
+    step("tokenize", executor.map, _call_tokenize, tasks, "tokenize", sizes)
+    train_tok = [work_file(work, c.index, "train", "tok") for c in chunks]
+    train_bpe = [work_file(work, c.index, "train", "bpe") for c in chunks]
+    if codes:
+        step("codes", _concatenate, [Path(codes)], out / "codes")
+    elif not (out / "codes").exists():
+        step("learnbpe", learn_codes, n_codes, train_tok, out / "codes")
+    check_codes(out / "codes")
+    step("apply_bpe", executor.map, _call_apply_bpe, [(t, b, out / "codes", None) for t, b in zip(train_tok, train_bpe)],
+         "apply BPE", sizes)
+    if not (out / "vocab").exists():
+        step("getvocab", get_vocab, train_bpe, out / "vocab")
+    dictionary = Dictionary.load(out / "vocab")
+    step("binarize", _binarize_all, out, work, chunks, executor, sizes, dictionary)
+    if keep_intermediate:
+        for split in SPLITS:
+            for kind in ("tok", "bpe"):
+                _concatenate([work_file(work, c.index, split, kind) for c in chunks], out / f"{split}.{kind}")
+    _write_meta(out, plan, len(chunks), dictionary, times)
+    shutil.rmtree(work)
+    return times
+
+
+def _held_out_slice(held_out: dict[str, list[int]], chunk: Chunk) -> dict[str, list[int]]:
+    stop = chunk.global_start + chunk.doc_stop - chunk.doc_start
+    return {s: [g for g in held_out[s] if chunk.global_start <= g < stop] for s in HELD_OUT}
+
+
+def _call_tokenize(args: tuple) -> None:
+    work, held_out, chunk = args
+    tokenize_chunk(work, held_out, chunk)
+
+
+def _call_apply_bpe(args: tuple) -> None:
+    apply_bpe(*args)
+
+
+def _binarize_all(out: Path, work: Path, chunks: list[Chunk], executor: Executor, sizes: list[float],
+                  dictionary: Dictionary) -> None:
+    executor.map(partial(binarize_chunk, out, work), [c.index for c in chunks], "binarize", sizes)
+    for split in HELD_OUT:
+        binarize([work_file(work, c.index, split, "bpe") for c in chunks], out / f"{split}.000.bin", dictionary)
+
+
+def _write_meta(out: Path, plan: Plan, n_chunks: int, dictionary: Dictionary, times: dict) -> None:
+    meta = {"inputs": [i[0] for i in plan.inputs], "documents": plan.n_docs, "text_mb": round(plan.n_bytes / MB, 3),
+            "replaced_utf8_sequences": sum(s.replaced for s in plan.scans), "chunks": n_chunks,
+            "chunk_mb": plan.chunk_mb, "options": plan.options, "vocab_size": len(dictionary),
+            "fingerprint": dictionary.fingerprint(), "seconds": {k: round(v, 3) for k, v in times.items()}}
+    tmp = out / "meta.json.tmp"
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp, out / "meta.json")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.data.preprocess", description=__doc__.split("\n")[0])
+    parser.add_argument("--input", nargs="+", required=True, help="text (blank-line separated) or JSONL files, may be .gz/.xz/.bz2")
+    parser.add_argument("--output", required=True, help="output directory")
+    bpe = parser.add_mutually_exclusive_group()
+    bpe.add_argument("--bpe-codes", type=int, default=60000, help="BPE merges to learn on train (default 60000, the paper's)")
+    bpe.add_argument("--codes", help="use this fastBPE codes file instead of learning one")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    parser.add_argument("--valid-docs", type=int, default=5000, help="documents held out for valid (default 5000)")
+    parser.add_argument("--test-docs", type=int, default=5000, help="documents held out for test (default 5000)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the held-out document choice")
+    parser.add_argument("--chunk-mb", type=float, default=None, help="MB of text per chunk/train shard (default: total/64 in [1, 64])")
+    parser.add_argument("--keep-intermediate", action="store_true", help="also write DIR/{train,valid,test}.{tok,bpe}")
+    parser.add_argument("--slurm-partition", help="run the per-chunk steps as SLURM array jobs (submitit) on this partition")
+    parser.add_argument("--slurm-time", type=int, default=240, help="minutes per SLURM job (default 240)")
+    parser.add_argument("--slurm-parallelism", type=int, default=256, help="SLURM array jobs running at once (default 256)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
+    executor = Executor(args.workers, args.slurm_partition, slurm_time_min=args.slurm_time,
+                        slurm_parallelism=args.slurm_parallelism)
+    try:
+        times = preprocess(args.input, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
+                           args.seed, args.chunk_mb, args.keep_intermediate, executor)
+    except (CorpusError, PlanError, FastBPEError, ShardError, DictionaryError) as e:
+        sys.exit(f"error: {e}")
+    log.info("done in %.1f s: %s", sum(times.values()), args.output)
+
+
+if __name__ == "__main__":
+    main()
