@@ -1,0 +1,83 @@
+"""TokenStream: contiguity, rank disjointness, determinism, exact resume, evaluation pass."""
+
+from __future__ import annotations
+
+from itertools import islice
+
+import numpy as np
+import pytest
+import torch
+
+from xlm_pkm.data.shard import read_shard, shard_paths
+from xlm_pkm.data.stream import TokenStream
+
+
+def split_tokens(data_dir, split):
+    return np.concatenate([read_shard(p).tokens for p in shard_paths(data_dir, split)]).astype(np.int64)
+
+
+def test_blocks_are_contiguous_text(tiny_data_dir):
+    tokens = split_tokens(tiny_data_dir, "train")
+    stream = TokenStream(tiny_data_dir, "train", batch_size=4, bptt=16, seed=0)
+    assert stream.total == len(tokens) and stream.dictionary.bos == 0
+    batches = list(islice(stream, 3))
+    for x, y in batches:
+        assert x.shape == y.shape == (4, 16) and x.dtype == torch.int64
+        assert torch.equal(x[:, 1:], y[:, :-1])
+    row = torch.cat([x[1] for x, _ in batches]).numpy()  # stream 1 read over three steps
+    start = int(np.flatnonzero(np.lib.stride_tricks.sliding_window_view(tokens, 48).__eq__(row).all(1))[0])
+    assert tokens[start: start + 48].tolist() == row.tolist()
+
+
+def test_eval_pass_predicts_every_token_once_and_ranks_are_disjoint(tiny_data_dir):
+    tokens = split_tokens(tiny_data_dir, "valid")
+    predicted = []
+    for rank in range(2):
+        stream = TokenStream(tiny_data_dir, "valid", batch_size=3, bptt=32, rank=rank, world_size=2, train=False)
+        ys = [y for _, y in stream]
+        assert all(y.shape[1] == 32 for y in ys[:-1]) and 1 <= ys[-1].shape[1] <= 32
+        rows = torch.cat(ys, dim=1)
+        assert rows.shape[1] * 3 == stream.n_tokens
+        predicted += [r.numpy() for r in rows]
+        assert sum(y.shape[1] for _, y in TokenStream(tiny_data_dir, "valid", 3, 32, rank, 2, train=False)) * 3 == stream.n_tokens
+    n = sum(len(r) for r in predicted)
+    assert len(tokens) - 1 - n < 6  # at most world_size * batch_size - 1 tokens dropped
+    assert np.concatenate(predicted).tolist() == tokens[1: n + 1].tolist()
+
+
+def test_train_is_deterministic_for_a_seed_and_epochs_differ(tiny_data_dir):
+    def take(seed, n):
+        return [x for x, _ in islice(TokenStream(tiny_data_dir, "train", 2, 32, seed=seed), n)]
+
+    a, b = take(0, 5), take(0, 5)
+    assert all(torch.equal(x, y) for x, y in zip(a, b))
+    stream = TokenStream(tiny_data_dir, "train", 2, 32, seed=0)
+    first_epoch = list(islice(iter(stream), len(stream)))
+    second = next(iter(stream))[0]
+    assert stream.state_dict()["epoch"] == 1
+    assert not torch.equal(second, first_epoch[0][0]) or stream._offset(0) == stream._offset(1)
+    assert any(stream._offset(e) != stream._offset(0) for e in range(1, 5))
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_resume_is_exact(tiny_data_dir, train):
+    kwargs = dict(batch_size=2, bptt=16, rank=1, world_size=2, seed=5, train=train)
+    reference = TokenStream(tiny_data_dir, "train", **kwargs)
+    n = len(reference) + 7 if train else len(reference)
+    expected = list(islice(reference, n))
+    for cut in (0, 3, len(reference) - 1):
+        stream = TokenStream(tiny_data_dir, "train", **kwargs)
+        list(islice(stream, cut))
+        state = stream.state_dict()
+        assert all(type(v) is int for v in state.values())
+        resumed = TokenStream(tiny_data_dir, "train", **kwargs)
+        resumed.load_state_dict(state)
+        for (x, y), (ex, ey) in zip(resumed, expected[cut:]):
+            assert torch.equal(x, ex) and torch.equal(y, ey)
+    with pytest.raises(ValueError, match="batch_size"):
+        TokenStream(tiny_data_dir, "train", **{**kwargs, "batch_size": 3}).load_state_dict(state)
+
+
+def test_too_small_split_is_refused(tiny_data_dir):
+    with pytest.raises(ValueError, match="too few"):
+        TokenStream(tiny_data_dir, "test", batch_size=4000, bptt=32)
