@@ -126,14 +126,17 @@ class Plan:
         return cls(**d)
 
 
-def make_plan(inputs: list[str], valid: int, test: int, seed: int, chunk_mb: float | None, scans: list[FileScan]) -> Plan:
-    """Choose the held-out documents and the chunk size from the scans of `inputs`."""
+def make_plan(inputs: list[str], options: dict, scans: list[FileScan]) -> Plan:
+    """Choose the held-out documents and the chunk size from the scans of `inputs`.
+
+    `options` holds valid_docs, test_docs, seed and chunk_mb (None: automatic), plus anything else
+    that must match on a re-run."""
+    valid, test = options["valid_docs"], options["test_docs"]
     total = sum(s.n_docs for s in scans)
     if valid < 0 or test < 0 or valid + test >= total:
         raise PlanError(f"--valid-docs {valid} + --test-docs {test} must leave training documents: the input has {total} documents")
-    held_out = np.random.default_rng(seed).choice(total, valid + test, replace=False)
-    options = {"valid_docs": valid, "test_docs": test, "seed": seed, "chunk_mb": chunk_mb}
-    chunk_mb = chunk_mb or default_chunk_mb(sum(s.n_bytes for s in scans))
+    held_out = np.random.default_rng(options["seed"]).choice(total, valid + test, replace=False)
+    chunk_mb = options["chunk_mb"] or default_chunk_mb(sum(s.n_bytes for s in scans))
     for s in scans:
         if s.replaced:
             log.warning("%s: replaced %d invalid UTF-8 sequences with U+FFFD", s.path, s.replaced)

@@ -135,7 +135,7 @@ def _concatenate(paths: list[Path], dst: Path) -> None:
     os.replace(tmp, dst)
 
 
-def _load_plan(out: Path, inputs: list[str], options: dict, args: tuple, executor: Executor) -> Plan:
+def _load_plan(out: Path, inputs: list[str], options: dict, executor: Executor) -> Plan:
     path = out / "plan.json"
     if path.exists():
         plan = Plan.load(path)
@@ -143,8 +143,7 @@ def _load_plan(out: Path, inputs: list[str], options: dict, args: tuple, executo
             raise PlanError(f"{out} holds the output of other inputs or options (see {path}): use another --output or delete it")
         return plan
     scans = executor.map(scan_file, inputs, "scan", [os.path.getsize(p) / MB for p in inputs])
-    plan = make_plan(inputs, *args, scans)
-    plan.options = options
+    plan = make_plan(inputs, options, scans)
     plan.save(path)
     return plan
 
@@ -179,7 +178,7 @@ def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, code
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t0 = time.perf_counter()
-    plan = _load_plan(out, inputs, options, (valid_docs, test_docs, seed, chunk_mb), executor)
+    plan = _load_plan(out, inputs, options, executor)
     chunks = plan.chunks()
     times["scan"] = time.perf_counter() - t0
     if _complete(out, chunks):

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Moses -> fastBPE -> binary shards: a thin wrapper over `python -m xlm_pkm.data.preprocess`.
+# Usage: scripts/preprocess.sh OUTPUT_DIR INPUT [INPUT ...] [-- extra options]
+#   e.g. scripts/preprocess.sh data/processed/ccnews data/ccnews/jsonl/*.jsonl.gz -- --bpe-codes 60000
+# Environment: PYTHON (default .venv/bin/python, else python3), WORKERS (default: all cores).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ $# -lt 2 ]; then
+  sed -n '2,5p' "$0" >&2
+  exit 2
+fi
+out=$1; shift
+inputs=()
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do inputs+=("$1"); shift; done
+[ $# -gt 0 ] && shift
+py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+exec "$py" -m xlm_pkm.data.preprocess --input "${inputs[@]}" --output "$out" \
+  --workers "${WORKERS:-$(nproc)}" "$@"
