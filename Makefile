@@ -33,8 +33,14 @@ $(SAMPLE)/.done: install data/sample/python-docs.jsonl.xz
 		--bpe-codes 8000 --valid-docs 20 --test-docs 20 --workers 2
 	touch $@
 
+# The main job: train configs/default.yaml on the bundled corpus (resumes if interrupted; a finished
+# run is not retrained), then evaluate its best checkpoint on the test split.
+DEMO_RUN := dumped/default/demo
+
 demo: data
 	$(PY) -m xlm_pkm.data.stats $(SAMPLE)
+	$(PY) train.py --config configs/default.yaml train.exp_id=demo --no-test
+	$(PY) evaluate.py --checkpoint $(DEMO_RUN)/best.pt --split test --json $(DEMO_RUN)/test.json
 
 test: install
 	$(PY) -m pytest -q tests

@@ -113,18 +113,9 @@ class Config:
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults, then the YAML file at `path`, then `key.sub=value` overrides (values parsed as YAML)."""
-    raw: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file not found: {path}")
-        try:
-            raw = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{path}: expected a mapping at the top level")
+    """Defaults, then the YAML file at `path` (and its `base:` chain), then `key.sub=value` overrides
+    (values parsed as YAML)."""
+    raw = read_yaml(Path(path)) if path is not None else {}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -137,6 +128,39 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
                 raise ConfigError(f"override {item!r}: {p} is not a section")
         node[leaf] = yaml.safe_load(value) if value else ""
     return _build(Config, raw, "")
+
+
+def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
+    """A config file as a dict; `base: other.yaml` (relative to the file) is read first, then updated."""
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    if "base" not in raw:
+        return raw
+    base = (path.parent / str(raw.pop("base"))).resolve()
+    if base in seen:
+        raise ConfigError(f"{path}: 'base' chain loops back to {base}")
+    return _merge(read_yaml(base, (*seen, base)), raw)
+
+
+def _merge(base: dict, update: dict) -> dict:
+    out = dict(base)
+    for key, value in update.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def load_config_dict(raw: dict, source: str = "config") -> Config:
+    """A Config from a plain dict (as stored in checkpoints), with the same checks as load_config."""
+    try:
+        return _build(Config, raw, "")
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
 
 
 def to_dict(cfg) -> dict:

@@ -166,10 +166,11 @@ class TransformerLM(nn.Module):
         return 6.0 * (params + reads) + 12.0 * self.cfg.n_layers * seq_len * self.cfg.dim
 
     def set_memory_stats(self, enabled: bool) -> None:
-        """Turn per-slot statistics of every memory on or off (effective in eval mode), and reset them."""
+        """Turn per-slot statistics of every memory on (from zero) or off (kept for reading); eval mode only."""
         for _, m in self.memories():
             m.track_stats = enabled
-            m.reset_stats()
+            if enabled:
+                m.reset_stats()
 
 
 if __name__ == "__main__":

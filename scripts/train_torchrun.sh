@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Train on the GPUs of one node (or several, with NNODES/NODE_RANK/MASTER_ADDR set) with torchrun.
+#   scripts/train_torchrun.sh NGPUS --config configs/paper/l12_d1024_m1.yaml [key.sub=value ...]
+# Re-running the same command with train.exp_id=ID resumes that run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ngpus=${1:?usage: $0 NGPUS [train.py arguments...]}
+shift
+PY=${PYTHON:-.venv/bin/python}
+exec "$PY" -m torch.distributed.run \
+  --nnodes "${NNODES:-1}" --node_rank "${NODE_RANK:-0}" --nproc_per_node "$ngpus" \
+  --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" \
+  train.py "$@"

@@ -1,0 +1,217 @@
+"""End-to-end training on a tiny model and corpus: learning, exact resume, DDP, evaluate.py, bad input."""
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+
+from xlm_pkm import checkpoint
+from xlm_pkm.cli import evaluate_main, train_main
+from xlm_pkm.config import ConfigError, load_config
+from xlm_pkm.trainer import NonFiniteLossError, Trainer
+
+ROOT = Path(__file__).resolve().parent.parent
+
+TINY = [
+    "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[2]",
+    "model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2", "model.memory.knn=4",
+    "model.memory.query_norm=layernorm",
+    "data.batch_size=4", "data.bptt=16", "optim.lr=3e-3", "optim.warmup_steps=5", "optim.mem_values_lr=1e-2",
+    "train.device=cpu", "train.log_every=1", "train.eval_every=1000", "train.eval_max_batches=4",
+    "train.max_steps=8", "train.exp_name=tiny",
+]
+
+
+def tiny_overrides(data_dir, dump, *extra):
+    return [f"data.path={data_dir}", f"train.dump_path={dump}", *TINY, *extra]
+
+
+def run(data_dir, dump, *extra) -> Trainer:
+    trainer = Trainer(load_config(None, tiny_overrides(data_dir, dump, *extra)))
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return trainer
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    events = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {e["step"]: e["loss"] for e in events if e["event"] == "train"}
+
+
+def test_loss_falls_and_run_directory_is_complete(tiny_data_dir, tmp_path):
+    trainer = run(tiny_data_dir, tmp_path, "train.max_steps=100", "train.eval_every=50", "train.log_every=10",
+                  "train.exp_id=learn", "optim.lr=1e-2", "optim.warmup_steps=20")
+    losses = train_losses(trainer.run_dir)
+    uniform = math.log(trainer.model.cfg.vocab_size)
+    assert losses[100] < min(losses[10], uniform) - 1.0, (uniform, losses)
+    files = {p.name for p in trainer.run_dir.iterdir()}
+    assert {"config.yaml", "train.log", "metrics.jsonl", "checkpoint.pt", "best.pt"} <= files
+    assert any(name.startswith("events.out.tfevents") for name in files)
+    valid = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+             if '"valid"' in line]
+    assert [v["step"] for v in valid] == [50, 100] and valid[1]["ppl"] < valid[0]["ppl"]
+    assert 0 < valid[-1]["memories"][0]["usage"] <= 100
+    resolved = load_config(trainer.run_dir / "config.yaml")
+    assert resolved.model.vocab_size == trainer.model.cfg.vocab_size and resolved.train.exp_id == "learn"
+
+
+@pytest.mark.parametrize("stop_at, extra", [(3, ()), (5, ("optim.accumulate=2",))])
+def test_resume_equals_uninterrupted_run(tiny_data_dir, tmp_path, stop_at, extra):
+    full = run(tiny_data_dir, tmp_path, "train.exp_id=full", *extra)
+    run(tiny_data_dir, tmp_path, "train.exp_id=cut", f"train.max_steps={stop_at}", *extra)
+    resumed = run(tiny_data_dir, tmp_path, "train.exp_id=cut", *extra)
+    assert train_losses(resumed.run_dir) == train_losses(full.run_dir)  # bit-identical, float32 CPU
+    for name, p in full.model.state_dict().items():
+        assert torch.equal(p, resumed.model.state_dict()[name]), name
+
+
+def test_stop_signal_saves_and_resumes_exactly(tiny_data_dir, tmp_path):
+    full = run(tiny_data_dir, tmp_path, "train.exp_id=full", "train.max_steps=12")
+    trainer = Trainer(load_config(None, tiny_overrides(tiny_data_dir, tmp_path, "train.exp_id=sig",
+                                                         "train.max_steps=12")))
+    step_once = trainer.train_step
+
+    def step_then_signal(batches):  # SIGUSR2 arrives during step 4, as SLURM's time-limit warning would
+        out = step_once(batches)
+        if trainer.step == 4:
+            os.kill(os.getpid(), signal.SIGUSR2)
+        return out
+
+    trainer.train_step = step_then_signal
+    trainer.train()
+    trainer.close()
+    assert trainer.step == 4 and checkpoint.load(trainer.ckpt_path)["step"] == 4
+    resumed = run(tiny_data_dir, tmp_path, "train.exp_id=sig", "train.max_steps=12")
+    assert train_losses(resumed.run_dir) == train_losses(full.run_dir)
+
+
+def test_torchrun_two_processes_equal_one_with_same_global_batch(tiny_data_dir, tmp_path):
+    common = tiny_overrides(tiny_data_dir, tmp_path, "train.max_steps=4", "model.dropout=0.0")
+    single = run(tiny_data_dir, tmp_path, "train.max_steps=4", "train.exp_id=one", "data.batch_size=8")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+           str(ROOT / "train.py"), "--no-test", *common, "train.exp_id=two", "data.batch_size=4",
+           "train.num_threads=1"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    two = train_losses(tmp_path / "tiny" / "two")
+    one = train_losses(single.run_dir)
+    assert sorted(two) == sorted(one) == [1, 2, 3, 4]
+    for step in one:
+        assert math.isclose(two[step], one[step], rel_tol=1e-5), (step, two[step], one[step])
+    state = checkpoint.load(tmp_path / "tiny" / "two" / "checkpoint.pt")
+    assert len(state["data"]) == 2 and len(state["rng"]) == 2
+    for name, p in single.model.state_dict().items():  # Adam magnifies float rounding of tiny gradients
+        torch.testing.assert_close(state["model"][name], p, rtol=1e-3, atol=1e-3)
+
+
+def test_train_cli_then_evaluate_cli_json(tiny_data_dir, tmp_path, capsys):
+    assert train_main(["--config", str(ROOT / "configs" / "default.yaml"),
+                       *tiny_overrides(tiny_data_dir, tmp_path, "train.exp_id=cli", "train.max_steps=6")]) == 0
+    out = capsys.readouterr().out
+    assert "test ppl" in out
+    best = tmp_path / "tiny" / "cli" / "best.pt"
+    report = tmp_path / "eval.json"
+    assert evaluate_main(["--checkpoint", str(best), "--split", "valid", "--json", str(report),
+                          "--device", "cpu", "--max-batches", "4"]) == 0
+    result = json.loads(report.read_text())
+    assert {"ppl", "tokens_per_sec", "words_per_sec", "memories"} <= set(result)
+    assert result["split"] == "valid" and 1 < result["ppl"] < 1e6 and result["words_per_sec"] > 0
+    (memory,) = result["memories"]
+    assert memory["layer"] == 2 and {"usage", "kl", "usage_count", "kl_count"} <= set(memory)
+    assert 0 < memory["usage"] <= 100 and memory["kl"] >= 0
+    # The valid perplexity evaluate.py reports is the one the run logged for best.pt.
+    events = [json.loads(line) for line in (best.parent / "metrics.jsonl").read_text().splitlines()]
+    logged = [e for e in events if e["event"] == "valid"][-1]
+    assert math.isclose(result["ppl"], logged["ppl"], rel_tol=1e-9)
+
+
+def test_bad_input_gets_one_line_errors(tiny_data_dir, tmp_path, capsys):
+    cases = [
+        (["data.path=/nonexistent/dir"], "/nonexistent/dir"),
+        (["optim.lrr=1"], "did you mean optim.lr"),
+        (["model.dim=big"], "model.dim"),
+        (["train.precision=fp16"], "fp16 needs a CUDA device"),
+    ]
+    for extra, expected in cases:
+        assert train_main(tiny_overrides(tiny_data_dir, tmp_path, "train.exp_id=bad", *extra)) == 2
+        err = capsys.readouterr().err.strip()
+        assert expected in err and len(err.splitlines()) == 1, err
+    assert train_main(["--config", str(tmp_path / "missing.yaml")]) == 2
+    assert "config file not found" in capsys.readouterr().err
+
+
+def test_missing_vocabulary_is_named(tiny_data_dir, tmp_path):
+    broken = tmp_path / "data"
+    broken.mkdir()
+    for f in Path(tiny_data_dir).iterdir():
+        if f.name != "vocab" and f.is_file():
+            (broken / f.name).symlink_to(f)
+    with pytest.raises(Exception, match="vocab"):
+        Trainer(load_config(None, tiny_overrides(broken, tmp_path, "train.exp_id=novocab")))
+
+
+def test_checkpoint_of_another_architecture_names_the_shapes(tiny_data_dir, tmp_path, capsys):
+    run(tiny_data_dir, tmp_path, "train.exp_id=arch", "train.max_steps=2")
+    with pytest.raises(ValueError, match=r"another architecture.*checkpoint \(.*\) vs model"):
+        Trainer(load_config(None, tiny_overrides(tiny_data_dir, tmp_path, "train.exp_id=arch", "model.dim=48")))
+
+
+def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tiny_data_dir, tmp_path):
+    run(tiny_data_dir, tmp_path, "train.exp_id=nan", "train.max_steps=3")
+    trainer = Trainer(load_config(None, tiny_overrides(tiny_data_dir, tmp_path, "train.exp_id=nan",
+                                                         "train.max_steps=20", "train.max_nonfinite=3")))
+    before = trainer.ckpt_path.read_bytes()
+    with torch.no_grad():
+        trainer.model.tok_emb.weight.fill_(float("nan"))
+    with pytest.raises(NonFiniteLossError, match="3 consecutive steps"):
+        trainer.train()
+    trainer.close()
+    assert trainer.ckpt_path.read_bytes() == before and trainer.skipped_steps == 3
+
+
+def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_atomic({"step": 1}, path)
+
+    def broken_save(obj, f):
+        f.write(b"partial")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", broken_save)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_atomic({"step": 2}, path)
+    monkeypatch.undo()
+    assert checkpoint.load(path) == {"step": 1}
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_slurm_submission_with_submitit_debug_executor(tiny_data_dir, tmp_path, monkeypatch):
+    from xlm_pkm import slurm
+
+    monkeypatch.chdir(tmp_path)
+    job = slurm.main(["--cluster", "debug", "--gpus-per-node", "0", "--folder", str(tmp_path / "submitit"),
+                      "--config", str(ROOT / "configs" / "default.yaml"), "--no-test",
+                      *tiny_overrides(tiny_data_dir, tmp_path, "train.max_steps=2")])
+    assert job.result() == 0
+    run_dir = tmp_path / "tiny" / str(job.job_id)
+    assert checkpoint.load(run_dir / "checkpoint.pt")["step"] == 2
+
+
+def test_config_errors_name_the_key():
+    with pytest.raises(ConfigError, match="unknown config key model.memory.n_key .*did you mean model.memory.n_keys"):
+        load_config(None, ["model.memory.n_key=3"])
+    with pytest.raises(ConfigError, match="train.compile: expected true or false"):
+        load_config(None, ["train.compile=yes please"])
+    cfg = load_config(ROOT / "configs" / "paper" / "l16_d1024_m2.yaml", ["optim.lr=1e-4"])
+    assert (cfg.model.n_layers, cfg.model.dim, cfg.model.n_memories, cfg.model.n_heads) == (16, 1024, 2, 16)
+    assert cfg.optim.lr == 1e-4 and cfg.optim.mem_values_lr == 1e-3 and cfg.model.memory.n_keys == 512

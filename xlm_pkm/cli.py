@@ -1,0 +1,88 @@
+"""Command lines of train.py and evaluate.py."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from xlm_pkm.config import ConfigError, load_config
+from xlm_pkm.distributed import init_distributed, shutdown
+from xlm_pkm.evaluation import evaluate_checkpoint
+from xlm_pkm.precision import check_precision, resolve_device
+from xlm_pkm.trainer import NonFiniteLossError, Trainer
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError)
+
+
+def _fail(prog: str, error: Exception) -> int:
+    """Bad input: one line on stderr (the traceback too with XLM_PKM_DEBUG=1)."""
+    if os.environ.get("XLM_PKM_DEBUG"):
+        raise error
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return 2
+
+
+def format_result(result: dict) -> str:
+    lines = [f"{result['split']} ppl {result['ppl']:.2f} over {result['tokens']:,} tokens "
+             f"({result['tokens_per_sec']:,.0f} tokens/s, {result['words_per_sec']:,.0f} words/s)"]
+    for m in result["memories"]:
+        lines.append(f"  memory at layer {m['layer']}: usage {m['usage']:.1f}% (by count {m['usage_count']:.1f}%), "
+                     f"KL {m['kl']:.3f} (by count {m['kl_count']:.3f})")
+    return "\n".join(lines)
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="train.py", description="Train a transformer LM with product key memories.")
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    args = parser.parse_args(argv)
+    try:
+        trainer = Trainer(load_config(args.config, args.overrides))
+        try:
+            trainer.train()
+            if not args.no_test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:
+                result = evaluate_checkpoint(trainer.best_path, "test", device=trainer.device,
+                                             precision=trainer.cfg.train.precision, env=trainer.env)
+                trainer.log.event("test", trainer.step, **{k: v for k, v in result.items() if k != "step"})
+                trainer.log.info(format_result(result))
+        finally:
+            trainer.close()
+    except USER_ERRORS as e:
+        return _fail("train.py", e)
+    finally:
+        shutdown()
+    return 0
+
+
+def evaluate_main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="evaluate.py", description="Perplexity, memory usage and KL, speed.")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or best.pt of a run")
+    parser.add_argument("--split", default="test", choices=["valid", "test"])
+    parser.add_argument("--data", help="processed data directory (default: the one the model was trained on)")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--batch-size", type=int, default=0, help="default: the run's eval batch size")
+    parser.add_argument("--bptt", type=int, default=0, help="default: the run's bptt")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
+    parser.add_argument("--max-batches", type=int, default=0, help="0: the whole split")
+    args = parser.parse_args(argv)
+    try:
+        device = resolve_device(args.device)
+        check_precision(args.precision, device)
+        env = init_distributed(device)
+        result = evaluate_checkpoint(args.checkpoint, args.split, args.data, args.batch_size, args.bptt,
+                                     device, args.precision, args.max_batches, env)
+    except USER_ERRORS as e:
+        return _fail("evaluate.py", e)
+    finally:
+        shutdown()
+    if env.is_main:
+        print(format_result(result))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0

@@ -1,0 +1,88 @@
+"""Process-group set-up from the launcher's environment: torchrun, SLURM's srun, or a single process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def read_env() -> DistEnv:
+    """Ranks from torchrun (RANK, LOCAL_RANK, WORLD_SIZE) or else srun (SLURM_PROCID, ...)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return DistEnv(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
+        return DistEnv(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_LOCALID"]), int(os.environ["SLURM_NTASKS"]))
+    return DistEnv()
+
+
+def init_distributed(device: torch.device) -> DistEnv:
+    """Joins the process group (NCCL on GPU, gloo on CPU) when launched on several processes."""
+    env = read_env()
+    if not env.is_distributed or dist.is_initialized():
+        return env
+    if "MASTER_ADDR" not in os.environ:  # srun without torchrun: first host of the allocation
+        hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]])
+        os.environ["MASTER_ADDR"] = hosts.split()[0].decode()
+        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
+    if device.type == "cuda":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return env
+
+
+def all_gather_objects(obj, env: DistEnv) -> list:
+    """The object of every rank, in rank order (just [obj] on one process)."""
+    if not env.is_distributed:
+        return [obj]
+    out = [None] * env.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def broadcast_object(obj, env: DistEnv):
+    """Rank 0's object, on every rank."""
+    if not env.is_distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.is_distributed:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
+    """True on every rank when `flag` is true on at least one."""
+    if not env.is_distributed:
+        return flag
+    t = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

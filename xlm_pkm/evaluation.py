@@ -1,0 +1,88 @@
+"""Evaluation of a language model on one split: perplexity, memory usage and KL, speed."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+import torch.nn.functional as F
+
+from xlm_pkm import checkpoint
+from xlm_pkm.config import load_config_dict
+from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.distributed import DistEnv, all_reduce_sum
+from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.precision import autocast
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_batches: int = 0,
+             env: DistEnv = DistEnv()) -> dict:
+    """One pass over `stream` (a TokenStream with train=False); sums over all ranks.
+
+    Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
+    memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%).
+    A word is a token that does not end in '@@' (specials excluded).
+    """
+    was_training = model.training
+    model.eval()
+    model.set_memory_stats(True)
+    word_end = torch.from_numpy(stream.dictionary.word_end_mask())
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = words = 0
+    synchronize(device)
+    start = time.perf_counter()
+    for i, (x, y) in enumerate(stream):
+        if max_batches and i >= max_batches:
+            break
+        with autocast(precision, device):
+            logits = model(x.to(device, non_blocking=True))  # (B, T, V)
+        loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum")
+        tokens += y.numel()
+        words += int(word_end[y].sum())
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    totals = all_reduce_sum(torch.tensor([loss_sum.item(), tokens, words, elapsed], dtype=torch.float64, device=device), env)
+    loss, tokens, words = totals[0].item() / max(totals[1].item(), 1), int(totals[1]), int(totals[2])
+    elapsed = totals[3].item() / env.world_size
+    memories = []
+    for layer, memory in model.memories():
+        if memory.slot_stats.weights is not None:  # every rank evaluates at least one batch
+            all_reduce_sum(memory.slot_stats.weights, env)
+            all_reduce_sum(memory.slot_stats.counts, env)
+        memories.append({"layer": layer, **memory.stats()})
+    model.set_memory_stats(False)
+    model.train(was_training)
+    return {
+        "ppl": math.exp(min(loss, 100.0)),
+        "loss": loss,
+        "tokens": tokens,
+        "words": words,
+        "tokens_per_sec": tokens / elapsed if elapsed > 0 else 0.0,
+        "words_per_sec": words / elapsed if elapsed > 0 else 0.0,
+        "memories": memories,
+    }
+
+
+def evaluate_checkpoint(path, split: str = "test", data_dir: str | None = None, batch_size: int = 0,
+                        bptt: int = 0, device: torch.device = torch.device("cpu"), precision: str = "fp32",
+                        max_batches: int = 0, env: DistEnv = DistEnv()) -> dict:
+    """Rebuilds the model saved in a checkpoint and evaluates it on `split` of its (or another) corpus."""
+    state = checkpoint.load(path)
+    cfg = load_config_dict(state["config"], source=str(path))
+    data = cfg.data
+    stream = TokenStream(data_dir or data.path, split, batch_size or data.eval_batch_size or data.batch_size,
+                         bptt or data.bptt, env.rank, env.world_size, train=False)
+    if len(stream.dictionary) != cfg.model.vocab_size:
+        raise ValueError(f"{path}: model has a vocabulary of {cfg.model.vocab_size} tokens, "
+                         f"{data_dir or data.path}/vocab has {len(stream.dictionary)}")
+    model = TransformerLM(cfg.model)
+    checkpoint.load_model_state(model, state["model"], path)
+    result = evaluate(model.to(device), stream, device, precision, max_batches, env)
+    return {"checkpoint": str(path), "split": split, "step": state["step"], **result}

@@ -1,0 +1,101 @@
+"""Optimizers of a run (paper §4.3): one Adam for the dense parameters on the inverse square-root
+schedule, and one for the memory values at a constant, higher learning rate.
+
+Each group has its own optimizer, learning-rate rule and gradient clipping, so that the values can
+use another optimizer (sparse updates) without touching the rest.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from xlm_pkm.config import OptimConfig
+
+
+def scheduled_lr(step: int, cfg: OptimConfig) -> float:
+    """Dense learning rate at optimizer step `step` (1-based).
+
+    inverse_sqrt (Vaswani et al.): linear warmup from warmup_init_lr to lr over warmup_steps,
+    then lr * sqrt(warmup_steps / step). constant: lr.
+    """
+    if cfg.schedule == "constant":
+        return cfg.lr
+    if cfg.schedule != "inverse_sqrt":
+        raise ValueError(f"optim.schedule: unknown schedule {cfg.schedule!r} (inverse_sqrt | constant)")
+    if step < cfg.warmup_steps:
+        return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
+    return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)
+
+
+@dataclass
+class OptimGroup:
+    name: str
+    params: list[nn.Parameter]
+    optimizer: torch.optim.Optimizer
+    lr_at: Callable[[int], float]
+    clip: float
+
+
+class Optimizers:
+    """The optimizer groups of a model: 'dense' and, when the model has memories, 'values'."""
+
+    def __init__(self, model: nn.Module, cfg: OptimConfig):
+        values = list(model.memory_value_parameters())
+        value_ids = {id(p) for p in values}
+        dense = [p for p in model.parameters() if p.requires_grad and id(p) not in value_ids]
+        betas, eps = (cfg.beta1, cfg.beta2), cfg.eps
+        self.groups = [
+            OptimGroup(
+                "dense", dense,
+                torch.optim.AdamW(dense, lr=cfg.lr, betas=betas, eps=eps, weight_decay=cfg.weight_decay),
+                lambda step: scheduled_lr(step, cfg), cfg.clip_grad_norm,
+            )
+        ]
+        if values:
+            self.groups.append(OptimGroup(
+                "values", values,
+                torch.optim.AdamW(values, lr=cfg.mem_values_lr, betas=betas, eps=eps,
+                                  weight_decay=cfg.mem_values_weight_decay),
+                lambda step: cfg.mem_values_lr, cfg.clip_grad_norm,
+            ))
+
+    def set_step(self, step: int) -> dict[str, float]:
+        """Sets each group's learning rate for optimizer step `step`; returns them by group name."""
+        lrs = {}
+        for g in self.groups:
+            lrs[g.name] = g.lr_at(step)
+            for pg in g.optimizer.param_groups:
+                pg["lr"] = lrs[g.name]
+        return lrs
+
+    def unscale_and_clip(self, scaler: torch.amp.GradScaler) -> dict[str, torch.Tensor]:
+        """Unscales the gradients (fp16) and clips each group to its norm; returns pre-clip norms."""
+        norms = {}
+        for g in self.groups:
+            scaler.unscale_(g.optimizer)
+            max_norm = g.clip if g.clip > 0 else float("inf")
+            norms[g.name] = torch.nn.utils.clip_grad_norm_(g.params, max_norm)
+        return norms
+
+    def step(self, scaler: torch.amp.GradScaler) -> None:
+        for g in self.groups:
+            scaler.step(g.optimizer)
+
+    def zero_grad(self) -> None:
+        for g in self.groups:
+            g.optimizer.zero_grad(set_to_none=True)
+
+    def state_dict(self) -> dict:
+        return {g.name: g.optimizer.state_dict() for g in self.groups}
+
+    def load_state_dict(self, state: dict) -> None:
+        names = [g.name for g in self.groups]
+        if sorted(state) != sorted(names):
+            raise ValueError(f"checkpoint has optimizer groups {sorted(state)}, this model has {sorted(names)}")
+        for g in self.groups:
+            g.optimizer.load_state_dict(state[g.name])

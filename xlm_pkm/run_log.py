@@ -1,0 +1,83 @@
+"""Where a run reports: console, `train.log`, `metrics.jsonl` (one JSON object per event) and TensorBoard."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+
+def _format(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict):
+        return "{" + " ".join(f"{k}={_format(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(_format(v) for v in value) + "]"
+    return str(value)
+
+
+def _scalars(prefix: str, value):
+    """Flattens nested metrics into (tag, number) pairs for TensorBoard."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        yield prefix, value
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            yield from _scalars(f"{prefix}/{k}", v)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            if isinstance(item, dict) and "layer" in item:
+                yield from _scalars(f"{prefix}/layer{item['layer']}", {k: v for k, v in item.items() if k != "layer"})
+            else:
+                yield from _scalars(f"{prefix}/{i}", item)
+
+
+class RunLogger:
+    """Logs events of the main process; other ranks only print warnings to the console."""
+
+    def __init__(self, run_dir: Path | None, enabled: bool, purge_step: int | None = None):
+        self.enabled = enabled and run_dir is not None
+        self.log = logging.getLogger(f"xlm_pkm.run.{id(self)}")
+        self.log.setLevel(logging.INFO if enabled else logging.WARNING)
+        self.log.propagate = False
+        fmt = logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S")
+        handlers = [logging.StreamHandler(sys.stdout)]
+        self.metrics = self.tb = None
+        if self.enabled:
+            handlers.append(logging.FileHandler(run_dir / "train.log"))
+            self.metrics = open(run_dir / "metrics.jsonl", "a")
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir), purge_step=purge_step)
+        for h in handlers:
+            h.setFormatter(fmt)
+            self.log.addHandler(h)
+
+    def info(self, msg: str) -> None:
+        self.log.info(msg)
+
+    def event(self, name: str, step: int, /, **metrics) -> None:
+        """One line on the console and in train.log, one JSON object, TensorBoard scalars."""
+        if not self.enabled:
+            return
+        self.info(f"{name} step {step} " + " ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
+        self.metrics.write(json.dumps({**metrics, "event": name, "step": step, "time": time.time()}) + "\n")
+        self.metrics.flush()
+        for tag, value in _scalars(name, metrics):
+            self.tb.add_scalar(tag, value, step)
+
+    def histogram(self, tag: str, values: torch.Tensor, step: int) -> None:
+        if self.enabled:
+            self.tb.add_histogram(tag, values.float().cpu(), step)
+
+    def close(self) -> None:
+        for h in list(self.log.handlers):
+            h.close()
+            self.log.removeHandler(h)
+        if self.enabled:
+            self.metrics.close()
+            self.tb.close()
