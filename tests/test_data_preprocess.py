@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from xlm_pkm.data.corpus import CorpusError, Reader
+from xlm_pkm.data.corpus import Reader
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.executor import Executor
 from xlm_pkm.data.fastbpe import FastBPEError

@@ -1,12 +1,15 @@
 """Run a function over a list of tasks: in-process, on a pool of worker processes, or as SLURM array
 jobs through submitit (`slurm_partition`; on a machine without SLURM submitit runs them as local
-processes). Results come back in task order; a tqdm bar counts the MB done."""
+processes). Results come back in task order; a tqdm bar counts the MB done.
+
+Use it as a context manager: the worker pool (forkserver processes that import the pipeline once)
+is started by the first parallel `map` and reused by the next ones until exit."""
 
 from __future__ import annotations
 
 import multiprocessing
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -20,6 +23,22 @@ class Executor:
     slurm_folder: Path = Path("slurm")
     slurm_time_min: int = 240
     slurm_parallelism: int = 256
+    _pool: ProcessPoolExecutor | None = field(default=None, init=False, repr=False)
+
+    def __enter__(self) -> "Executor":
+        return self
+
+    def __exit__(self, *_) -> None:
+        if self._pool:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def _get_pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["xlm_pkm.data.preprocess"])
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+        return self._pool
 
     def map(self, fn: Callable, tasks: Sequence, desc: str, sizes_mb: Sequence[float]) -> list:
         """[fn(task) for task in tasks], run in parallel; `sizes_mb` drive the progress bar."""
@@ -30,10 +49,8 @@ class Executor:
                 return self._submitit(fn, tasks, sizes, bar)
             if self.workers <= 1 or len(tasks) <= 1:
                 return [self._done(fn(t), s, bar) for t, s in zip(tasks, sizes)]
-            workers = min(self.workers, len(tasks))
-            with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-                futures = [pool.submit(fn, t) for t in tasks]
-                return [self._done(f.result(), s, bar) for f, s in zip(futures, sizes)]
+            futures = [self._get_pool().submit(fn, t) for t in tasks]
+            return [self._done(f.result(), s, bar) for f, s in zip(futures, sizes)]
 
     @staticmethod
     def _done(result, size: float, bar: tqdm):

@@ -163,6 +163,12 @@ def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, code
     out, work = Path(output), Path(output) / "work"
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
+    with executor:
+        return _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, keep_intermediate, executor)
+
+
+def _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, keep_intermediate, executor) -> dict:
+    """The body of `preprocess`, run while the executor (and its worker pool) is open."""
     for p in inputs:
         if not Path(p).is_file():
             raise CorpusError(f"input file not found: {p}")

@@ -1,6 +1,7 @@
 """Corpus statistics of a preprocessed directory: python -m xlm_pkm.data.stats DIR [--json]
 
-Per split: shards, documents, lines, tokens, words (tokens that end a word), unknown-token rate;
+Per split: shards, documents, lines, BPE tokens, words (Moses tokens, i.e. BPE tokens that end a
+word, punctuation included), unknown-token rate;
 plus vocabulary size, number of BPE codes, and what DIR/meta.json recorded (input MB, timings).
 Shards are scanned in blocks, so memory stays small on a large corpus.
 """
