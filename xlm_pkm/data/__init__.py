@@ -1,0 +1,13 @@
+"""Corpus pipeline: raw text -> Moses -> fastBPE -> binary shards -> (batch, bptt) blocks.
+
+    corpus.py      read documents from text / JSONL files (.gz/.xz/.bz2), count bad UTF-8
+    moses.py       Moses punctuation normalization + tokenization (sacremoses)
+    fastbpe.py     fastBPE CLI (learnbpe, getvocab) and Python binding (apply), codes check
+    plan.py        scan of the inputs, seeded held-out documents, chunks of work
+    executor.py    tasks in-process, on a worker pool, or as SLURM array jobs (submitit)
+    preprocess.py  the CLI tying them together (python -m xlm_pkm.data.preprocess --help)
+    dictionary.py  vocabulary with <s> </s> <pad> <unk> first
+    shard.py       the binary shard format (readable with numpy alone)
+    stream.py      TokenStream: contiguous, rank-disjoint, resumable LM batches
+    stats.py       corpus statistics (python -m xlm_pkm.data.stats DIR)
+"""
