@@ -79,7 +79,7 @@ def main():
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds measured per entry")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved measurements per entry; best kept")
+    parser.add_argument("--rounds", type=int, default=2, help="interleaved measurements per entry; best kept")
     parser.add_argument("--train-keys", type=int, nargs="+", default=[128, 256, 512, 1024])
     parser.add_argument("--infer-keys", type=int, nargs="+", default=[128, 256, 512])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "memory_layer_speed.json"))

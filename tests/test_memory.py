@@ -79,9 +79,18 @@ def test_output_is_softmax_weighted_sum_of_selected_values_summed_over_heads():
     torch.testing.assert_close(memory(x), expected)
 
 
+@pytest.fixture
+def one_thread():
+    """Hundreds of tiny float64 ops: extra threads only add barrier waits (seconds on a busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("options", [dict(), dict(key_type="flat"), dict(gated=True, qk_norm=True, temperature=0.5),
                                      dict(query_norm="layernorm", query_hidden=[6])])
-def test_gradients_match_finite_differences_in_float64(options):
+def test_gradients_match_finite_differences_in_float64(options, one_thread):
     memory = small_memory(input_dim=5, output_dim=3, n_keys=4, k_dim=4, heads=2, knn=3, **options).double()
     names, params = zip(*memory.named_parameters())
     x = torch.randn(6, 5, dtype=torch.float64, requires_grad=True)

@@ -102,8 +102,10 @@ def test_memory_stats_toggle_and_state_dict():
     (_, memory), = model.memories()
     assert memory.slot_weights().sum().item() == pytest.approx(2 * 8 * TINY_MEMORY.heads)
     assert set(model.state_dict()) == keys
-    model.set_memory_stats(False)
-    assert not memory.track_stats and memory.slot_weights() is None
+    model.set_memory_stats(False)  # off: what was gathered stays readable
+    assert not memory.track_stats and memory.slot_weights().sum().item() == pytest.approx(2 * 8 * TINY_MEMORY.heads)
+    model.set_memory_stats(True)  # on again: from zero
+    assert memory.track_stats and not memory.slot_weights().any()
 
 
 def test_training_step_is_bitwise_deterministic():

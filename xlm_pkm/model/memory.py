@@ -37,8 +37,6 @@ per-slot weight and hit count (see memory_stats.py); `memory.stats()` summarises
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -208,8 +206,10 @@ class ProductKeyMemory(nn.Module):
         """usage (%), kl (nats), usage_count, kl_count, slots_50/90/99 of the reads since reset_stats()."""
         return self.slot_stats.summary()
 
-    def slot_weights(self) -> torch.Tensor | None:
-        """(n_slots,) float64 summed weight of every slot since reset_stats() (None before any read)."""
+    def slot_weights(self) -> torch.Tensor:
+        """(n_slots,) float64 summed weight of every slot since reset_stats() (zeros before any read)."""
+        if self.slot_stats.weights is None:
+            return torch.zeros(self.n_slots, dtype=torch.float64, device=self.values.weight.device)
         return self.slot_stats.weights
 
     def extra_repr(self) -> str:
