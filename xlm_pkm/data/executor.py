@@ -2,7 +2,7 @@
 jobs through submitit (`slurm_partition`; on a machine without SLURM submitit runs them as local
 processes). Results come back in task order; a tqdm bar counts the MB done.
 
-Use it as a context manager: the worker pool (forkserver processes that import the pipeline once)
+Use it as a context manager: the worker pool (forkserver processes, heavy imports done once)
 is started by the first parallel `map` and reused by the next ones until exit."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ class Executor:
     def _get_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             context = multiprocessing.get_context("forkserver")
-            context.set_forkserver_preload(["xlm_pkm.data.preprocess"])
+            context.set_forkserver_preload(["numpy", "sacremoses", "fastBPE"])
             self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
         return self._pool
 
