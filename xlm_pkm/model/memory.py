@@ -29,7 +29,9 @@ Options beyond the paper, all off by default:
   - temperature: softmax(scores / temperature); 1 is the paper.
   - values: pass an existing value table to share it between memory layers (Berges et al. 2024
     share one memory pool across layers).
-  - sparse: the value table returns sparse gradients (only the rows read are touched).
+  - sparse: the value table (EmbeddingBag(sparse=True)) returns a sparse gradient touching only the
+    rows read; it is uncoalesced, one row per lookup (tokens·heads·knn rows of output_dim), so at
+    large batches it is bigger than the dense gradient. The sparse optimizer should coalesce it.
 
 Evaluation statistics: set `memory.track_stats = True`; in eval mode every forward accumulates the
 per-slot weight and hit count (see memory_stats.py); `memory.stats()` summarises them.
