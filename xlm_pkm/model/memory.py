@@ -22,10 +22,10 @@ Options beyond the paper, all off by default:
     depends (weakly) on other positions, future ones included; in eval mode it uses running
     statistics and is causal. "layernorm" (per head) is causal in both modes. Padding is excluded
     from the BatchNorm statistics when `pad_mask` is given.
-  - gated: Memory+ output gating, out = W_o(silu(W_g x) ⊙ read) (Berges et al. 2024, "Memory
-    Layers at Scale", §3.2).
+  - gated: output gating out = W_o(silu(W_g x) ⊙ read), the Memory+ layer of Berges et al. 2024
+    ("Memory Layers at Scale").
   - qk_norm: L2-normalise each half-query and each sub-key (flat: each query and key) before
-    scoring, as the query-key normalisation of Berges et al. 2024; pair with temperature < 1.
+    scoring (query-key normalisation, cf. Berges et al. 2024); pair with temperature < 1.
   - temperature: softmax(scores / temperature); 1 is the paper.
   - values: pass an existing value table to share it between memory layers (Berges et al. 2024
     share one memory pool across layers).
@@ -118,9 +118,10 @@ class ProductKeyMemory(nn.Module):
         for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:])):
             layers += [nn.Linear(d_in, d_out)] + ([nn.ReLU()] if i < len(sizes) - 2 else [])
         self.query_net = nn.Sequential(*layers)
-        self.query_norm = {"batchnorm": lambda: MaskedBatchNorm1d(heads * k_dim),
-                           "layernorm": lambda: nn.LayerNorm(k_dim),
-                           "none": lambda: None}[query_norm]()
+        if query_norm == "batchnorm":
+            self.query_norm = MaskedBatchNorm1d(heads * k_dim)  # over all heads' channels, as XLM
+        else:
+            self.query_norm = nn.LayerNorm(k_dim) if query_norm == "layernorm" else None  # per head
 
         # keys: per head, two sets of n_keys sub-keys of k_dim/2 (product) or n_keys² full keys (flat)
         shape = (heads, 2, n_keys, k_dim // 2) if key_type == "product" else (heads, n_keys**2, k_dim)
