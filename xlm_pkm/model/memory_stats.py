@@ -48,7 +48,8 @@ class SlotStats:
     def summary(self) -> dict[str, float]:
         """usage, kl, usage_count, kl_count, slots_50, slots_90, slots_99 (see the module docstring)."""
         if self.weights is None:
-            return {k: float("nan") for k in ("usage", "kl", "usage_count", "kl_count", "slots_50", "slots_90", "slots_99")}
+            keys = ("usage", "kl", "usage_count", "kl_count", "slots_50", "slots_90", "slots_99")
+            return dict.fromkeys(keys, float("nan"))  # nothing read yet
         usage, kl = usage_and_kl(self.weights)
         usage_count, kl_count = usage_and_kl(self.counts)
         out = {"usage": usage, "kl": kl, "usage_count": usage_count, "kl_count": kl_count}
