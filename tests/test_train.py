@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -64,7 +63,8 @@ def test_loss_falls_and_run_directory_is_complete(tiny_data_dir, tmp_path):
     assert resolved.model.vocab_size == trainer.model.cfg.vocab_size and resolved.train.exp_id == "learn"
 
 
-@pytest.mark.parametrize("stop_at, extra", [(3, ()), (5, ("optim.accumulate=2",))])
+@pytest.mark.parametrize("stop_at, extra", [(3, ()), (5, ("optim.accumulate=2",)),
+                                            (4, ("model.memory.sparse=true", "optim.accumulate=2"))])
 def test_resume_equals_uninterrupted_run(tiny_data_dir, tmp_path, stop_at, extra):
     full = run(tiny_data_dir, tmp_path, "train.exp_id=full", *extra)
     run(tiny_data_dir, tmp_path, "train.exp_id=cut", f"train.max_steps={stop_at}", *extra)
@@ -94,10 +94,12 @@ def test_stop_signal_saves_and_resumes_exactly(tiny_data_dir, tmp_path):
     assert train_losses(resumed.run_dir) == train_losses(full.run_dir)
 
 
-def test_torchrun_two_processes_equal_one_with_same_global_batch(tiny_data_dir, tmp_path):
-    common = tiny_overrides(tiny_data_dir, tmp_path, "train.max_steps=4", "model.dropout=0.0")
-    single = run(tiny_data_dir, tmp_path, "train.max_steps=4", "train.exp_id=one", "data.batch_size=8")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=29517",
+@pytest.mark.parametrize("sparse", ["false", "true"])
+def test_torchrun_two_processes_equal_one_with_same_global_batch(tiny_data_dir, tmp_path, sparse):
+    common = tiny_overrides(tiny_data_dir, tmp_path, "train.max_steps=4", f"model.memory.sparse={sparse}")
+    single = run(tiny_data_dir, tmp_path, "train.max_steps=4", "train.exp_id=one", "data.batch_size=8",
+                 f"model.memory.sparse={sparse}")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
            str(ROOT / "train.py"), "--no-test", *common, "train.exp_id=two", "data.batch_size=4",
            "train.num_threads=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,30 @@ def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
     return tensor
 
 
+def all_reduce_sparse_grad_(param: torch.Tensor, env: DistEnv) -> None:
+    """Averages `param`'s sparse gradient over ranks: every rank's rows are gathered, duplicates summed.
+
+    DDP's bucketed all-reduce carries dense tensors only (NCCL has no sparse collectives), so the
+    sparse memory-value gradients are left out of DDP and synchronised here, in O(rows read).
+    """
+    if not env.is_distributed:
+        return
+    grad = param.grad.coalesce()
+    rows, values = grad.indices()[0], grad.values()  # (nnz,), (nnz, dim)
+    sizes = [torch.zeros(1, dtype=torch.long, device=rows.device) for _ in range(env.world_size)]
+    dist.all_gather(sizes, torch.tensor([rows.numel()], device=rows.device))
+    longest = int(max(sizes))
+    pad = longest - rows.numel()
+    all_rows = [rows.new_empty(longest) for _ in range(env.world_size)]
+    all_values = [values.new_empty(longest, *values.shape[1:]) for _ in range(env.world_size)]
+    dist.all_gather(all_rows, F.pad(rows, (0, pad)))
+    dist.all_gather(all_values, F.pad(values, (0, 0) * (values.dim() - 1) + (0, pad)))
+    rows = torch.cat([r[: int(n)] for r, n in zip(all_rows, sizes)])  # (Σ nnz,)
+    values = torch.cat([v[: int(n)] for v, n in zip(all_values, sizes)])  # (Σ nnz, dim)
+    merged = torch.sparse_coo_tensor(rows.unsqueeze(0), values, grad.shape)
+    param.grad = merged.coalesce() / env.world_size
+
+
 def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
     """True on every rank when `flag` is true on at least one."""
     if not env.is_distributed:
@@ -84,5 +109,7 @@ def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
 
 
 def shutdown() -> None:
+    """Leaves the process group once every rank is done (gloo aborts a rank that leaves first)."""
     if dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()

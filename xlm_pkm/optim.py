@@ -1,8 +1,13 @@
 """Optimizers of a run (paper §4.3): one Adam for the dense parameters on the inverse square-root
 schedule, and one for the memory values at a constant, higher learning rate.
 
-Each group has its own optimizer, learning-rate rule and gradient clipping, so that the values can
-use another optimizer (sparse updates) without touching the rest.
+Each group has its own optimizer, learning-rate rule and gradient clipping. With sparse value
+gradients (`model.memory.sparse`), the values use `torch.optim.SparseAdam`, a lazy Adam: first
+and second moments are kept for every row (allocated once, at the first step) but only the rows
+read in the step are updated, so an update costs O(rows read), not O(table). Bias correction uses
+the global step count (the optimizer's step, the same for every row), as torch.optim.Adam does;
+a row untouched for many steps keeps stale moments and does not move. SparseAdam has no weight
+decay, so `optim.mem_values_weight_decay` must be 0 with sparse values.
 """
 
 from __future__ import annotations
@@ -32,6 +37,25 @@ def scheduled_lr(step: int, cfg: OptimConfig) -> float:
     return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)
 
 
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Total 2-norm of the gradients, which are scaled down to `max_norm` when it is > 0.
+
+    Like torch.nn.utils.clip_grad_norm_, but sparse gradients count too (coalesced in place first).
+    """
+    grads = []
+    for p in params:
+        if p.grad is not None and p.grad.is_sparse:
+            p.grad = p.grad.coalesce()
+        if p.grad is not None:
+            grads.append(p.grad._values() if p.grad.is_sparse else p.grad)
+    norm = torch.nn.utils.get_total_norm(grads)
+    if max_norm > 0:
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        for grad in grads:
+            grad.mul_(scale)
+    return norm
+
+
 @dataclass
 class OptimGroup:
     name: str
@@ -44,7 +68,7 @@ class OptimGroup:
 class Optimizers:
     """The optimizer groups of a model: 'dense' and, when the model has memories, 'values'."""
 
-    def __init__(self, model: nn.Module, cfg: OptimConfig):
+    def __init__(self, model: nn.Module, cfg: OptimConfig, sparse_values: bool = False):
         values = list(model.memory_value_parameters())
         value_ids = {id(p) for p in values}
         dense = [p for p in model.parameters() if p.requires_grad and id(p) not in value_ids]
@@ -56,13 +80,16 @@ class Optimizers:
                 lambda step: scheduled_lr(step, cfg), cfg.clip_grad_norm,
             )
         ]
+        if values and sparse_values:
+            if cfg.mem_values_weight_decay:
+                raise ValueError("optim.mem_values_weight_decay must be 0 with sparse memory values (SparseAdam)")
+            values_optimizer = torch.optim.SparseAdam(values, lr=cfg.mem_values_lr, betas=betas, eps=eps)
+        elif values:
+            values_optimizer = torch.optim.AdamW(values, lr=cfg.mem_values_lr, betas=betas, eps=eps,
+                                                 weight_decay=cfg.mem_values_weight_decay)
         if values:
-            self.groups.append(OptimGroup(
-                "values", values,
-                torch.optim.AdamW(values, lr=cfg.mem_values_lr, betas=betas, eps=eps,
-                                  weight_decay=cfg.mem_values_weight_decay),
-                lambda step: cfg.mem_values_lr, cfg.clip_grad_norm,
-            ))
+            self.groups.append(OptimGroup("values", values, values_optimizer, lambda step: cfg.mem_values_lr,
+                                          cfg.clip_grad_norm))
 
     def set_step(self, step: int) -> dict[str, float]:
         """Sets each group's learning rate for optimizer step `step`; returns them by group name."""
@@ -78,8 +105,7 @@ class Optimizers:
         norms = {}
         for g in self.groups:
             scaler.unscale_(g.optimizer)
-            max_norm = g.clip if g.clip > 0 else float("inf")
-            norms[g.name] = torch.nn.utils.clip_grad_norm_(g.params, max_norm)
+            norms[g.name] = clip_grad_norm(g.params, g.clip)
         return norms
 
     def step(self, scaler: torch.amp.GradScaler) -> None:

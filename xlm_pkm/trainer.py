@@ -6,6 +6,7 @@ resumes it exactly: model, optimizers, loss scaler, step, every rank's data curs
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import random
@@ -23,7 +24,8 @@ from torch.nn.parallel import DistributedDataParallel
 from xlm_pkm import checkpoint
 from xlm_pkm.config import Config, ConfigError, save_config, to_dict
 from xlm_pkm.data.stream import TokenStream
-from xlm_pkm.distributed import all_gather_objects, all_reduce_sum, any_rank, broadcast_object, init_distributed
+from xlm_pkm.distributed import (all_gather_objects, all_reduce_sparse_grad_, all_reduce_sum, any_rank,
+                                 broadcast_object, init_distributed)
 from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.model.transformer import TransformerLM
@@ -76,10 +78,14 @@ class Trainer:
 
         torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
         self.model = TransformerLM(cfg.model).to(self.device)
-        self.optimizers = Optimizers(self.model, cfg.optim)
+        self.optimizers = Optimizers(self.model, cfg.optim, sparse_values=cfg.model.memory.sparse)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
+        self.sparse_values = self.model.memory_value_parameters() if cfg.model.memory.sparse else []
         self.forward_model = self.model
         if self.env.is_distributed:
+            sparse_ids = {id(p) for p in self.sparse_values}  # synchronised by all_reduce_sparse_grad_
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                self.model, [name for name, p in self.model.named_parameters() if id(p) in sparse_ids])
             self.forward_model = DistributedDataParallel(
                 self.model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         if cfg.train.compile:
@@ -170,6 +176,8 @@ class Trainer:
                 loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
                 self.scaler.scale(loss / accumulate).backward()
             loss_sum += loss.detach()
+        for p in self.sparse_values:
+            all_reduce_sparse_grad_(p, self.env)
         loss = loss_sum / accumulate
         norms = self.optimizers.unscale_and_clip(self.scaler)
         scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
@@ -267,7 +275,11 @@ class Trainer:
         return result
 
     def close(self) -> None:
+        """Closes the logs and drops the DDP wrapper, whose communication hooks must go before the
+        process group does (gloo otherwise aborts at exit)."""
         self.log.close()
+        self.forward_model = self.model
+        gc.collect()
 
 
 def requeue_slurm_job(log: RunLogger) -> None:

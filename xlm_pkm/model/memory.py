@@ -29,9 +29,9 @@ Options beyond the paper, all off by default:
   - temperature: softmax(scores / temperature); 1 is the paper.
   - values: pass an existing value table to share it between memory layers (Berges et al. 2024
     share one memory pool across layers).
-  - sparse: the value table (EmbeddingBag(sparse=True)) returns a sparse gradient touching only the
-    rows read; it is uncoalesced, one row per lookup (tokens·heads·knn rows of output_dim), so at
-    large batches it is bigger than the dense gradient. The sparse optimizer should coalesce it.
+  - sparse: the value table's gradient is a sparse tensor with one row per distinct slot read in the
+    step (value_read.py), for the lazy Adam of xlm_pkm/optim.py: the step cost does not grow with
+    the table.
 
 Evaluation statistics: set `memory.track_stats = True`; in eval mode every forward accumulates the
 per-slot weight and hit count (see memory_stats.py); `memory.stats()` summarises them.
@@ -45,11 +45,12 @@ from torch import nn
 
 from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory_stats import SlotStats
+from xlm_pkm.model.value_read import read_values
 
 
-def value_table(n_slots: int, output_dim: int, sparse: bool = False) -> nn.EmbeddingBag:
+def value_table(n_slots: int, output_dim: int) -> nn.EmbeddingBag:
     """The (n_slots, output_dim) values, read as weighted sums; init N(0, 1/output_dim)."""
-    values = nn.EmbeddingBag(n_slots, output_dim, mode="sum", sparse=sparse)
+    values = nn.EmbeddingBag(n_slots, output_dim, mode="sum")
     nn.init.normal_(values.weight, mean=0.0, std=output_dim**-0.5)
     values.weight.is_memory_value = True  # lets an optimizer find the value parameters
     return values
@@ -129,7 +130,8 @@ class ProductKeyMemory(nn.Module):
         bound = shape[-1] ** -0.5
         nn.init.uniform_(self.keys, -bound, bound)
 
-        self.values = values if values is not None else value_table(self.n_slots, output_dim, sparse)
+        self.values = values if values is not None else value_table(self.n_slots, output_dim)
+        self.sparse = sparse
         if self.values.weight.shape != (self.n_slots, output_dim):
             raise ValueError(f"shared values have shape {tuple(self.values.weight.shape)}, "
                              f"this memory needs ({self.n_slots}, {output_dim})")
@@ -166,7 +168,7 @@ class ProductKeyMemory(nn.Module):
             if self.track_stats and not self.training:
                 self.slot_stats.add(indices, weights, keep)
             table = self.values.weight
-            out = self.values(indices.view(N, H * K), per_sample_weights=weights.view(N, H * K).to(table.dtype))
+            out = read_values(table, indices.view(N, H * K), weights.view(N, H * K).to(table.dtype), self.sparse)
         out = self.value_dropout(out)  # (N, output_dim), heads summed by the bag
         if self.gated:
             out = self.out_proj(F.silu(self.gate(x)) * out)

@@ -113,7 +113,7 @@ class TransformerLM(nn.Module):
         self.emb_norm = nn.Identity() if cfg.pre_norm else nn.LayerNorm(D)
         self.dropout = nn.Dropout(cfg.dropout)
 
-        shared = value_table(mcfg.n_keys**2, D, mcfg.sparse) if mcfg.share_values and self.mem_layers else None
+        shared = value_table(mcfg.n_keys**2, D) if mcfg.share_values and self.mem_layers else None
         blocks = []
         for layer in range(1, cfg.n_layers + 1):
             sublayers = [SelfAttention(D, cfg.n_heads, cfg.attention_dropout)]
