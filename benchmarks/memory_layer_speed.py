@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+from machine import machine_info  # noqa: E402
 from xlm_pkm.model.memory import ProductKeyMemory  # noqa: E402
 
 DIM, HEADS, KNN, K_DIM = 512, 4, 32, 512
@@ -57,7 +57,7 @@ def best_of_rounds(steps: dict, n_tokens: int, device: str, min_time: float, rou
 def train_step(module, x, sparse: bool | None = None):
     def step():
         if sparse is not None:  # one ProductKeyMemory measured with both kinds of value gradient
-            module.values.sparse = sparse
+            module.sparse = sparse
         for p in module.parameters():
             p.grad = None
         module(x).float().sum().backward()
@@ -109,16 +109,12 @@ def main():
         del modules, steps
         gc.collect()
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if Path("/proc/cpuinfo").exists() else platform.processor()
     result = {
         "benchmark": "memory_layer_speed",
         "settings": {"dim": DIM, "heads": HEADS, "knn": KNN, "k_dim": K_DIM, "batch": args.batch, "seq": args.seq,
                      "tokens_per_step": n_tokens, "dtype": "float32", "min_time_s": args.min_time,
                      "rounds": args.rounds, "statistic": "best of rounds"},
-        "machine": {"device": device, "cpu": cpu, "threads": torch.get_num_threads(), "torch": torch.__version__,
-                    "python": platform.python_version(),
-                    "gpu": torch.cuda.get_device_name() if device == "cuda" else None},
+        "machine": machine_info(device),
         "train_forward_backward": train,
         "inference_product_vs_flat": infer,
     }

@@ -14,15 +14,15 @@ import json
 import logging
 import lzma
 import os
-import platform
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
+from machine import machine_info  # noqa: E402
 from xlm_pkm.data.executor import Executor  # noqa: E402
 from xlm_pkm.data.preprocess import preprocess  # noqa: E402
 
@@ -47,13 +47,7 @@ def main() -> None:
     parser.add_argument("--output", default=str(REPO / "benchmarks" / "results" / "preprocess_throughput.json"))
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    import numpy
-    import torch
-
-    result = {"machine": {"cpu_count": os.cpu_count(), "cpu": platform.processor() or platform.machine(),
-                          "python": platform.python_version(), "torch": torch.__version__, "numpy": numpy.__version__},
-              "bpe_codes": args.codes, "runs": []}
-    result["machine"]["load_average_1min_before"] = round(os.getloadavg()[0], 2)  # other jobs share the cores
+    result = {"machine": machine_info(), "bpe_codes": args.codes, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
         corpus = Path(tmp) / "corpus.jsonl"
         mb = build_corpus(corpus, args.repeat)
