@@ -2,12 +2,8 @@
 schedule, and one for the memory values at a constant, higher learning rate.
 
 Each group has its own optimizer, learning-rate rule and gradient clipping. With sparse value
-gradients (`model.memory.sparse`), the values use `torch.optim.SparseAdam`, a lazy Adam: first
-and second moments are kept for every row (allocated once, at the first step) but only the rows
-read in the step are updated, so an update costs O(rows read), not O(table). Bias correction uses
-the global step count (the optimizer's step, the same for every row), as torch.optim.Adam does;
-a row untouched for many steps keeps stale moments and does not move. SparseAdam has no weight
-decay, so `optim.mem_values_weight_decay` must be 0 with sparse values.
+gradients (`model.memory.sparse`) the values use LazyAdam (xlm_pkm/lazy_adam.py): Adam on the
+rows read in the step only, global-step bias correction, cost independent of the table size.
 """
 
 from __future__ import annotations
@@ -20,6 +16,7 @@ import torch
 from torch import nn
 
 from xlm_pkm.config import OptimConfig
+from xlm_pkm.lazy_adam import LazyAdam
 
 
 def scheduled_lr(step: int, cfg: OptimConfig) -> float:
@@ -80,14 +77,9 @@ class Optimizers:
                 lambda step: scheduled_lr(step, cfg), cfg.clip_grad_norm,
             )
         ]
-        if values and sparse_values:
-            if cfg.mem_values_weight_decay:
-                raise ValueError("optim.mem_values_weight_decay must be 0 with sparse memory values (SparseAdam)")
-            values_optimizer = torch.optim.SparseAdam(values, lr=cfg.mem_values_lr, betas=betas, eps=eps)
-        elif values:
-            values_optimizer = torch.optim.AdamW(values, lr=cfg.mem_values_lr, betas=betas, eps=eps,
-                                                 weight_decay=cfg.mem_values_weight_decay)
         if values:
+            values_optimizer = (LazyAdam if sparse_values else torch.optim.AdamW)(
+                values, lr=cfg.mem_values_lr, betas=betas, eps=eps, weight_decay=cfg.mem_values_weight_decay)
             self.groups.append(OptimGroup("values", values, values_optimizer, lambda step: cfg.mem_values_lr,
                                           cfg.clip_grad_norm))
 

@@ -10,14 +10,19 @@ gradient at the paper's batch sizes. Here the rows come from a sparse-dense prod
 
     grad_rows = S @ grad_out      S: (U, N) sparse, S[u, n] = Σ_l w[n, l] · [idx[n, l] = slot_u]
 
+S is built in CSR form from the lookups sorted by slot (a stable sort, so results are deterministic).
 The weights' gradient still comes from EmbeddingBag's own backward (on the detached table); the
 table's gradient is attached by an identity function whose backward adds it.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")  # used internally only
 
 
 class _AttachSparseTableGrad(torch.autograd.Function):
@@ -33,11 +38,12 @@ class _AttachSparseTableGrad(torch.autograd.Function):
     def backward(ctx, grad_out):  # grad_out: (N, dim)
         indices, weights = ctx.saved_tensors  # (N, L) each
         N, L = indices.shape
-        slots, inverse = torch.unique(indices.reshape(-1), return_inverse=True)  # (U,), (N*L,) sorted
-        tokens = torch.arange(N, device=indices.device).repeat_interleave(L)  # (N*L,) token of each lookup
-        selection = torch.sparse_coo_tensor(torch.stack([inverse, tokens]), weights.reshape(-1).to(grad_out.dtype),
+        slots_read, order = torch.sort(indices.reshape(-1), stable=True)  # (N*L,) lookups grouped by slot
+        slots, counts = torch.unique_consecutive(slots_read, return_counts=True)  # (U,) distinct slots
+        row_starts = F.pad(torch.cumsum(counts, 0), (1, 0))  # (U + 1,)
+        selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(grad_out.dtype),
                                             (slots.numel(), N), check_invariants=False)  # (U, N)
-        rows = torch.sparse.mm(selection, grad_out)  # (U, dim): duplicates summed
+        rows = selection @ grad_out  # (U, dim): the lookups of each slot summed
         grad_table = torch.sparse_coo_tensor(slots.unsqueeze(0), rows, ctx.table_shape, is_coalesced=True,
                                              check_invariants=False)
         return grad_out, grad_table, None, None
