@@ -45,8 +45,12 @@ demo: data
 test: install
 	$(PY) -m pytest -q tests
 
+# Benchmarks (each writes JSON with the machine's description to benchmarks/results/).
 bench: install
+	$(PIP) install --no-deps -r requirements-bench.txt
 	$(PY) benchmarks/preprocess_throughput.py
+	$(PY) benchmarks/memory_layer_speed.py
+	$(PY) benchmarks/sparse_training_step.py
 
 clean:
 	rm -rf $(VENV) tools $(SAMPLE)

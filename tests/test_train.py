@@ -148,6 +148,7 @@ def test_bad_input_gets_one_line_errors(tiny_data_dir, tmp_path, capsys):
         assert train_main(tiny_overrides(tiny_data_dir, tmp_path, "train.exp_id=bad", *extra)) == 2
         err = capsys.readouterr().err.strip()
         assert expected in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "tiny" / "bad").exists()  # nothing written for a run that cannot start
     assert train_main(["--config", str(tmp_path / "missing.yaml")]) == 2
     assert "config file not found" in capsys.readouterr().err
 

@@ -63,8 +63,6 @@ class Trainer:
         self.env = init_distributed(self.device)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.env.local_rank)
-        self.run_dir = run_directory(cfg, self.env.is_main, self.env)
-        self.ckpt_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
 
         data = cfg.data
         self.train_stream = TokenStream(data.path, "train", data.batch_size, data.bptt, self.env.rank,
@@ -93,6 +91,8 @@ class Trainer:
         torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # dropout differs across ranks
         random.seed(cfg.train.seed * 1000 + self.env.rank)
 
+        self.run_dir = run_directory(cfg, self.env.is_main, self.env)  # only once the inputs are valid
+        self.ckpt_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
         self.step = 0
         self.best_ppl = math.inf
         self.nonfinite_streak = 0
