@@ -116,6 +116,23 @@ def test_torchrun_two_processes_equal_one_with_same_global_batch(tiny_data_dir, 
         torch.testing.assert_close(state["model"][name], p, rtol=1e-3, atol=1e-3)
 
 
+def test_bf16_autocast_training_on_cpu_tracks_float32(tiny_data_dir, tmp_path):
+    fp32 = train_losses(run(tiny_data_dir, tmp_path, "train.exp_id=fp32", "train.max_steps=4").run_dir)
+    bf16 = train_losses(run(tiny_data_dir, tmp_path, "train.exp_id=bf16", "train.max_steps=4",
+                            "train.precision=bf16").run_dir)
+    assert sorted(bf16) == [1, 2, 3, 4]
+    for step, loss in fp32.items():
+        assert math.isclose(bf16[step], loss, rel_tol=0.02), (step, bf16[step], loss)
+
+
+def test_torch_compile_matches_eager(tiny_data_dir, tmp_path):
+    eager = train_losses(run(tiny_data_dir, tmp_path, "train.exp_id=eager", "train.max_steps=2").run_dir)
+    compiled = train_losses(run(tiny_data_dir, tmp_path, "train.exp_id=compiled", "train.max_steps=2",
+                                "train.compile=true").run_dir)
+    for step, loss in eager.items():
+        assert math.isclose(compiled[step], loss, rel_tol=1e-4), (step, compiled[step], loss)
+
+
 def test_train_cli_then_evaluate_cli_json(tiny_data_dir, tmp_path, capsys):
     assert train_main(["--config", str(ROOT / "configs" / "default.yaml"),
                        *tiny_overrides(tiny_data_dir, tmp_path, "train.exp_id=cli", "train.max_steps=6")]) == 0
