@@ -205,7 +205,7 @@ class Trainer:
         cfg = self.cfg.train
         handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
         batches = iter(self.train_stream)
-        window = {"loss": 0.0, "steps": 0, "tokens": 0, "words": 0, "time": time.perf_counter()}
+        window = new_log_window()
         start, last_valid = time.time(), {}
         try:
             while self.step < cfg.max_steps:
@@ -216,7 +216,7 @@ class Trainer:
                 window["words"] += out["words"]
                 if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
                     self._log_train(out, window)
-                    window = {"loss": 0.0, "steps": 0, "tokens": 0, "words": 0, "time": time.perf_counter()}
+                    window = new_log_window()
                 if self.step % cfg.eval_every == 0 or self.step == cfg.max_steps:
                     last_valid = self.validate()
                     self.save(self.ckpt_path)
@@ -280,6 +280,11 @@ class Trainer:
         self.log.close()
         self.forward_model = self.model
         gc.collect()
+
+
+def new_log_window() -> dict:
+    """Sums over the steps since the last train log line."""
+    return {"loss": 0.0, "steps": 0, "tokens": 0, "words": 0, "time": time.perf_counter()}
 
 
 def requeue_slurm_job(log: RunLogger) -> None:
