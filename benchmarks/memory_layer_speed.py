@@ -2,11 +2,11 @@
 
     .venv/bin/python benchmarks/memory_layer_speed.py [--device cpu|cuda] [--min-time 1.0]
 
-1. Training (forward + backward) tokens/s at d=512, heads=4, knn=32, k_dim=512 for |K| = 128²..1024²:
-   our ProductKeyMemory (dense and sparse value gradients), the PyPI package product-key-memory==0.3.0
-   (lucidrains; LayerNorm queries, as its BatchNorm path does not run on (batch, time, dim) inputs),
-   and a dense FFN (d -> 4d -> d, GELU) of the same d, all measured in the same run.
-2. Inference tokens/s of product vs flat keys at 16k, 65k and 262k slots (Table 4 / Figure 7).
+Training (forward + backward) tokens/s at d=512, heads=4, knn=32, k_dim=512 for |K| = 128²..1024²:
+our ProductKeyMemory (dense and sparse value gradients), the PyPI package product-key-memory==0.3.0
+(lucidrains; LayerNorm queries, as its BatchNorm path does not run on (batch, time, dim) inputs),
+and a dense FFN (d -> 4d -> d, GELU) of the same d, all measured in the same run. Inference speed of
+product vs flat keys (Table 4 / Figure 7) is measured on whole models by inference_speed.py.
 Gradients are dropped (set to None) between steps, as an optimizer with zero_grad() would. Each figure
 is the best of --rounds interleaved measurements (the machine may be shared).
 """
@@ -17,41 +17,18 @@ import argparse
 import gc
 import json
 import sys
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info  # noqa: E402
-from xlm_pkm.model.memory import ProductKeyMemory  # noqa: E402
+from machine import machine_info
+from timing import best_of_rounds
+
+from xlm_pkm.model.memory import ProductKeyMemory
 
 DIM, HEADS, KNN, K_DIM = 512, 4, 32, 512
-
-
-def tokens_per_second(step, n_tokens: int, device: str, min_time: float) -> float:
-    """Run step() repeatedly for at least min_time seconds (and at least twice)."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    sync()
-    reps, start = 0, time.perf_counter()
-    while reps < 2 or time.perf_counter() - start < min_time:
-        step()
-        reps += 1
-    sync()
-    return n_tokens * reps / (time.perf_counter() - start)
-
-
-def best_of_rounds(steps: dict, n_tokens: int, device: str, min_time: float, rounds: int) -> dict:
-    """{name: best tokens/s}: each step warmed up, then measured `rounds` times, interleaved, so that
-    load from other processes on a shared machine hits every entry alike."""
-    for step in steps.values():
-        step()
-    best = dict.fromkeys(steps, 0.0)
-    for _ in range(rounds):
-        for name, step in steps.items():
-            best[name] = max(best[name], tokens_per_second(step, n_tokens, device, min_time))
-    return best
 
 
 def train_step(module, x, sparse: bool | None = None):
@@ -81,14 +58,13 @@ def main():
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds measured per entry")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved measurements per entry; best kept")
     parser.add_argument("--train-keys", type=int, nargs="+", default=[128, 256, 512, 1024])
-    parser.add_argument("--infer-keys", type=int, nargs="+", default=[128, 256, 512])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "memory_layer_speed.json"))
     args = parser.parse_args()
     device, n_tokens = args.device, args.batch * args.seq
     torch.manual_seed(0)
     x = torch.randn(args.batch, args.seq, DIM, device=device, requires_grad=True)
 
-    train, infer = [], []
+    train = []
     for n_keys in args.train_keys:
         ffn, ours, theirs = (build(name, n_keys).to(device).train() for name in ("dense_ffn", "product",
                                                                                  "lucidrains_pkm_0.3.0"))
@@ -100,15 +76,6 @@ def main():
         del ffn, ours, theirs, steps
         gc.collect()
 
-    for n_keys in args.infer_keys:
-        modules = {name: build(name, n_keys).to(device).eval() for name in ("product", "flat")}
-        steps = {name: torch.no_grad()(lambda m=m: m(x)) for name, m in modules.items()}
-        for name, tps in best_of_rounds(steps, n_tokens, device, args.min_time, args.rounds).items():
-            infer.append({"slots": n_keys**2, "n_keys": n_keys, "keys": name, "tokens_per_s": round(tps)})
-            print(f"infer  |K|={n_keys:4d}^2  {name:8s} keys {tps:10.0f} tokens/s", flush=True)
-        del modules, steps
-        gc.collect()
-
     result = {
         "benchmark": "memory_layer_speed",
         "settings": {"dim": DIM, "heads": HEADS, "knn": KNN, "k_dim": K_DIM, "batch": args.batch, "seq": args.seq,
@@ -116,7 +83,6 @@ def main():
                      "rounds": args.rounds, "statistic": "best of rounds"},
         "machine": machine_info(device),
         "train_forward_backward": train,
-        "inference_product_vs_flat": infer,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
