@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import lzma
+import os
 from itertools import islice
 from pathlib import Path
 
 import pytest
+import torch
+
+# Without a GPU, the Triton kernels are checked under Triton's interpreter (read when Triton is imported).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from xlm_pkm.data.fastbpe import find_fastbpe
 from xlm_pkm.data.preprocess import preprocess

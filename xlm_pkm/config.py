@@ -39,6 +39,7 @@ class MemoryConfig:
     temperature: float = 1.0  # softmax(scores / temperature) over the selected keys
     share_values: bool = False  # all memory layers of the model read one value table
     sparse: bool = False  # sparse value gradients + lazy Adam on the rows touched
+    value_read: str = "auto"  # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton
 
 
 @dataclass

@@ -11,7 +11,8 @@ The algorithm, per token x and per head h (heads are summed, and share one value
     s1_i + s2_j for the knn×knn pairs, top-knn of them  (knn,)      = the exact top-knn of all
                                                                       n_keys² keys (c_i, c'_j)
     w = softmax(scores), slot = i·n_keys + j
-    m_h(x) = Σ w · values[slot]                          (output_dim,) via EmbeddingBag, so no
+    m_h(x) = Σ w · values[slot]                          (output_dim,) via EmbeddingBag or a fused
+                                                                      Triton kernel (value_read.py), so no
                                                                       (tokens, heads·knn, output_dim) tensor
 Search, softmax and value read run in float32, also under autocast.
 
@@ -32,6 +33,7 @@ Options beyond the paper, all off by default:
   - sparse: the value table's gradient is a sparse tensor with one row per distinct slot read in the
     step (value_read.py), for the lazy Adam of xlm_pkm/optim.py: the step cost does not grow with
     the table.
+  - value_read: "auto" (fused Triton kernels on CUDA, EmbeddingBag on CPU) | "torch" | "triton".
 
 Evaluation statistics: set `memory.track_stats = True`; in eval mode every forward accumulates the
 per-slot weight and hit count (see memory_stats.py); `memory.stats()` summarises them.
@@ -45,7 +47,7 @@ from torch import nn
 
 from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory_stats import SlotStats
-from xlm_pkm.model.value_read import read_values
+from xlm_pkm.model.value_read import check_backend, read_values
 
 
 def value_table(n_slots: int, output_dim: int) -> nn.EmbeddingBag:
@@ -99,6 +101,7 @@ class ProductKeyMemory(nn.Module):
         qk_norm: bool = False,
         temperature: float = 1.0,
         sparse: bool = False,
+        value_read: str = "auto",
         values: nn.EmbeddingBag | None = None,
     ):
         super().__init__()
@@ -106,6 +109,7 @@ class ProductKeyMemory(nn.Module):
             raise ValueError(f"memory key_type must be product or flat, got {key_type!r}")
         if query_norm not in ("batchnorm", "layernorm", "none"):
             raise ValueError(f"memory query_norm must be batchnorm, layernorm or none, got {query_norm!r}")
+        check_backend(value_read)
         if k_dim % 2 or knn > (n_keys if key_type == "product" else n_keys**2) or temperature <= 0:
             raise ValueError(f"memory needs an even k_dim, knn <= n_keys and temperature > 0 "
                              f"(k_dim={k_dim}, knn={knn}, n_keys={n_keys}, temperature={temperature})")
@@ -132,6 +136,7 @@ class ProductKeyMemory(nn.Module):
 
         self.values = values if values is not None else value_table(self.n_slots, output_dim)
         self.sparse = sparse
+        self.value_read = value_read
         if self.values.weight.shape != (self.n_slots, output_dim):
             raise ValueError(f"shared values have shape {tuple(self.values.weight.shape)}, "
                              f"this memory needs ({self.n_slots}, {output_dim})")
@@ -152,7 +157,8 @@ class ProductKeyMemory(nn.Module):
                    key_type=cfg.key_type, query_norm=cfg.query_norm, query_hidden=cfg.query_hidden,
                    input_dropout=cfg.input_dropout, query_dropout=cfg.query_dropout,
                    value_dropout=cfg.value_dropout, gated=cfg.gated, qk_norm=cfg.qk_norm,
-                   temperature=cfg.temperature, sparse=cfg.sparse, values=values)
+                   temperature=cfg.temperature, sparse=cfg.sparse, value_read=cfg.value_read,
+                   values=values)
 
     def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: (..., input_dim); pad_mask: (...) bool, True at padding (excluded from statistics)."""
@@ -168,7 +174,7 @@ class ProductKeyMemory(nn.Module):
             if self.track_stats and not self.training:
                 self.slot_stats.add(indices, weights, keep)
             table = self.values.weight
-            out = read_values(table, indices.view(N, H * K), weights.view(N, H * K).to(table.dtype), self.sparse)
+            out = read_values(table, indices.view(N, H * K), weights.view(N, H * K), self.sparse, self.value_read)
         out = self.value_dropout(out)  # (N, output_dim), heads summed by the bag
         if self.gated:
             out = self.out_proj(F.silu(self.gate(x)) * out)

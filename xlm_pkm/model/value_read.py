@@ -1,12 +1,14 @@
 """The memory's value read, out[n] = Σ_l w[n, l] · values[idx[n, l]], with a dense or sparse table gradient.
 
-Dense (the default): `nn.EmbeddingBag` autograd; the table's gradient is a dense (n_slots, dim) tensor.
+Two implementations, chosen by `backend` (MemoryConfig.value_read):
+  - "torch", the reference and the default on CPU: `nn.EmbeddingBag`, with the sparse gradient below;
+  - "triton", the default on CUDA when Triton is installed: fused kernels (triton_value_read.py).
 
-Sparse: the gradient holds one row per *distinct* slot read in the step, so its size (and an
-optimizer step on it) does not grow with the table. `nn.EmbeddingBag(sparse=True)` is no good for
-this: its gradient has one row per lookup (tokens·heads·knn rows, uncoalesced), more than the dense
-gradient at the paper's batch sizes. Here the rows come from a sparse-dense product, with no
-(lookups, dim) intermediate:
+Dense gradient: a (n_slots, dim) tensor. Sparse gradient: one row per *distinct* slot read in the
+step, so its size (and an optimizer step on it) does not grow with the table.
+`nn.EmbeddingBag(sparse=True)` is no good for this: its gradient has one row per lookup
+(tokens·heads·knn rows, uncoalesced), more than the dense gradient at the paper's batch sizes. The
+reference builds the rows from a sparse-dense product, with no (lookups, dim) intermediate:
 
     grad_rows = S @ grad_out      S: (U, N) sparse, S[u, n] = Σ_l w[n, l] · [idx[n, l] = slot_u]
 
@@ -17,12 +19,31 @@ table's gradient is attached by an identity function whose backward adds it.
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import warnings
 
 import torch
 import torch.nn.functional as F
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")  # used internally only
+
+BACKENDS = ("auto", "torch", "triton")
+
+
+def group_by_slot(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """indices: (N, L) -> slots (U,) the distinct slots ascending, order (N*L,) the flat lookups
+    n*L + l grouped by slot (stable), row_starts (U + 1,) where each slot's run begins in `order`."""
+    slots_read, order = torch.sort(indices.reshape(-1), stable=True)  # (N*L,)
+    slots, counts = torch.unique_consecutive(slots_read, return_counts=True)  # (U,)
+    return slots, order, F.pad(torch.cumsum(counts, 0), (1, 0))
+
+
+def table_gradient(slots: torch.Tensor, rows: torch.Tensor, shape: torch.Size, sparse: bool) -> torch.Tensor:
+    """The table's gradient from its distinct rows (U, dim): sparse COO (coalesced), or dense."""
+    if sparse:
+        return torch.sparse_coo_tensor(slots.unsqueeze(0), rows, shape, is_coalesced=True, check_invariants=False)
+    return rows.new_zeros(shape).index_copy_(0, slots, rows)
 
 
 class _AttachSparseTableGrad(torch.autograd.Function):
@@ -38,19 +59,44 @@ class _AttachSparseTableGrad(torch.autograd.Function):
     def backward(ctx, grad_out):  # grad_out: (N, dim)
         indices, weights = ctx.saved_tensors  # (N, L) each
         N, L = indices.shape
-        slots_read, order = torch.sort(indices.reshape(-1), stable=True)  # (N*L,) lookups grouped by slot
-        slots, counts = torch.unique_consecutive(slots_read, return_counts=True)  # (U,) distinct slots
-        row_starts = F.pad(torch.cumsum(counts, 0), (1, 0))  # (U + 1,)
+        slots, order, row_starts = group_by_slot(indices)
         selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(grad_out.dtype),
                                             (slots.numel(), N), check_invariants=False)  # (U, N)
         rows = selection @ grad_out  # (U, dim): the lookups of each slot summed
-        grad_table = torch.sparse_coo_tensor(slots.unsqueeze(0), rows, ctx.table_shape, is_coalesced=True,
-                                             check_invariants=False)
-        return grad_out, grad_table, None, None
+        return grad_out, table_gradient(slots, rows, ctx.table_shape, sparse=True), None, None
 
 
-def read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool) -> torch.Tensor:
-    """table: (n_slots, dim); indices, weights: (N, L) -> (N, dim) weighted sums of the rows read."""
+def triton_usable(device: torch.device) -> bool:
+    """Triton kernels run here: on CUDA with Triton installed, or anywhere under TRITON_INTERPRET=1."""
+    if importlib.util.find_spec("triton") is None:
+        return False
+    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def check_backend(backend: str) -> None:
+    if backend not in BACKENDS:
+        raise ValueError(f"memory value_read must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """"auto" -> "triton" on CUDA when Triton is installed, else "torch"; checks an explicit choice."""
+    check_backend(backend)
+    if backend == "auto":
+        return "triton" if device.type == "cuda" and triton_usable(device) else "torch"
+    if backend == "triton" and not triton_usable(device):
+        raise ValueError(f"memory value_read=triton needs Triton and a CUDA device (tensors are on {device}; "
+                         f"TRITON_INTERPRET=1 runs the kernels on CPU, slowly, for testing)")
+    return backend
+
+
+def read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool,
+                backend: str = "torch") -> torch.Tensor:
+    """table: (n_slots, dim); indices, weights: (N, L) -> (N, dim) weighted sums of the rows read, in the
+    table's dtype. backend: "torch", "triton" or "auto" (see the module docstring)."""
+    if resolve_backend(backend, table.device) == "triton":
+        from xlm_pkm.model.triton_value_read import fused_read_values  # imports Triton only when used
+        return fused_read_values(table, indices, weights, sparse)
+    weights = weights.to(table.dtype)
     if not sparse:
         return F.embedding_bag(indices, table, per_sample_weights=weights, mode="sum")
     read = F.embedding_bag(indices, table.detach(), per_sample_weights=weights, mode="sum")  # (N, dim)

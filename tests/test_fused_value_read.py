@@ -1,0 +1,129 @@
+"""The fused Triton value read against a float64 dense re-computation and the PyTorch path.
+
+Without a GPU the kernels run under Triton's interpreter (conftest.py sets TRITON_INTERPRET=1), on
+CUDA they run compiled; the same assertions hold for both.
+"""
+
+import pytest
+import torch
+
+from xlm_pkm.model.memory import ProductKeyMemory
+from xlm_pkm.model.value_read import read_values, resolve_backend
+
+pytest.importorskip("triton")
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # relative to the values' scale
+
+
+def lookups(n_slots, dim, tokens, per_token, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    table = torch.randn(n_slots, dim, generator=g).to(dtype)
+    indices = torch.randint(0, n_slots, (tokens, per_token), generator=g)
+    indices[: tokens // 2, :5] = 3  # a hot slot: read by half the tokens, several times per token
+    weights = torch.softmax(torch.randn(tokens, per_token, generator=g), dim=-1)  # float32, as the memory's
+    grad_out = torch.randn(tokens, dim, generator=g).to(dtype)
+    return [t.to(DEVICE) for t in (table, indices, weights, grad_out)]
+
+
+def dense_reference(table, indices, weights, grad_out):
+    """out, d table, d weights of out = Σ_l w · table[idx], computed densely in float64."""
+    table, weights, grad_out = table.double(), weights.double(), grad_out.double()
+    rows = table[indices]  # (N, L, D)
+    out = (weights.unsqueeze(-1) * rows).sum(1)  # (N, D)
+    grad_weights = torch.einsum("nld,nd->nl", rows, grad_out)
+    grad_table = torch.zeros_like(table).index_add_(0, indices.reshape(-1),
+                                                    (weights.unsqueeze(-1) * grad_out.unsqueeze(1)).reshape(-1, table.shape[1]))
+    return out, grad_table, grad_weights
+
+
+def fused(table, indices, weights, grad_out, sparse):
+    table, weights = table.clone().requires_grad_(), weights.clone().requires_grad_()
+    out = read_values(table, indices, weights, sparse, backend="triton")
+    out.backward(grad_out)
+    return out, table.grad, weights.grad
+
+
+def assert_close_scaled(actual, expected, dtype):
+    """|actual - expected| <= tolerance · max|expected|, elementwise, in float64."""
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(actual.double(), expected, rtol=0, atol=TOLERANCE[dtype] * scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_fused_read_matches_dense_recomputation(dtype, sparse):
+    # 40 lookups per token and 260 columns: two blocks of each, the last ones partial
+    table, indices, weights, grad_out = lookups(n_slots=300, dim=260, tokens=12, per_token=40, dtype=dtype)
+    out, grad_table, grad_weights = fused(table, indices, weights, grad_out, sparse)
+    ref_out, ref_table, ref_weights = dense_reference(table, indices, weights, grad_out)
+    assert out.dtype == dtype and grad_table.dtype == dtype and grad_weights.dtype == torch.float32
+    assert_close_scaled(out, ref_out, dtype)
+    assert_close_scaled(grad_weights, ref_weights, dtype)
+    assert grad_table.is_sparse == sparse
+    if sparse:  # one row per distinct slot read, in slot order
+        assert torch.equal(grad_table._indices()[0], torch.unique(indices))
+        grad_table = grad_table.to_dense()
+    assert_close_scaled(grad_table, ref_table, dtype)
+
+
+def test_fused_read_all_lookups_on_one_slot():
+    """A collapsed memory: every lookup hits one slot, whose gradient row sums all of them."""
+    table, indices, weights, grad_out = lookups(n_slots=50, dim=8, tokens=30, per_token=12, dtype=torch.float32)
+    indices.fill_(7)
+    out, grad_table, grad_weights = fused(table, indices, weights, grad_out, sparse=True)
+    ref_out, ref_table, ref_weights = dense_reference(table, indices, weights, grad_out)
+    assert grad_table._indices().tolist() == [[7]]
+    for actual, expected in ((out, ref_out), (grad_table.to_dense(), ref_table), (grad_weights, ref_weights)):
+        assert_close_scaled(actual, expected, torch.float32)
+
+
+def test_fused_read_is_deterministic_and_matches_the_torch_path():
+    table, indices, weights, grad_out = lookups(n_slots=200, dim=16, tokens=32, per_token=8, dtype=torch.float32)
+    first, second = (fused(table, indices, weights, grad_out, sparse=True) for _ in range(2))
+    for a, b in zip(first, second):
+        assert torch.equal(a.to_dense() if a.is_sparse else a, b.to_dense() if b.is_sparse else b)
+    t, w = table.clone().requires_grad_(), weights.clone().requires_grad_()
+    out = read_values(t, indices, w, sparse=True, backend="torch")
+    out.backward(grad_out)
+    torch.testing.assert_close(first[0], out)
+    torch.testing.assert_close(first[1].to_dense(), t.grad.to_dense())
+    torch.testing.assert_close(first[2], w.grad)
+
+
+def test_fused_read_of_an_empty_batch():
+    table, indices, weights, grad_out = lookups(n_slots=20, dim=4, tokens=0, per_token=4, dtype=torch.float32)
+    out, grad_table, grad_weights = fused(table, indices, weights, grad_out, sparse=True)
+    assert out.shape == (0, 4) and grad_weights.shape == (0, 4) and grad_table._nnz() == 0
+
+
+def test_memory_layer_with_fused_read_matches_torch_read():
+    torch.manual_seed(0)
+    memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, sparse=True, value_read="torch").to(DEVICE)
+    x = torch.randn(3, 5, 16, device=DEVICE)
+    results = {}
+    for backend in ("torch", "triton"):
+        memory.value_read = backend
+        memory.zero_grad(set_to_none=True)
+        y = memory(x)
+        (y**2).sum().backward()
+        results[backend] = y, memory.values.weight.grad.to_dense(), memory.keys.grad, memory.query_net[0].weight.grad
+    for a, b in zip(results["torch"], results["triton"]):
+        torch.testing.assert_close(b, a)
+
+
+def test_compiled_memory_layer_runs_the_kernels_eagerly():
+    torch.manual_seed(0)
+    memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read="triton").to(DEVICE).eval()
+    x = torch.randn(2, 5, 16, device=DEVICE)
+    with torch.no_grad():
+        torch.testing.assert_close(torch.compile(memory)(x), memory(x))
+
+
+def test_backend_choice(monkeypatch):
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert resolve_backend("torch", torch.device("cpu")) == "torch"
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="value_read=triton needs Triton and a CUDA device"):
+        resolve_backend("triton", torch.device("cpu"))
+    with pytest.raises(ValueError, match="value_read must be one of auto, torch, triton"):
+        ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read="cuda")
