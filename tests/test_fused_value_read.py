@@ -31,8 +31,8 @@ def dense_reference(table, indices, weights, grad_out):
     rows = table[indices]  # (N, L, D)
     out = (weights.unsqueeze(-1) * rows).sum(1)  # (N, D)
     grad_weights = torch.einsum("nld,nd->nl", rows, grad_out)
-    grad_table = torch.zeros_like(table).index_add_(0, indices.reshape(-1),
-                                                    (weights.unsqueeze(-1) * grad_out.unsqueeze(1)).reshape(-1, table.shape[1]))
+    per_lookup = weights.unsqueeze(-1) * grad_out.unsqueeze(1)  # (N, L, D)
+    grad_table = torch.zeros_like(table).index_add_(0, indices.reshape(-1), per_lookup.reshape(-1, table.shape[1]))
     return out, grad_table, grad_weights
 
 

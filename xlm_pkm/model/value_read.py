@@ -60,9 +60,10 @@ class _AttachSparseTableGrad(torch.autograd.Function):
         indices, weights = ctx.saved_tensors  # (N, L) each
         N, L = indices.shape
         slots, order, row_starts = group_by_slot(indices)
-        selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(grad_out.dtype),
+        accumulate = torch.promote_types(grad_out.dtype, torch.float32)  # float32 sums for fp16/bf16 tables
+        selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(accumulate),
                                             (slots.numel(), N), check_invariants=False)  # (U, N)
-        rows = selection @ grad_out  # (U, dim): the lookups of each slot summed
+        rows = (selection @ grad_out.to(accumulate)).to(grad_out.dtype)  # (U, dim): each slot's lookups summed
         return grad_out, table_gradient(slots, rows, ctx.table_shape, sparse=True), None, None
 
 
