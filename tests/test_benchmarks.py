@@ -1,0 +1,85 @@
+"""Smoke runs of the model-level speed benchmarks on tiny models: the JSON they write has a row per
+requested entry, positive speeds, and ratios that match their rows (recomputed here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.data.shard import read_shard
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = ["model.dim=16", "model.n_heads=2", "model.memory.k_dim=8", "model.memory.knn=4"]
+TIMING = ["--batch", "2", "--seq", "8", "--min-time", "0.01", "--rounds", "1"]
+
+
+def run_benchmark(name: str, out, *args: str) -> dict:
+    """One thread: tiny models run no faster on more, and far slower when the cores are shared."""
+    subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *TIMING, "--out", str(out), *args],
+                   check=True, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return json.loads(out.read_text())
+
+
+def words_per_token(data_dir) -> float:
+    dictionary = Dictionary.load(data_dir / "vocab")
+    ids = np.concatenate([read_shard(p).tokens for p in sorted(data_dir.glob("test.*.bin"))])
+    return dictionary.word_end_mask()[ids].mean()
+
+
+def test_inference_speed(tiny_data_dir, tmp_path):
+    result = run_benchmark("inference_speed", tmp_path / "inference.json", "--device", "cpu",
+                           "--data", str(tiny_data_dir), "--keys", "16", "32", "--flat-max-keys", "16",
+                           "--layers", "12", "24", "--dims", "1024", "--memories", "0", "1",
+                           "--override", *TINY_MODEL)
+    assert result["machine"]["device"] == "cpu" and result["machine"]["cpu"]
+    assert result["corpus"]["words_per_token"] == pytest.approx(words_per_token(tiny_data_dir))
+    table4, figure4 = result["table4"], result["figure4"]
+    assert sorted((r["key_type"], r["n_keys"]) for r in table4["rows"]) == [("flat", 16), ("product", 16),
+                                                                            ("product", 32)]
+    assert sorted((r["layers"], r["memories"]) for r in figure4["rows"]) == [(12, 0), (12, 1), (24, 0), (24, 1)]
+    for row in table4["rows"] + figure4["rows"]:
+        assert row["tokens_per_s"] > 0
+        assert row["words_per_s"] == round(row["tokens_per_s"] * result["corpus"]["words_per_token"])
+
+    speed = {(r["key_type"], r["n_keys"]): r["tokens_per_s"] for r in table4["rows"]}
+    assert table4["product_largest_over_smallest"]["ratio"] == round(speed["product", 32] / speed["product", 16], 3)
+    (flat16,) = table4["product_over_flat"]
+    assert flat16["n_keys"] == 16 and flat16["ratio"] == round(speed["product", 16] / speed["flat", 16], 3)
+    speed = {(r["layers"], r["memories"]): r["tokens_per_s"] for r in figure4["rows"]}
+    assert figure4["l12_m1_over_l24_m0"] == [{"dim": 16, "ratio": round(speed[12, 1] / speed[24, 0], 3),
+                                              "target": ">= 1.8"}]
+
+
+def test_inference_speed_without_data(tmp_path):
+    result = run_benchmark("inference_speed", tmp_path / "inference.json", "--device", "cpu",
+                           "--data", str(tmp_path / "missing"), "--parts", "table4", "--keys", "16",
+                           "--flat-max-keys", "0", "--override", *TINY_MODEL)
+    assert result["corpus"]["words_per_token"] is None and result["corpus"]["vocab_source"] == "fallback"
+    assert result["settings"]["vocab"] == 32000
+    (row,) = result["table4"]["rows"]
+    assert row["tokens_per_s"] > 0 and row["words_per_s"] is None
+    assert result["table4"]["product_over_flat"] == []
+
+
+def test_training_speed(tiny_data_dir, tmp_path):
+    result = run_benchmark("training_speed", tmp_path / "training.json", "--device", "cpu",
+                           "--data", str(tiny_data_dir), "--precisions", "fp32", "bf16", "--warmup", "1",
+                           "--override", "model.n_layers=2", "model.memory.n_keys=16", *TINY_MODEL)
+    assert result["machine"]["device"] == "cpu"
+    rows = result["rows"]
+    assert sorted((r["precision"], r["memories"], str(r["values"])) for r in rows) == [
+        (p, m, v) for p in ("bf16", "fp32") for m, v in ((0, "None"), (1, "dense"), (1, "sparse"))]
+    for row in rows:
+        assert row["tokens_per_s"] > 0 and row["flops_per_token"] > 0
+        assert row["mfu"] is None and row["peak_memory_gib"] is None  # CPU
+    without = {r["precision"]: r["tokens_per_s"] for r in rows if r["memories"] == 0}
+    assert sorted((s["precision"], s["values"], s["share"]) for s in result["memory_step_share"]) == sorted(
+        (r["precision"], r["values"], round(1 - r["tokens_per_s"] / without[r["precision"]], 3))
+        for r in rows if r["memories"])
