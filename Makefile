@@ -45,12 +45,15 @@ demo: data
 test: install
 	$(PY) -m pytest -q tests
 
-# Benchmarks (each writes JSON with the machine's description to benchmarks/results/).
-bench: install
+# Benchmarks (each writes JSON with the machine's description to benchmarks/results/). The model-level
+# ones (inference_speed, training_speed; words/s from the sample) are sized for a GPU: on CPU, shrink them.
+bench: install data
 	$(PIP) install --no-deps -r requirements-bench.txt
 	$(PY) benchmarks/preprocess_throughput.py
 	$(PY) benchmarks/memory_layer_speed.py
 	$(PY) benchmarks/sparse_training_step.py
+	$(PY) benchmarks/inference_speed.py
+	$(PY) benchmarks/training_speed.py
 
 clean:
 	rm -rf $(VENV) tools $(SAMPLE)
