@@ -5,10 +5,10 @@
 
 Each --configs model is measured in each of --precisions and, when it has memories, with each kind
 of memory-value gradient in --values (sparse: row-sparse gradient and LazyAdam; dense: AdamW).
-One step is Trainer.train_step's for one micro-batch on (batch, seq) random tokens: forward under
-autocast, float32 cross-entropy, backward of the scaled loss, unscale and per-group clipping, the
-step of every optimizer group (xlm_pkm.optim.Optimizers), scaler update, gradients dropped; the
-trainer's non-finite-loss check (one host sync) is left out. Entries run one after another, one
+One step is the trainer's for one micro-batch on (batch, seq) random tokens, through the same
+functions (xlm_pkm/train_step.py): forward under autocast, float32 cross-entropy, backward of the
+scaled loss, unscale and per-group clipping, the non-finite check, the step of every optimizer group
+(xlm_pkm.optim.Optimizers), scaler update, gradients dropped. Entries run one after another, one
 model on the device at a time, so the peak GPU memory (torch.cuda.max_memory_allocated, from the
 first step on) is the entry's own; the speed is the best of --rounds after --warmup steps.
 MFU = tokens/s × model.dense_flops_per_token(seq) / the GPU's peak for the precision
@@ -24,7 +24,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info
@@ -44,7 +43,8 @@ from timing import best_of_rounds
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.model.transformer import resolve_memory_layers
 from xlm_pkm.optim import Optimizers
-from xlm_pkm.precision import autocast, check_precision, grad_scaler
+from xlm_pkm.precision import check_precision, grad_scaler
+from xlm_pkm.train_step import loss_backward, optimizer_update
 
 CONFIGS = [str(REPO / "configs" / "paper" / f"l12_d1024_m{m}.yaml") for m in (0, 1)]
 
@@ -58,14 +58,7 @@ def train_step(model, cfg, tokens: torch.Tensor, precision: str, device: torch.d
 
     def step():
         optimizers.set_step(next(steps))
-        with autocast(precision, device):
-            logits = forward(x)  # (B, T, vocab)
-        loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-        scaler.scale(loss).backward()
-        optimizers.unscale_and_clip(scaler)
-        optimizers.step(scaler)
-        scaler.update()
-        optimizers.zero_grad()
+        optimizer_update(optimizers, scaler, loss_backward(forward, x, y, precision, device, scaler))
     return step
 
 

@@ -18,7 +18,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from xlm_pkm import checkpoint
@@ -30,8 +29,9 @@ from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.optim import Optimizers
-from xlm_pkm.precision import autocast, check_precision, grad_scaler, resolve_device
+from xlm_pkm.precision import check_precision, grad_scaler, resolve_device
 from xlm_pkm.run_log import RunLogger
+from xlm_pkm.train_step import loss_backward, optimizer_update
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 
@@ -171,25 +171,12 @@ class Trainer:
             last = i == accumulate - 1
             sync = nullcontext() if last or not self.env.is_distributed else self.forward_model.no_sync()
             with sync:
-                with autocast(cfg.train.precision, self.device):
-                    logits = self.forward_model(x)  # (B, T, V)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
-                self.scaler.scale(loss / accumulate).backward()
-            loss_sum += loss.detach()
+                loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
+                                          accumulate)
         for p in self.sparse_values:
             all_reduce_sparse_grad_(p, self.env)
         loss = loss_sum / accumulate
-        norms = self.optimizers.unscale_and_clip(self.scaler)
-        scale = self.scaler.get_scale() if self.scaler.is_enabled() else 1.0
-        if self.scaler.is_enabled():  # fp16: the scaler skips steps with inf/nan gradients
-            self.optimizers.step(self.scaler)
-            self.scaler.update()
-            skipped = self.scaler.get_scale() < scale
-        else:
-            skipped = not bool(torch.isfinite(loss) & torch.stack(list(norms.values())).isfinite().all())
-            if not skipped:
-                self.optimizers.step(self.scaler)
-        self.optimizers.zero_grad()
+        norms, scale, skipped = optimizer_update(self.optimizers, self.scaler, loss)
         self.step += 1
         self.skipped_steps += skipped
         self.nonfinite_streak = self.nonfinite_streak + 1 if skipped and not self.scaler.is_enabled() else 0

@@ -1,0 +1,43 @@
+"""The two halves of a training step, shared by the trainer and the training-speed benchmark.
+
+    loss = loss_backward(model, x, y, precision, device, scaler)     # per micro-batch
+    norms, scale, skipped = optimizer_update(optimizers, scaler, loss)
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from xlm_pkm.optim import Optimizers
+from xlm_pkm.precision import autocast
+
+
+def loss_backward(model, x: torch.Tensor, y: torch.Tensor, precision: str, device: torch.device,
+                  scaler: torch.amp.GradScaler, accumulate: int = 1) -> torch.Tensor:
+    """x, y: (B, T). Forward under autocast, float32 cross-entropy, backward of the scaled loss / accumulate;
+    returns the (detached) mean loss of the micro-batch."""
+    with autocast(precision, device):
+        logits = model(x)  # (B, T, V)
+    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+    scaler.scale(loss / accumulate).backward()
+    return loss.detach()
+
+
+def optimizer_update(optimizers: Optimizers, scaler: torch.amp.GradScaler,
+                     loss: torch.Tensor) -> tuple[dict[str, torch.Tensor], float, bool]:
+    """Unscale and clip every group, step unless the loss or a gradient is not finite, drop the gradients.
+    Returns the gradient norms per group, the loss scale used (1 without fp16) and whether the step was
+    skipped (fp16: the scaler found inf/nan and lowered its scale; else a non-finite loss or norm)."""
+    norms = optimizers.unscale_and_clip(scaler)
+    scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+    if scaler.is_enabled():
+        optimizers.step(scaler)
+        scaler.update()
+        skipped = scaler.get_scale() < scale
+    else:
+        skipped = not bool(torch.isfinite(loss) & torch.stack(list(norms.values())).isfinite().all())
+        if not skipped:
+            optimizers.step(scaler)
+    optimizers.zero_grad()
+    return norms, scale, skipped
