@@ -46,7 +46,8 @@ test: install
 	$(PY) -m pytest -q tests
 
 # Benchmarks (each writes JSON with the machine's description to benchmarks/results/). The model-level
-# ones (inference_speed, training_speed; words/s from the sample) are sized for a GPU: on CPU, shrink them.
+# ones (inference_speed, training_speed; words/s from the sample) and value_read_bandwidth are sized for a
+# GPU: on CPU, shrink them. benchmarks/gpu_suite.sh runs the GPU ones on a machine without this venv.
 bench: install data
 	$(PIP) install --no-deps -r requirements-bench.txt
 	$(PY) benchmarks/preprocess_throughput.py
@@ -54,6 +55,7 @@ bench: install data
 	$(PY) benchmarks/sparse_training_step.py
 	$(PY) benchmarks/inference_speed.py
 	$(PY) benchmarks/training_speed.py
+	$(PY) benchmarks/value_read_bandwidth.py
 
 clean:
 	rm -rf $(VENV) tools $(SAMPLE)
