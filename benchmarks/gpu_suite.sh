@@ -6,7 +6,8 @@
 #
 # STEP: setup (pip-installs the carried wheels and builds fastBPE's binding there; once per machine),
 # tests (the fused read against its references, GPU training in fp32/bf16/fp16, eager and compiled),
-# read (value_read_bandwidth.py), infer (inference_speed.py: Table 4 and Figure 4), train
+# read (value_read_bandwidth.py), infer (inference_speed.py: Table 4 with flat keys up to 1M slots,
+# Figure 4 with the sample's vocabulary and with 60k tokens as the paper's), train
 # (training_speed.py: 12 layers d=1024 with and without a memory, bf16 and fp16, compiled).
 # Results go to OUT_DIR (JSON, plus the tests' summary). The GPU machine has a Python with torch and
 # Triton but no sacremoses/fastBPE, and no network: carry .device, tools/fastbpe, data/processed/sample.
@@ -33,7 +34,9 @@ case $step in
   read)
     $PY benchmarks/value_read_bandwidth.py --out "$out/value_read_bandwidth_cuda.json" ;;
   infer)
-    $PY benchmarks/inference_speed.py --dtype bf16 --out "$out/inference_speed_cuda.json" ;;
+    $PY benchmarks/inference_speed.py --dtype bf16 --flat-max-keys 1024 --out "$out/inference_speed_cuda.json"
+    $PY benchmarks/inference_speed.py --dtype bf16 --parts figure4 --vocab 60000 \
+      --note "the paper's 60k-code vocabulary" --out "$out/inference_speed_cuda_vocab60k.json" ;;
   train)
     $PY benchmarks/training_speed.py --precisions bf16 fp16 --compile --out "$out/training_speed_cuda.json" ;;
   *)
