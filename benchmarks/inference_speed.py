@@ -30,16 +30,8 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info
-from model_setup import (
-    REPO,
-    benchmark_parser,
-    build_model,
-    common_settings,
-    corpus_and_vocab,
-    free,
-    random_tokens,
-    write_result,
-)
+from model_setup import (REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free,
+                         random_tokens, write_result)
 from timing import best_of_rounds
 
 from xlm_pkm.precision import autocast, check_precision
