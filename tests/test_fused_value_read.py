@@ -4,6 +4,13 @@ Without a GPU the kernels run under Triton's interpreter (conftest.py sets TRITO
 CUDA they run compiled; the same assertions hold for both.
 """
 
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -127,3 +134,20 @@ def test_backend_choice(monkeypatch):
         resolve_backend("triton", torch.device("cpu"))
     with pytest.raises(ValueError, match="value_read must be one of auto, torch, triton"):
         ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read="cuda")
+
+
+
+def test_kernels_compile_for_gpus_without_register_spills():
+    """Each kernel compiles to a cubin for Hopper (sm_90, every dtype) and Ampere (sm_80) at the paper's
+    shapes, and uses no local memory: no registers spilled. A subprocess, as the interpreter may be on here."""
+    targets = ["90:fp32", "90:fp16", "90:bf16", "80:bf16"]
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(Path(__file__).parent / "compile_kernels.py"), *targets],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    usage = json.loads(proc.stdout)
+    assert sorted(usage) == sorted(targets)
+    for target, kernels in usage.items():
+        assert sorted(kernels) == ["_read_kernel", "_table_grad_kernel", "_weights_grad_kernel"]
+        for kernel, line in kernels.items():
+            assert re.search(r"\bLOCAL:0\b", line) and re.search(r"\bSTACK:0\b", line), (target, kernel, line)
