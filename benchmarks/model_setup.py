@@ -1,5 +1,6 @@
 """What the model-level speed benchmarks (inference_speed.py, training_speed.py) share: their
-command-line options, the corpus and vocabulary they stand for, and models built from config files.
+command-line options, the corpus and vocabulary they stand for (words per token from
+xlm_pkm.data.stats), and models built from config files.
 
     parser = benchmark_parser(__doc__)                  # then the benchmark's own options
     args = parser.parse_args()
@@ -20,9 +21,10 @@ import json
 from pathlib import Path
 
 import torch
-from corpus import corpus_stats
 
 from xlm_pkm.config import Config, load_config
+from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.data.stats import split_stats
 from xlm_pkm.model.transformer import TransformerLM
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +48,18 @@ def benchmark_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--note", default="", help="free text stored in the settings, e.g. what was reduced")
     parser.add_argument("--out", help="default: benchmarks/results/<benchmark>_<device type>.json")
     return parser
+
+
+def corpus_stats(data_dir: str | Path, split: str) -> dict | None:
+    """{data, split, vocab_size, tokens, words, words_per_token} of a preprocessed split (a word is a
+    token that ends one, as evaluation counts them), or None when `data_dir` has no vocab file."""
+    data_dir = Path(data_dir)
+    if not (data_dir / "vocab").is_file():
+        return None
+    dictionary = Dictionary.load(data_dir / "vocab")
+    stats = split_stats(data_dir, split, dictionary)
+    return {"data": str(data_dir), "split": split, "vocab_size": len(dictionary), "tokens": stats["tokens"],
+            "words": stats["words"], "words_per_token": stats["words"] / max(stats["tokens"], 1)}
 
 
 def corpus_and_vocab(args) -> tuple[dict, int]:

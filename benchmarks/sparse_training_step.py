@@ -18,10 +18,8 @@ from __future__ import annotations
 import argparse
 import json
 import resource
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -29,6 +27,7 @@ import torch.nn.functional as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info  # noqa: E402
+from timing import median_seconds  # noqa: E402
 from xlm_pkm.config import MemoryConfig, ModelConfig, OptimConfig  # noqa: E402
 from xlm_pkm.lazy_adam import LazyAdam  # noqa: E402
 from xlm_pkm.model.memory import ProductKeyMemory  # noqa: E402
@@ -36,17 +35,6 @@ from xlm_pkm.model.transformer import TransformerLM  # noqa: E402
 from xlm_pkm.optim import Optimizers  # noqa: E402
 
 DIM = 512
-
-
-def median_step_time(step, steps: int, warmup: int) -> float:
-    for _ in range(warmup):
-        step()
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def model_step(n_keys: int, sparse: bool, batch: int, bptt: int, vocab: int):
@@ -95,7 +83,7 @@ def worker(args) -> None:
         step = model_step(args.n_keys, args.sparse, args.batch, args.bptt, args.vocab)
     else:
         step = layer_step(args.worker, args.n_keys, args.batch, args.bptt)
-    seconds = median_step_time(step, args.steps, args.warmup)
+    seconds = median_seconds(step, args.steps, args.warmup)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     print(json.dumps({"step_s": round(seconds, 4), "peak_rss_gib": round(peak_gib, 3)}))
 

@@ -1,18 +1,41 @@
-"""Throughput of a benchmark step: tokens/s over a minimum time, best of interleaved rounds.
+"""Timing of a benchmark step: tokens/s over a minimum time, best of interleaved rounds; or the median
+time of single steps.
 
     best = best_of_rounds({"a": step_a, "b": step_b}, n_tokens, "cuda", min_time=1.0, rounds=2)
+    seconds = median_seconds(step, steps=20, warmup=2, device="cuda")
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 
 import torch
 
 
+def synchronizer(device: str | torch.device):
+    """A function that waits for the device's queued work (a no-op on CPU)."""
+    return torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+
+
+def median_seconds(step, steps: int, warmup: int, device: str | torch.device = "cpu") -> float:
+    """Median wall time of step() over `steps` calls after `warmup` calls, waiting for the device each time."""
+    sync = synchronizer(device)
+    for _ in range(warmup):
+        step()
+    times = []
+    for _ in range(steps):
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
 def tokens_per_second(step, n_tokens: int, device: str | torch.device, min_time: float) -> float:
     """Run step() repeatedly for at least min_time seconds (and at least twice)."""
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
+    sync = synchronizer(device)
     sync()
     reps, start = 0, time.perf_counter()
     while reps < 2 or time.perf_counter() - start < min_time:

@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info  # noqa: E402
+from timing import median_seconds  # noqa: E402
 from xlm_pkm.hardware import peak_memory_bandwidth  # noqa: E402
 from xlm_pkm.model.value_read import read_values, triton_usable  # noqa: E402
 from xlm_pkm.precision import DTYPES  # noqa: E402
@@ -37,25 +36,12 @@ DTYPE_OF = {"fp32": torch.float32, **DTYPES}
 INDEX_BYTES = 8 + 4  # an int64 index and a float32 weight per lookup
 
 
-def median_seconds(fn, device: torch.device, repeats: int) -> float:
-    """Median wall time of fn() over `repeats` calls after two warm-up calls, synchronising the GPU."""
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    times = []
-    for i in range(repeats + 2):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        if i >= 2:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure(table, indices, weights, grad_out, backend: str, repeats: int) -> dict[str, float]:
     """{pass: seconds} for the forward and both backwards of one implementation."""
     device = table.device
     table = table.requires_grad_()
-    times = {"forward": median_seconds(lambda: read_values(table, indices, weights, False, backend), device, repeats)}
+    times = {"forward": median_seconds(lambda: read_values(table, indices, weights, False, backend),
+                                       repeats, warmup=2, device=device)}
     for sparse in (True, False):
         out = read_values(table, indices, weights, sparse, backend)
 
@@ -63,7 +49,7 @@ def measure(table, indices, weights, grad_out, backend: str, repeats: int) -> di
             table.grad = None
             out.backward(grad_out, retain_graph=True)
 
-        times["backward_sparse" if sparse else "backward_dense"] = median_seconds(backward, device, repeats)
+        times["backward_sparse" if sparse else "backward_dense"] = median_seconds(backward, repeats, warmup=2, device=device)
     table.grad = None
     return times
 

@@ -9,6 +9,11 @@ import torch
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def at_least_float32(t: torch.Tensor) -> torch.Tensor:
+    """float16/bfloat16 -> float32; float32 and float64 unchanged."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def check_precision(precision: str, device: torch.device) -> None:
     if precision not in ("fp32", *DTYPES):
         raise ValueError(f"train.precision: unknown precision {precision!r} (fp32 | fp16 | bf16)")

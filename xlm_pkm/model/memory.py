@@ -48,6 +48,7 @@ from torch import nn
 from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory_stats import SlotStats
 from xlm_pkm.model.value_read import check_backend, read_values
+from xlm_pkm.precision import at_least_float32
 
 
 def value_table(n_slots: int, output_dim: int) -> nn.EmbeddingBag:
@@ -56,11 +57,6 @@ def value_table(n_slots: int, output_dim: int) -> nn.EmbeddingBag:
     nn.init.normal_(values.weight, mean=0.0, std=output_dim**-0.5)
     values.weight.is_memory_value = True  # lets an optimizer find the value parameters
     return values
-
-
-def at_least_float32(t: torch.Tensor) -> torch.Tensor:
-    """float16/bfloat16 -> float32; float32 and float64 unchanged."""
-    return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
 class MaskedBatchNorm1d(nn.BatchNorm1d):

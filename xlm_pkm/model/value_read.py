@@ -19,12 +19,15 @@ table's gradient is attached by an identity function whose backward adds it.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import warnings
 
 import torch
 import torch.nn.functional as F
+
+from xlm_pkm.precision import at_least_float32
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")  # used internally only
 
@@ -60,18 +63,21 @@ class _AttachSparseTableGrad(torch.autograd.Function):
         indices, weights = ctx.saved_tensors  # (N, L) each
         N, L = indices.shape
         slots, order, row_starts = group_by_slot(indices)
-        accumulate = torch.promote_types(grad_out.dtype, torch.float32)  # float32 sums for fp16/bf16 tables
-        selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(accumulate),
+        grad_sum = at_least_float32(grad_out)  # float32 sums for fp16/bf16 tables
+        selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(grad_sum.dtype),
                                             (slots.numel(), N), check_invariants=False)  # (U, N)
-        rows = (selection @ grad_out.to(accumulate)).to(grad_out.dtype)  # (U, dim): each slot's lookups summed
+        rows = (selection @ grad_sum).to(grad_out.dtype)  # (U, dim): each slot's lookups summed
         return grad_out, table_gradient(slots, rows, ctx.table_shape, sparse=True), None, None
+
+
+@functools.cache
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 def triton_usable(device: torch.device) -> bool:
     """Triton kernels run here: on CUDA with Triton installed, or anywhere under TRITON_INTERPRET=1."""
-    if importlib.util.find_spec("triton") is None:
-        return False
-    return device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
+    return triton_installed() and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
 def check_backend(backend: str) -> None:
