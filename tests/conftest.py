@@ -45,3 +45,79 @@ def tiny_data_dir(tiny_corpus, tmp_path_factory) -> Path:
     preprocess([str(tiny_corpus)], out, n_codes=500, valid_docs=4, test_docs=4, seed=1, chunk_mb=0.25,
                keep_intermediate=True)
     return out
+
+
+# ---- tiny training runs -------------------------------------------------------------------------
+TINY = [
+    "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[2]",
+    "model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2", "model.memory.knn=4",
+    "model.memory.query_norm=layernorm",
+    "data.batch_size=4", "data.bptt=16", "optim.lr=3e-3", "optim.warmup_steps=5", "optim.values_lr=1e-2",
+    "train.device=cpu", "train.log_every=1", "train.eval_every=1000", "train.eval_max_batches=4",
+    "train.max_steps=8", "train.exp_name=tiny",
+]
+
+
+@pytest.fixture(scope="session")
+def tiny_overrides(tiny_data_dir):
+    """overrides(dump, *extra): the tiny model on the tiny corpus, run directories under `dump`."""
+    return lambda dump, *extra: [f"data.path={tiny_data_dir}", f"train.dump_path={dump}", *TINY, *extra]
+
+
+@pytest.fixture(scope="session")
+def tiny_trainer(tiny_overrides):
+    """trainer(dump, *extra, test=True): a Trainer of the tiny config (not trained yet)."""
+    from xlm_pkm.config import load_config
+    from xlm_pkm.trainer import Trainer
+
+    return lambda dump, *extra, test=True: Trainer(load_config(None, tiny_overrides(dump, *extra)), test=test)
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tiny_trainer):
+    """run(dump, *extra): trains a tiny run to its end; returns the closed Trainer."""
+
+    def run(dump, *extra):
+        trainer = tiny_trainer(dump, *extra)
+        try:
+            trainer.train()
+        finally:
+            trainer.close()
+        return trainer
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def reference_run(tiny_run, tmp_path_factory):
+    """reference(*extra): an uninterrupted tiny run, trained once per session for each set of overrides
+    and shared by every resume and stop test that compares against it."""
+    dump, cache = tmp_path_factory.mktemp("reference"), {}
+
+    def reference(*extra):
+        if extra not in cache:
+            cache[extra] = tiny_run(dump, f"train.exp_id=ref{len(cache)}", *extra)
+        return cache[extra]
+
+    return reference
+
+
+def read_events(run_dir: Path, event: str = "train") -> list[dict]:
+    """The `event` lines of a run's metrics.jsonl, in file order."""
+    import json
+
+    lines = (Path(run_dir) / "metrics.jsonl").read_text().splitlines()
+    return [e for e in map(json.loads, lines) if e["event"] == event]
+
+
+@pytest.fixture(scope="session")
+def train_losses():
+    """losses(run_dir) -> {step: logged train loss}; fails if a step is logged twice."""
+
+    def losses(run_dir):
+        events = read_events(run_dir)
+        steps = [e["step"] for e in events]
+        assert len(steps) == len(set(steps)), f"duplicated steps in metrics.jsonl: {steps}"
+        return {e["step"]: e["loss"] for e in events}
+
+    return losses

@@ -5,12 +5,14 @@ import math
 import pytest
 import torch
 
-from xlm_pkm.config import MemoryConfig, ModelConfig, OptimConfig
+from xlm_pkm.build import build_model, build_optimizers
+from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig
 from xlm_pkm.lazy_adam import LazyAdam
 from xlm_pkm.model.memory import ProductKeyMemory
-from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.model.value_read import read_values
-from xlm_pkm.optim import Optimizers, clip_grad_norm
+from xlm_pkm.optim import clip_grad_norm
+from xlm_pkm.precision import grad_scaler
+from xlm_pkm.train_step import loss_backward, optimizer_update
 
 
 def lookups(n_slots=500, dim=6, tokens=40, per_token=12, seed=0):
@@ -70,24 +72,29 @@ def test_lazy_adam_equals_dense_adamw_on_touched_rows(weight_decay):
     assert opt.state[param]["exp_avg"].shape == (n_slots, dim)  # allocated once, as dense tables
 
 
-def tiny_model_config(sparse: bool) -> ModelConfig:
-    memory = MemoryConfig(n_keys=16, k_dim=16, heads=2, knn=4, query_norm="layernorm", sparse=sparse)
-    return ModelConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, max_len=8, mem_layers=[2], memory=memory)
+def tiny_config(values_optimizer: str) -> Config:
+    memory = MemoryConfig(n_keys=16, k_dim=16, heads=2, knn=4, query_norm="layernorm")
+    return Config(model=ModelConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, max_len=8, mem_layers=[2],
+                                    memory=memory),
+                  optim=OptimConfig(lr=1e-3, warmup_steps=1, values_lr=1e-2, clip_grad_norm=1.0,
+                                    values_optimizer=values_optimizer))
 
 
-def one_step(sparse: bool, tokens: torch.Tensor, targets: torch.Tensor, accumulate: int = 1) -> TransformerLM:
-    torch.manual_seed(0)
-    model = TransformerLM(tiny_model_config(sparse))
-    cfg = OptimConfig(lr=1e-3, warmup_steps=1, mem_values_lr=1e-2, clip_grad_norm=1.0)
-    optimizers = Optimizers(model, cfg, sparse_values=sparse)
+def one_step(values_optimizer: str, tokens: torch.Tensor, targets: torch.Tensor, accumulate: int = 1):
+    """One training step through the trainer's own builders and step functions; returns the model and
+    the value rows its gradient held."""
+    cfg = tiny_config(values_optimizer)
+    model = build_model(cfg, torch.device("cpu"))
+    optimizers = build_optimizers(model, cfg)
     optimizers.set_step(1)
-    for x, y in zip(tokens.chunk(accumulate), targets.chunk(accumulate)):
-        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()) / accumulate
-        loss.backward()
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
-    optimizers.unscale_and_clip(scaler)
-    optimizers.step(scaler)
-    return model
+    (values,) = model.memory_value_parameters()
+    rows = []
+    values.register_post_accumulate_grad_hook(lambda p: rows.append(p.grad.coalesce().indices()[0]) if p.grad.is_sparse else None)
+    scaler = grad_scaler("fp32", torch.device("cpu"))
+    losses = [loss_backward(model, x, y, "fp32", torch.device("cpu"), scaler, accumulate)
+              for x, y in zip(tokens.chunk(accumulate), targets.chunk(accumulate))]
+    optimizer_update(optimizers, scaler, torch.stack(losses).mean())
+    return model, torch.cat(rows) if rows else None
 
 
 @pytest.mark.parametrize("accumulate", [1, 2])
@@ -95,7 +102,8 @@ def test_sparse_and_dense_training_agree_for_one_step(accumulate):
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, 50, (4, 8), generator=g)
     targets = torch.randint(0, 50, (4, 8), generator=g)
-    dense, sparse = one_step(False, tokens, targets, accumulate), one_step(True, tokens, targets, accumulate)
+    (dense, _), (sparse, _) = one_step("adam", tokens, targets, accumulate), one_step("lazy_adam", tokens, targets,
+                                                                                     accumulate)
     for (name, p_dense), p_sparse in zip(dense.named_parameters(), sparse.parameters()):
         torch.testing.assert_close(p_sparse, p_dense, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -103,13 +111,12 @@ def test_sparse_and_dense_training_agree_for_one_step(accumulate):
 def test_untouched_rows_do_not_move_with_sparse_updates():
     g = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, 50, (2, 8), generator=g)
-    torch.manual_seed(0)
-    initial = TransformerLM(tiny_model_config(True)).memories()[0][1].values.weight.detach().clone()
-    model = one_step(True, tokens, tokens)
+    (initial,) = build_model(tiny_config("lazy_adam"), torch.device("cpu")).memory_value_parameters()
+    model, rows = one_step("lazy_adam", tokens, tokens)
     (_, memory), = model.memories()
-    moved = (memory.values.weight.detach() != initial).any(dim=1)  # (n_slots,)
+    moved = (memory.values.weight.detach() != initial.detach()).any(dim=1)  # (n_slots,)
     read = torch.zeros(memory.n_slots, dtype=torch.bool)
-    read[memory.values.weight.grad.coalesce().indices()[0]] = True  # the rows of the step's gradient
+    read[rows] = True  # the rows of the step's gradient
     assert 0 < moved.sum() < memory.n_slots and torch.equal(moved, read)
 
 
@@ -125,7 +132,8 @@ def test_clip_grad_norm_counts_sparse_and_dense_gradients():
 
 
 def test_sparse_memory_under_bf16_autocast():
-    memory = ProductKeyMemory(16, 16, n_keys=8, k_dim=8, heads=2, knn=4, sparse=True)
+    memory = ProductKeyMemory(16, 16, n_keys=8, k_dim=8, heads=2, knn=4)
+    memory.sparse = True
     x = torch.randn(2, 5, 16, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = memory(x)

@@ -1,36 +1,116 @@
-"""Checkpoints: written atomically (temporary file, then rename), loaded with an architecture check."""
+"""Checkpoints and other run outputs: written atomically, never with non-finite weights; loaded with checks.
+
+Every file a run writes goes to a temporary name unique to the writing process and is renamed when
+complete, so a crash, a full disk or a read-only directory at any moment leaves the previous file
+intact and no temporary file behind; the error is one line naming the file (OutputError).
+
+A run checkpoint is a dict with at least `config`, `model` and `step`; `checkpoint.pt` adds the
+optimizer and run state (resume), `best.pt` holds the model only (evaluation). Both record the
+vocabulary's fingerprint (`vocab_fingerprint`), checked against the data on resume and evaluation.
+"""
 
 from __future__ import annotations
 
 import os
+import secrets
 from pathlib import Path
+from typing import Callable, Iterator
 
 import torch
 from torch import nn
 
+RUN_KEYS = ("config", "model", "step")
 
-def save_atomic(obj: dict, path: str | Path) -> None:
-    """torch.save to `path` such that a crash at any moment leaves the previous file intact."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
+
+class OutputError(RuntimeError):
+    """A run output could not be written (disk full, read-only, missing folder); the old file is kept."""
+
+
+class NonFiniteError(RuntimeError):
+    """Parameters or optimizer state are not finite: such a state is never written."""
+
+
+def temporary_name(path: Path) -> Path:
+    """A sibling name no other process uses at the same time."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+
+
+def _write_atomic(path: Path, write: Callable) -> None:
+    tmp = temporary_name(path)
     try:
         with open(tmp, "wb") as f:
-            torch.save(obj, f)
+            write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        kept = f"; the previous {path.name} is kept" if path.exists() else ""
+        raise OutputError(f"cannot write {path}: {e.strerror or e}{kept}") from None
     finally:
         tmp.unlink(missing_ok=True)
 
 
+def write_atomic(path: str | Path, data: bytes) -> None:
+    """Writes `data` to `path` such that a failure at any moment leaves the previous file intact."""
+    _write_atomic(Path(path), lambda f: f.write(data))
+
+
+def save_atomic(obj: dict, path: str | Path) -> None:
+    """torch.save to `path`, atomically (see write_atomic)."""
+    _write_atomic(Path(path), lambda f: torch.save(obj, f))
+
+
+def check_writable(path: str | Path) -> None:
+    """Raises OutputError now if a file cannot be created in `path`'s folder (before hours of work)."""
+    path = Path(path)
+    try:
+        tmp = temporary_name(path)
+        tmp.touch()
+        tmp.unlink()
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+
+
+def _tensors(obj, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{prefix}.{i}")
+
+
+def first_non_finite(obj) -> str | None:
+    """The name of the first floating-point tensor in `obj` (nested dicts/lists) with a nan or inf."""
+    for name, t in _tensors(obj, ""):
+        if t.is_floating_point() and not bool(torch.isfinite(t.coalesce().values() if t.is_sparse else t).all()):
+            return name
+    return None
+
+
 def load(path: str | Path) -> dict:
+    """A run checkpoint (a dict with config, model and step), on the CPU."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
-        return torch.load(path, map_location="cpu", weights_only=False)
+        state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated or foreign file
         raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not all(k in state for k in RUN_KEYS):
+        raise ValueError(f"{path}: a torch file, but not a checkpoint of an xlm-pkm run "
+                         f"(expected a dict with {', '.join(RUN_KEYS)})")
+    return state
+
+
+def check_vocabulary(state: dict, fingerprint: str, vocab_path: str | Path, source: str | Path) -> None:
+    """The checkpoint's model was trained on the vocabulary at `vocab_path` (fingerprints equal)."""
+    saved = state.get("vocab_fingerprint")
+    if saved is not None and saved != fingerprint:
+        raise ValueError(f"{source}: the model was trained with another vocabulary than {vocab_path} "
+                         f"(fingerprint {saved}, the data's is {fingerprint})")
 
 
 def load_model_state(model: nn.Module, state: dict, source: str | Path) -> None:

@@ -1,4 +1,9 @@
-"""Command lines of train.py and evaluate.py."""
+"""Command lines of train.py and evaluate.py.
+
+Exit status: 0 done; 2 an error with a one-line message (bad input, unwritable output, non-finite
+weights, a lost rank...); 75 (EX_TEMPFAIL) train.py stopped by a signal or its time limit before
+max_steps, with a checkpoint: run the same command again to resume; 1 a crash (a traceback: a bug).
+"""
 
 from __future__ import annotations
 
@@ -8,22 +13,38 @@ import os
 import sys
 from pathlib import Path
 
+import torch.distributed as dist
+
+from xlm_pkm.checkpoint import NonFiniteError, OutputError, check_writable, write_atomic
 from xlm_pkm.config import ConfigError, load_config
-from xlm_pkm.distributed import init_distributed, shutdown
+from xlm_pkm.distributed import CollectiveError, describe_failure, init_distributed, read_env, shutdown
 from xlm_pkm.evaluation import evaluate_checkpoint
 from xlm_pkm.precision import check_precision, resolve_device
+from xlm_pkm.run_dir import RunDirectoryBusy
 from xlm_pkm.trainer import NonFiniteLossError, Trainer
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
-USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError)
+USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError, NonFiniteError, OutputError,
+               RunDirectoryBusy, CollectiveError)
+EXIT_ERROR, EXIT_STOPPED = 2, 75
 
 
 def _fail(prog: str, error: Exception) -> int:
-    """Bad input: one line on stderr (the traceback too with XLM_PKM_DEBUG=1)."""
+    """One line on stderr (the traceback too with XLM_PKM_DEBUG=1)."""
     if os.environ.get("XLM_PKM_DEBUG"):
         raise error
     print(f"{prog}: error: {error}", file=sys.stderr)
-    return 2
+    return EXIT_ERROR
+
+
+def _collective_failure(error: BaseException) -> CollectiveError | None:
+    """A failed collective (a rank died or froze) as a one-line error; None for any other exception."""
+    if not dist.is_initialized() or not isinstance(error, (RuntimeError, dist.DistError)):
+        return None
+    if isinstance(error, dist.DistError) or any(w in str(error) for w in ("Connection", "Timed out", "timed out",
+                                                                           "Gloo", "NCCL", "peer")):
+        return describe_failure(read_env(), error)
+    return None
 
 
 def format_result(result: dict) -> str:
@@ -40,9 +61,9 @@ def train_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # options and overrides in any order
     try:
-        trainer = Trainer(load_config(args.config, args.overrides))
+        trainer = Trainer(load_config(args.config, args.overrides), test=not args.no_test)
         try:
             trainer.train()
             if not args.no_test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:
@@ -54,9 +75,14 @@ def train_main(argv: list[str] | None = None) -> int:
             trainer.close()
     except USER_ERRORS as e:
         return _fail("train.py", e)
+    except Exception as e:
+        lost = _collective_failure(e)
+        if lost is None:
+            raise
+        return _fail("train.py", lost)
     finally:
         shutdown()
-    return 0
+    return EXIT_STOPPED if trainer.stopped else 0
 
 
 def evaluate_main(argv: list[str] | None = None) -> int:
@@ -72,17 +98,21 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batches", type=int, default=0, help="0: the whole split")
     args = parser.parse_args(argv)
     try:
+        if args.batch_size < 0 or args.bptt < 0 or args.max_batches < 0:
+            raise ValueError("--batch-size, --bptt and --max-batches must be >= 0 (0: the run's own)")
+        if args.json:
+            check_writable(args.json)  # before evaluating, not after
         device = resolve_device(args.device)
         check_precision(args.precision, device)
         env = init_distributed(device)
         result = evaluate_checkpoint(args.checkpoint, args.split, args.data, args.batch_size, args.bptt,
                                      device, args.precision, args.max_batches, env)
+        if env.is_main:
+            print(format_result(result))
+            if args.json:
+                write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
     except USER_ERRORS as e:
         return _fail("evaluate.py", e)
     finally:
         shutdown()
-    if env.is_main:
-        print(format_result(result))
-        if args.json:
-            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

@@ -2,18 +2,24 @@
 
     cfg = load_config("configs/paper/l12_d1024_m1.yaml", ["optim.lr=1e-4", "model.memory.n_keys=256"])
 
-An unknown key or a value of the wrong type raises ConfigError naming it (and the closest valid key).
+The loader checks every value once: an unknown key (with the closest valid one), a wrong type, a
+choice outside a `Literal[...]` or a registry (field metadata `choices`: "module:REGISTRY", looked up
+when checked, so a new implementation never touches this file), a number out of range (the tables
+POSITIVE, NON_NEGATIVE, PROBABILITIES, BETAS; every float must be finite) each raise a one-line
+ConfigError naming the key and what is allowed. Code using a loaded Config can rely on these.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import importlib
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import yaml
+from typing import Literal
 
 
 class ConfigError(ValueError):
@@ -38,7 +44,6 @@ class MemoryConfig:
     qk_norm: bool = False  # L2-normalise queries and sub-keys before scoring
     temperature: float = 1.0  # softmax(scores / temperature) over the selected keys
     share_values: bool = False  # all memory layers of the model read one value table
-    sparse: bool = False  # sparse value gradients + lazy Adam on the rows touched
     value_read: str = "auto"  # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton
 
 
@@ -78,13 +83,19 @@ class OptimConfig:
     beta2: float = 0.98
     eps: float = 1e-8
     weight_decay: float = 0.0
-    schedule: str = "inverse_sqrt"  # inverse_sqrt | constant
+    schedule: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
     clip_grad_norm: float = 0.0  # per parameter group; 0: off
     accumulate: int = 1  # forward/backward passes per optimizer step
-    mem_values_lr: float = 1e-3  # constant Adam lr of the memory values
-    mem_values_weight_decay: float = 0.0
+    # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
+    # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim.py).
+    values_optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim:VALUE_OPTIMIZERS"})
+    values_lr: float = 1e-3
+    values_beta1: float = 0.9
+    values_beta2: float = 0.999
+    values_eps: float = 1e-8
+    values_weight_decay: float = 0.0
 
 
 @dataclass
@@ -93,8 +104,8 @@ class TrainConfig:
     exp_id: str = ""  # empty: a new id; an existing one resumes
     dump_path: str = "dumped"
     seed: int = 0
-    device: str = "auto"  # auto | cpu | cuda
-    precision: str = "fp32"  # fp32 | fp16 | bf16
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
     compile: bool = False
     max_steps: int = 100_000
     max_time_minutes: float = 0.0  # 0: no limit; else stop (with a checkpoint) after this long
@@ -103,6 +114,7 @@ class TrainConfig:
     eval_max_batches: int = 0  # 0: the whole split
     max_nonfinite: int = 10  # consecutive non-finite losses before stopping (fp32/bf16)
     num_threads: int = 0  # torch CPU threads; 0: torch's default
+    collective_timeout_minutes: float = 10.0  # a collective waiting longer fails, naming the missing ranks
 
 
 @dataclass
@@ -113,9 +125,35 @@ class Config:
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
+# Value rules beyond the type, checked once by the loader (every float must also be finite).
+POSITIVE = ("model.dim", "model.n_layers", "model.n_heads", "model.max_len", "model.memory.n_keys",
+            "model.memory.k_dim", "model.memory.heads", "model.memory.knn", "model.memory.temperature",
+            "model.memory.query_hidden", "data.batch_size", "data.bptt", "optim.lr", "optim.eps",
+            "optim.accumulate", "optim.values_lr", "optim.values_eps", "train.max_steps", "train.log_every",
+            "train.eval_every", "train.max_nonfinite", "train.collective_timeout_minutes")
+NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.eval_batch_size",
+                "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
+                "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
+                "train.num_threads")
+PROBABILITIES = ("model.dropout", "model.attention_dropout", "model.memory.input_dropout",
+                 "model.memory.query_dropout", "model.memory.value_dropout")  # in [0, 1)
+BETAS = ("optim.beta1", "optim.beta2", "optim.values_beta1", "optim.values_beta2")  # in [0, 1)
+DEVICES = r"auto|cpu|cuda(:\d+)?"  # train.device and evaluate.py --device
+
+# Keys of earlier versions: a user's file gets an error saying what replaced them; a checkpoint's stored
+# config is migrated (the value moves to the new key).
+RENAMED = {
+    "optim.mem_values_lr": "optim.values_lr",
+    "optim.mem_values_weight_decay": "optim.values_weight_decay",
+}
+REPLACED = {"model.memory.sparse": ("optim.values_optimizer", {True: "lazy_adam", False: "adam"})}
+
+
 def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
     """Defaults, then the YAML file at `path` (and its `base:` chain), then `key.sub=value` overrides
     (values parsed as YAML)."""
+    import yaml
+
     raw = read_yaml(Path(path)) if path is not None else {}
     for item in overrides:
         key, sep, value = item.partition("=")
@@ -128,11 +166,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p} is not a section")
         node[leaf] = yaml.safe_load(value) if value else ""
-    return _build(Config, raw, "")
+    for old, new in RENAMED.items():
+        if _pop(raw, old) is not None:
+            raise ConfigError(f"config key {old} was renamed to {new}")
+    for old, (new, values) in REPLACED.items():
+        if _pop(raw, old) is not None:
+            choices = ", ".join(f"{new}={v} for {old}={str(k).lower()}" for k, v in values.items())
+            raise ConfigError(f"config key {old} was replaced by {new} ({choices})")
+    return validate(_build(Config, raw, ""))
 
 
 def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """A config file as a dict; `base: other.yaml` (relative to the file) is read first, then updated."""
+    import yaml
+
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
@@ -156,10 +203,50 @@ def _merge(base: dict, update: dict) -> dict:
     return out
 
 
+def _pop(raw: dict, dotted: str):
+    """Removes and returns raw[a][b][c] for "a.b.c" (None when absent)."""
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        raw = raw.get(p)
+        if not isinstance(raw, dict):
+            return None
+    return raw.pop(leaf, None)
+
+
+def _set(raw: dict, dotted: str, value) -> None:
+    *parents, leaf = dotted.split(".")
+    for p in parents:
+        raw = raw.setdefault(p, {})
+    raw[leaf] = value
+
+
+def migrate(raw: dict) -> dict:
+    """A stored config of an earlier version in today's keys (the values group then reused the dense
+    betas and eps, so they are carried over)."""
+    import copy
+
+    raw = copy.deepcopy(raw)
+    optim = raw.get("optim", {})
+    if "mem_values_lr" in optim:
+        for key in ("beta1", "beta2", "eps"):
+            if key in optim:
+                optim.setdefault(f"values_{key}", optim[key])
+    for old, new in RENAMED.items():
+        value = _pop(raw, old)
+        if value is not None:
+            _set(raw, new, value)
+    for old, (new, values) in REPLACED.items():
+        value = _pop(raw, old)
+        if value is not None:
+            _set(raw, new, values[value])
+    return raw
+
+
 def load_config_dict(raw: dict, source: str = "config") -> Config:
-    """A Config from a plain dict (as stored in checkpoints), with the same checks as load_config."""
+    """A Config from a plain dict (as stored in checkpoints, migrated from earlier versions), with the
+    same checks as load_config."""
     try:
-        return _build(Config, raw, "")
+        return validate(_build(Config, migrate(raw), ""))
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
 
@@ -169,7 +256,47 @@ def to_dict(cfg) -> dict:
 
 
 def save_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    """The resolved config as YAML, written to a temporary name and renamed."""
+    import yaml
+
+    from xlm_pkm.checkpoint import write_atomic
+
+    write_atomic(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False).encode())
+
+
+def validate(cfg: Config) -> Config:
+    """Checks the value rules above on a built Config; returns it."""
+    for key, value in _leaves(cfg, ""):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key}: must be a finite number, got {value}")
+        if key in POSITIVE and not _all(value, lambda v: v > 0):
+            raise ConfigError(f"{key}: must be > 0, got {value}")
+        if key in NON_NEGATIVE and not _all(value, lambda v: v >= 0):
+            raise ConfigError(f"{key}: must be >= 0, got {value}")
+        if key in PROBABILITIES + BETAS and not 0 <= value < 1:
+            raise ConfigError(f"{key}: must be in [0, 1), got {value}")
+    if not re.fullmatch(DEVICES, cfg.train.device):
+        raise ConfigError(f"train.device: expected auto, cpu, cuda or cuda:N, got {cfg.train.device!r}")
+    return cfg
+
+
+def _all(value, test) -> bool:
+    return all(map(test, value)) if isinstance(value, list) else test(value)
+
+
+def _leaves(cfg, prefix: str):
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _leaves(value, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, value
+
+
+def _choices(spec: str) -> list[str]:
+    """The names registered in "module:REGISTRY"."""
+    module, name = spec.split(":")
+    return list(getattr(importlib.import_module(module), name))
 
 
 def _build(cls, raw: dict, prefix: str):
@@ -184,6 +311,9 @@ def _build(cls, raw: dict, prefix: str):
             hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
             raise ConfigError(f"unknown config key {prefix}{key}{hint}")
         kwargs[key] = _coerce(hints[key], value, prefix + key)
+        spec = fields[key].metadata.get("choices")
+        if spec and kwargs[key] not in _choices(spec):
+            raise ConfigError(f"{prefix}{key}: expected one of {' | '.join(_choices(spec))}, got {value!r}")
     return cls(**kwargs)
 
 
@@ -191,6 +321,11 @@ def _coerce(tp, value, key: str):
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key + ".")
     origin = typing.get_origin(tp)
+    if origin is Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed or isinstance(value, bool):
+            raise ConfigError(f"{key}: expected one of {' | '.join(map(str, allowed))}, got {value!r}")
+        return value
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if isinstance(value, (int, float, str)) and not isinstance(value, bool):

@@ -1,14 +1,27 @@
-"""Process-group set-up from the launcher's environment: torchrun, SLURM's srun, or a single process."""
+"""Process-group set-up from the launcher's environment: torchrun, SLURM's srun, or a single process.
+
+Every collective waits at most `timeout` (train.collective_timeout_minutes). When one fails (a rank
+froze, died or timed out), `describe_failure` asks every rank through a separate gloo group which of
+them still answer, so the error names the missing ranks instead of hanging or printing two tracebacks.
+"""
 
 from __future__ import annotations
 
+import datetime
 import os
-import subprocess
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from xlm_pkm import slurm
+
+_health_group = None  # gloo group used only to find unresponsive ranks
+
+
+class CollectiveError(RuntimeError):
+    """A collective operation failed or timed out: another rank froze or died."""
 
 
 @dataclass(frozen=True)
@@ -35,20 +48,39 @@ def read_env() -> DistEnv:
     return DistEnv()
 
 
-def init_distributed(device: torch.device) -> DistEnv:
+def init_distributed(device: torch.device, timeout_minutes: float = 10.0) -> DistEnv:
     """Joins the process group (NCCL on GPU, gloo on CPU) when launched on several processes."""
+    global _health_group
     env = read_env()
     if not env.is_distributed or dist.is_initialized():
         return env
-    if "MASTER_ADDR" not in os.environ:  # srun without torchrun: first host of the allocation
-        hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]])
-        os.environ["MASTER_ADDR"] = hosts.split()[0].decode()
-        os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
+    if "MASTER_ADDR" not in os.environ:  # srun without torchrun
+        slurm.set_rendezvous_env()
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
     if device.type == "cuda":
         torch.cuda.set_device(env.local_rank)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
+    _health_group = dist.new_group(backend="gloo", timeout=timeout)
     return env
+
+
+def describe_failure(env: DistEnv, error: BaseException, wait_seconds: float = 30.0) -> CollectiveError:
+    """A one-line error for a failed collective, naming the ranks that no longer answer."""
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
+    missing = "unknown"
+    if _health_group is not None:
+        try:
+            dist.monitored_barrier(_health_group, timeout=datetime.timedelta(seconds=wait_seconds),
+                                   wait_all_ranks=True)
+            missing = "none (every rank answers)"
+        except RuntimeError as e:  # "Ranks 1, 3 failed to pass monitoredBarrier in ... ms"
+            text = str(e)
+            missing = text[text.find("Rank"):].split(" failed")[0] if "failed to pass" in text else "unknown"
+        except Exception:  # noqa: BLE001 - this rank's own connection is gone too
+            pass
+    return CollectiveError(f"rank {env.rank}: a collective operation failed ({first_line}); "
+                           f"ranks not answering: {missing}. A rank froze, died or was killed; see its log")
 
 
 def all_gather_objects(obj, env: DistEnv) -> list:

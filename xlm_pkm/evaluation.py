@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from xlm_pkm import checkpoint
+from xlm_pkm.build import build_stream
 from xlm_pkm.config import load_config_dict
-from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.distributed import DistEnv, all_reduce_sum
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.precision import autocast
@@ -73,15 +73,16 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
 def evaluate_checkpoint(path, split: str = "test", data_dir: str | None = None, batch_size: int = 0,
                         bptt: int = 0, device: torch.device = torch.device("cpu"), precision: str = "fp32",
                         max_batches: int = 0, env: DistEnv = DistEnv()) -> dict:
-    """Rebuilds the model saved in a checkpoint and evaluates it on `split` of its (or another) corpus."""
+    """Rebuilds the model saved in a checkpoint and evaluates it on `split` of its (or another) corpus,
+    which must have the vocabulary the model was trained with."""
     state = checkpoint.load(path)
     cfg = load_config_dict(state["config"], source=str(path))
-    data = cfg.data
-    stream = TokenStream(data_dir or data.path, split, batch_size or data.eval_batch_size or data.batch_size,
-                         bptt or data.bptt, env.rank, env.world_size, train=False)
+    data_dir = data_dir or cfg.data.path
+    stream = build_stream(cfg, split, env, data_dir, batch_size, bptt)
     if len(stream.dictionary) != cfg.model.vocab_size:
         raise ValueError(f"{path}: model has a vocabulary of {cfg.model.vocab_size} tokens, "
-                         f"{data_dir or data.path}/vocab has {len(stream.dictionary)}")
+                         f"{data_dir}/vocab has {len(stream.dictionary)}")
+    checkpoint.check_vocabulary(state, stream.dictionary.fingerprint(), f"{data_dir}/vocab", path)
     model = TransformerLM(cfg.model)
     checkpoint.load_model_state(model, state["model"], path)
     result = evaluate(model.to(device), stream, device, precision, max_batches, env)

@@ -23,6 +23,11 @@ import torch
 class LazyAdam(torch.optim.Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0):
+        checks = {"lr": (lr, lr > 0), "eps": (eps, eps > 0), "weight_decay": (weight_decay, weight_decay >= 0),
+                  "betas": (betas, all(0 <= b < 1 for b in betas))}
+        for name, (value, ok) in checks.items():
+            if not (ok and all(map(math.isfinite, value if isinstance(value, tuple) else (value,)))):
+                raise ValueError(f"LazyAdam: invalid {name} {value} (lr, eps > 0; betas in [0, 1); finite)")
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
 
     @torch.no_grad()
@@ -34,7 +39,7 @@ class LazyAdam(torch.optim.Optimizer):
                 if p.grad is None:
                     continue
                 if not p.grad.is_sparse:
-                    raise ValueError("LazyAdam needs sparse gradients (model.memory.sparse=true)")
+                    raise ValueError("LazyAdam needs sparse gradients (optim.values_optimizer=lazy_adam sets them)")
                 grad = p.grad.coalesce()
                 rows, g = grad.indices()[0], grad.values()  # (U,), (U, dim)
                 state = self.state[p]

@@ -1,9 +1,17 @@
 """Optimizers of a run (paper §4.3): one Adam for the dense parameters on the inverse square-root
 schedule, and one for the memory values at a constant, higher learning rate.
 
-Each group has its own optimizer, learning-rate rule and gradient clipping. With sparse value
-gradients (`model.memory.sparse`) the values use LazyAdam (xlm_pkm/lazy_adam.py): Adam on the
-rows read in the step only, global-step bias correction, cost independent of the table size.
+Each group has its own optimizer, learning-rate rule and gradient clipping. The values' optimizer is
+chosen by name (`optim.values_optimizer`) from VALUE_OPTIMIZERS, and it decides whether the value
+gradients are sparse (one row per slot read, see model/value_read.py):
+
+    adam       torch AdamW on a dense gradient: every row's moments decay every step (the paper, XLM)
+    lazy_adam  Adam on the rows read in the step only (xlm_pkm/lazy_adam.py): sparse gradient, step
+               cost independent of the table size; differs from adam in rows that are not read
+    adagrad    torch Adagrad on a sparse gradient: equal to dense Adagrad (unread rows do not move)
+    sgd        torch SGD on a sparse gradient: equal to dense SGD (no momentum)
+
+A new value optimizer is one `VALUE_OPTIMIZERS.register(name)` entry here.
 """
 
 from __future__ import annotations
@@ -15,8 +23,44 @@ from typing import Callable
 import torch
 from torch import nn
 
-from xlm_pkm.config import OptimConfig
+from xlm_pkm.config import ConfigError, OptimConfig
 from xlm_pkm.lazy_adam import LazyAdam
+from xlm_pkm.registry import Registry
+
+
+@dataclass(frozen=True)
+class ValueOptimizer:
+    build: Callable[[list[nn.Parameter], OptimConfig], torch.optim.Optimizer]
+    sparse: bool  # the gradients it takes: sparse rows (True) or the dense table
+    weight_decay: bool = True  # whether it supports optim.values_weight_decay
+
+
+VALUE_OPTIMIZERS = Registry("values optimizer")
+
+
+def _betas(cfg: OptimConfig) -> dict:
+    return {"betas": (cfg.values_beta1, cfg.values_beta2), "eps": cfg.values_eps,
+            "weight_decay": cfg.values_weight_decay}
+
+
+VALUE_OPTIMIZERS.register("adam")(ValueOptimizer(
+    lambda params, cfg: torch.optim.AdamW(params, lr=cfg.values_lr, **_betas(cfg)), sparse=False))
+VALUE_OPTIMIZERS.register("lazy_adam")(ValueOptimizer(
+    lambda params, cfg: LazyAdam(params, lr=cfg.values_lr, **_betas(cfg)), sparse=True))
+VALUE_OPTIMIZERS.register("adagrad")(ValueOptimizer(
+    lambda params, cfg: torch.optim.Adagrad(params, lr=cfg.values_lr, eps=cfg.values_eps), sparse=True,
+    weight_decay=False))
+VALUE_OPTIMIZERS.register("sgd")(ValueOptimizer(
+    lambda params, cfg: torch.optim.SGD(params, lr=cfg.values_lr), sparse=True, weight_decay=False))
+
+
+def value_optimizer(cfg: OptimConfig) -> ValueOptimizer:
+    """The registered values optimizer of `cfg`, checked against the other values settings."""
+    spec = VALUE_OPTIMIZERS[cfg.values_optimizer]
+    if cfg.values_weight_decay and not spec.weight_decay:
+        raise ConfigError(f"optim.values_weight_decay: {cfg.values_optimizer} on sparse rows does not support "
+                          f"weight decay (use adam or lazy_adam), got {cfg.values_weight_decay}")
+    return spec
 
 
 def scheduled_lr(step: int, cfg: OptimConfig) -> float:
@@ -27,8 +71,6 @@ def scheduled_lr(step: int, cfg: OptimConfig) -> float:
     """
     if cfg.schedule == "constant":
         return cfg.lr
-    if cfg.schedule != "inverse_sqrt":
-        raise ValueError(f"optim.schedule: unknown schedule {cfg.schedule!r} (inverse_sqrt | constant)")
     if step < cfg.warmup_steps:
         return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
     return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)
@@ -65,7 +107,7 @@ class OptimGroup:
 class Optimizers:
     """The optimizer groups of a model: 'dense' and, when the model has memories, 'values'."""
 
-    def __init__(self, model: nn.Module, cfg: OptimConfig, sparse_values: bool = False):
+    def __init__(self, model: nn.Module, cfg: OptimConfig):
         values = list(model.memory_value_parameters())
         value_ids = {id(p) for p in values}
         dense = [p for p in model.parameters() if p.requires_grad and id(p) not in value_ids]
@@ -78,10 +120,8 @@ class Optimizers:
             )
         ]
         if values:
-            values_optimizer = (LazyAdam if sparse_values else torch.optim.AdamW)(
-                values, lr=cfg.mem_values_lr, betas=betas, eps=eps, weight_decay=cfg.mem_values_weight_decay)
-            self.groups.append(OptimGroup("values", values, values_optimizer, lambda step: cfg.mem_values_lr,
-                                          cfg.clip_grad_norm))
+            self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
+                                          lambda step: cfg.values_lr, cfg.clip_grad_norm))
 
     def set_step(self, step: int) -> dict[str, float]:
         """Sets each group's learning rate for optimizer step `step`; returns them by group name."""

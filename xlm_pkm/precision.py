@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import re
 
 import torch
+
+from xlm_pkm.config import DEVICES
 
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -15,8 +18,7 @@ def at_least_float32(t: torch.Tensor) -> torch.Tensor:
 
 
 def check_precision(precision: str, device: torch.device) -> None:
-    if precision not in ("fp32", *DTYPES):
-        raise ValueError(f"train.precision: unknown precision {precision!r} (fp32 | fp16 | bf16)")
+    """fp32 | fp16 | bf16 (checked by the config loader); fp16 needs CUDA."""
     if precision == "fp16" and device.type != "cuda":
         raise ValueError("train.precision=fp16 needs a CUDA device; on CPU use bf16 or fp32")
 
@@ -34,6 +36,9 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
 
 
 def resolve_device(name: str) -> torch.device:
+    """auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."""
+    if not re.fullmatch(DEVICES, name):
+        raise ValueError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():

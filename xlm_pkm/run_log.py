@@ -1,4 +1,10 @@
-"""Where a run reports: console, `train.log`, `metrics.jsonl` (one JSON object per event) and TensorBoard."""
+"""Where a run reports: console, `train.log`, `metrics.jsonl` (one JSON object per event) and TensorBoard.
+
+On resume from a checkpoint at step s, the events a crashed run logged after s are dropped from
+`metrics.jsonl` and TensorBoard, so the resumed run's metrics read like an uninterrupted run's.
+A metrics line that cannot be written (disk full) is removed whole and the run stops with a one-line
+OutputError: the file never holds half a line.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,8 @@ import time
 from pathlib import Path
 
 import torch
+
+from xlm_pkm.checkpoint import OutputError, write_atomic
 
 
 def _format(value) -> str:
@@ -39,7 +47,7 @@ def _scalars(prefix: str, value):
 class RunLogger:
     """Logs events of the main process; other ranks only print warnings to the console."""
 
-    def __init__(self, run_dir: Path | None, enabled: bool, purge_step: int | None = None):
+    def __init__(self, run_dir: Path | None, enabled: bool, resume_step: int | None = None):
         self.enabled = enabled and run_dir is not None
         self.log = logging.getLogger(f"xlm_pkm.run.{id(self)}")
         self.log.setLevel(logging.INFO if enabled else logging.WARNING)
@@ -49,10 +57,13 @@ class RunLogger:
         self.metrics = self.tb = None
         if self.enabled:
             handlers.append(logging.FileHandler(run_dir / "train.log"))
-            self.metrics = open(run_dir / "metrics.jsonl", "a")
+            self.metrics_path = run_dir / "metrics.jsonl"
+            if resume_step is not None and self.metrics_path.exists():
+                drop_events_after(self.metrics_path, resume_step)
+            self.metrics = open(self.metrics_path, "ab", buffering=0)  # each event goes to the file at once
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir), purge_step=purge_step)
+            self.tb = SummaryWriter(str(run_dir), purge_step=None if resume_step is None else resume_step + 1)
         for h in handlers:
             h.setFormatter(fmt)
             self.log.addHandler(h)
@@ -65,8 +76,15 @@ class RunLogger:
         if not self.enabled:
             return
         self.info(f"{name} step {step} " + " ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
-        self.metrics.write(json.dumps({**metrics, "event": name, "step": step, "time": time.time()}) + "\n")
-        self.metrics.flush()
+        line = (json.dumps({**metrics, "event": name, "step": step, "time": time.time()}) + "\n").encode()
+        size = self.metrics.tell()
+        try:
+            written = 0
+            while written < len(line):
+                written += self.metrics.write(line[written:])
+        except OSError as e:
+            self.metrics.truncate(size)
+            raise OutputError(f"cannot write {self.metrics_path}: {e.strerror or e}") from None
         for tag, value in _scalars(name, metrics):
             self.tb.add_scalar(tag, value, step)
 
@@ -81,3 +99,16 @@ class RunLogger:
         if self.enabled:
             self.metrics.close()
             self.tb.close()
+
+
+def drop_events_after(path: Path, step: int) -> None:
+    """Rewrites `path` without the events logged after `step` (and without a torn last line)."""
+    kept = []
+    for line in path.read_bytes().splitlines(keepends=True):
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if event.get("step", 0) <= step:
+            kept.append(line)
+    write_atomic(path, b"".join(kept))

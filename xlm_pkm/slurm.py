@@ -7,25 +7,49 @@ Arguments it does not know (config overrides, --no-test) go to train.py. The run
 `--signal-delay` seconds before the time limit (and SIGTERM on pre-emption): every rank saves
 checkpoint.pt at the next step boundary, rank 0 requeues the job, and the requeued job resumes.
 `--cluster local` runs the same job as local processes; `--cluster debug` in this process.
+
+The SLURM look-ups of a run live here too: its job id, the rendezvous of srun-launched ranks, the
+requeue. Importing this module needs no submitit (the launcher imports it when it runs).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
 import sys
 
-import submitit
 
-from xlm_pkm.cli import DEFAULT_CONFIG, train_main
+def job_id() -> str | None:
+    """The SLURM job id (the same after a requeue), or None outside SLURM."""
+    return os.environ.get("SLURM_JOB_ID")
 
 
-class TrainJob(submitit.helpers.Checkpointable):
-    """The callable submitit pickles: sets up torch.distributed variables, then runs train.py's main."""
+def set_rendezvous_env() -> None:
+    """MASTER_ADDR/PORT for ranks started by srun without torchrun: the allocation's first host."""
+    hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]])
+    os.environ["MASTER_ADDR"] = hosts.split()[0].decode()
+    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
+
+
+def requeue(log) -> None:
+    """Puts this SLURM job back in the queue; the requeued job resumes from checkpoint.pt."""
+    log.info(f"requeuing SLURM job {job_id()}")
+    subprocess.run(["scontrol", "requeue", job_id()], check=True)
+
+
+class TrainJob:
+    """The callable submitit pickles: sets up torch.distributed variables, then runs train.py's main.
+    A run stopped by a signal (exit status 75, it requeued itself) is not a failure."""
 
     def __init__(self, argv: list[str]):
         self.argv = argv
 
     def __call__(self) -> int:
+        import submitit
+
+        from xlm_pkm.cli import EXIT_STOPPED, train_main
+
         job = submitit.JobEnvironment()
         if job.num_tasks > 1:
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
@@ -33,12 +57,16 @@ class TrainJob(submitit.helpers.Checkpointable):
         if not any(a.startswith("train.exp_id=") for a in argv):
             argv = [*argv, f"train.exp_id={job.job_id}"]
         status = train_main(argv)
-        if status:
+        if status not in (0, EXIT_STOPPED):
             raise RuntimeError(f"train.py exited with status {status}; see the job's stderr")
         return status
 
 
-def main(argv: list[str] | None = None) -> submitit.Job:
+def main(argv: list[str] | None = None):
+    import submitit
+
+    from xlm_pkm.cli import DEFAULT_CONFIG
+
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.slurm", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
     parser.add_argument("--nodes", type=int, default=1)

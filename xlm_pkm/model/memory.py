@@ -153,7 +153,7 @@ class ProductKeyMemory(nn.Module):
                    key_type=cfg.key_type, query_norm=cfg.query_norm, query_hidden=cfg.query_hidden,
                    input_dropout=cfg.input_dropout, query_dropout=cfg.query_dropout,
                    value_dropout=cfg.value_dropout, gated=cfg.gated, qk_norm=cfg.qk_norm,
-                   temperature=cfg.temperature, sparse=cfg.sparse, value_read=cfg.value_read,
+                   temperature=cfg.temperature, value_read=cfg.value_read,
                    values=values)
 
     def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:

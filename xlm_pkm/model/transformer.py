@@ -146,6 +146,11 @@ class TransformerLM(nn.Module):
         unique = {id(m.values.weight): m.values.weight for _, m in self.memories()}
         return list(unique.values())
 
+    def set_sparse_values(self, flag: bool) -> None:
+        """Value tables get sparse gradients (one row per slot read) when True."""
+        for _, m in self.memories():
+            m.sparse = flag
+
     def param_counts(self) -> dict[str, int]:
         total = sum(p.numel() for p in self.parameters())
         values = sum(p.numel() for p in self.memory_value_parameters())

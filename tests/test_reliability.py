@@ -1,0 +1,234 @@
+"""Accidents that used to lose, overwrite or silently corrupt a run (issue 10), each reproduced."""
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from xlm_pkm import checkpoint
+from xlm_pkm.checkpoint import NonFiniteError, OutputError
+from xlm_pkm.cli import evaluate_main, train_main
+from xlm_pkm.config import ConfigError, load_config
+from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.data.shard import read_shard, shard_paths, write_shard
+from xlm_pkm.lazy_adam import LazyAdam
+from xlm_pkm.run_dir import RunDirectoryBusy, RunLock
+from xlm_pkm.trainer import NonFiniteLossError
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ---- non-finite weights never overwrite the good checkpoint ----------------------------------------
+@pytest.mark.parametrize("extra, error", [
+    (("train.eval_every=4",), NonFiniteError),  # a checkpoint is due while the weights are not finite
+    (("train.max_nonfinite=2",), NonFiniteLossError),  # the run gives up first
+])
+def test_non_finite_weights_never_overwrite_the_good_checkpoint(tiny_run, tiny_trainer, tmp_path, extra, error):
+    tiny_run(tmp_path, "train.exp_id=nan", "train.max_steps=3")
+    trainer = tiny_trainer(tmp_path, "train.exp_id=nan", "train.max_steps=20", *extra)
+    good = trainer.ckpt_path.read_bytes()
+    with torch.no_grad():  # whatever the cause (an lr too large, a bad eps), the weights are now NaN
+        trainer.model.memory_value_parameters()[0][0, 0] = float("nan")
+    with pytest.raises(error) as raised:
+        trainer.train()
+    trainer.close()
+    assert trainer.ckpt_path.read_bytes() == good
+    assert f"Last good checkpoint: {trainer.ckpt_path} (step 3)" in str(raised.value)
+    assert checkpoint.first_non_finite(checkpoint.load(trainer.ckpt_path)["model"]) is None
+
+
+def test_first_non_finite_names_the_tensor():
+    state = {"model": {"w": torch.ones(3)}, "opt": [{"m": torch.tensor([1.0, float("inf")])}]}
+    assert checkpoint.first_non_finite(state) == "opt.0.m"
+    assert checkpoint.first_non_finite({"w": torch.ones(2), "step": torch.tensor(3)}) is None
+
+
+@pytest.mark.parametrize("override", ["optim.eps=0", "optim.warmup_init_lr=.nan", "optim.lr=.inf",
+                                      "optim.values_lr=.nan", "optim.values_beta2=1.0", "optim.lr=-1"])
+def test_non_finite_or_nonsensical_optimizer_settings_are_refused_at_start(override):
+    with pytest.raises(ConfigError, match=override.split("=")[0]):
+        load_config(None, ["optim.values_optimizer=lazy_adam", override])
+
+
+@pytest.mark.parametrize("kwargs", [dict(eps=0.0), dict(lr=float("nan")), dict(betas=(0.9, 1.0)),
+                                    dict(weight_decay=-1.0)])
+def test_lazy_adam_refuses_bad_settings(kwargs):
+    with pytest.raises(ValueError, match="LazyAdam: invalid"):
+        LazyAdam([torch.nn.Parameter(torch.zeros(2, 2))], **kwargs)
+
+
+# ---- inputs checked before the first step ----------------------------------------------------------
+def copy_data(tiny_data_dir, tmp_path) -> Path:
+    out = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, out)
+    return out
+
+
+@pytest.mark.parametrize("split", ["valid", "test"])
+def test_broken_held_out_split_is_found_before_the_first_step(tiny_data_dir, tiny_trainer, tmp_path, split):
+    data = copy_data(tiny_data_dir, tmp_path)
+    shard = shard_paths(data, split)[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated
+    with pytest.raises(ValueError, match=str(shard)):
+        tiny_trainer(tmp_path, "train.exp_id=broken", f"data.path={data}")
+    assert not (tmp_path / "tiny" / "broken").exists()  # nothing started, nothing written
+    if split == "test":  # a run that will not evaluate test does not need it
+        tiny_trainer(tmp_path, "train.exp_id=notest", f"data.path={data}", test=False).close()
+
+
+# ---- one run per run directory -----------------------------------------------------------------------
+def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trainer, tmp_path):
+    first = tiny_trainer(tmp_path, "train.exp_id=busy")
+    try:
+        with pytest.raises(RunDirectoryBusy, match=f"in use by pid {os.getpid()} on"):
+            tiny_trainer(tmp_path, "train.exp_id=busy")
+    finally:
+        first.close()
+    tiny_trainer(tmp_path, "train.exp_id=busy").close()  # free again once the first run has ended
+
+
+def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from xlm_pkm.run_dir import RunLock; RunLock(Path(sys.argv[1])); "
+                               "print('locked', flush=True); time.sleep(60)", str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    assert holder.stdout.readline().strip() == "locked"
+    with pytest.raises(RunDirectoryBusy, match=f"pid {holder.pid}"):
+        RunLock(tmp_path)
+    holder.kill()  # kill -9: the lock file stays, its holder is gone
+    holder.wait()
+    assert (tmp_path / ".lock").exists()
+    RunLock(tmp_path).release()
+
+
+# ---- unwritable outputs: one line, the previous file kept, no temporary files ---------------------
+def test_failed_checkpoint_write_keeps_the_previous_one(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    checkpoint.save_atomic({"config": {}, "model": {}, "step": 1}, path)
+
+    def disk_full(obj, f):
+        f.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OutputError, match=f"cannot write {path}: No space left on device; the previous checkpoint.pt"):
+        checkpoint.save_atomic({"step": 2}, path)
+    monkeypatch.undo()
+    assert checkpoint.load(path)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+
+
+def test_disk_full_while_logging_metrics_leaves_whole_lines(tiny_trainer, tmp_path, monkeypatch):
+    trainer = tiny_trainer(tmp_path, "train.exp_id=full")
+    trainer.log.event("train", 1, loss=1.0)
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def tell(self):
+            return self.f.tell()
+
+        def truncate(self, size):
+            return self.f.truncate(size)
+
+        def write(self, data):
+            self.f.write(data[:7])  # part of the line reaches the disk, then it is full
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    trainer.log.metrics = FullDisk(trainer.log.metrics)
+    with pytest.raises(OutputError, match="metrics.jsonl: No space left on device"):
+        trainer.log.event("train", 2, loss=2.0)
+    trainer.log.metrics = trainer.log.metrics.f
+    trainer.close()
+    lines = (trainer.run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1]
+
+
+def test_evaluate_json_into_a_missing_folder_fails_before_evaluating(reference_run, tmp_path, capsys, monkeypatch):
+    import xlm_pkm.cli
+
+    monkeypatch.setattr(xlm_pkm.cli, "evaluate_checkpoint", lambda *a, **k: pytest.fail("evaluated anyway"))
+    best = reference_run().best_path
+    assert evaluate_main(["--checkpoint", str(best), "--json", str(tmp_path / "no" / "r.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"cannot write {tmp_path}/no/r.json" in err[0]
+
+
+# ---- silently wrong: another vocabulary of the same size -------------------------------------------
+def same_size_other_vocabulary(tiny_data_dir, tmp_path) -> Path:
+    """A copy of the data whose vocabulary swaps two words (same size), shards rewritten for it, as a
+    re-preprocessing into the same folder would leave it."""
+    data = copy_data(tiny_data_dir, tmp_path)
+    lines = (data / "vocab").read_text().splitlines(keepends=True)
+    lines[10], lines[11] = lines[11], lines[10]
+    (data / "vocab").write_text("".join(lines))
+    fingerprint = Dictionary.load(data / "vocab").fingerprint()
+    for path in sorted(data.glob("*.bin")):
+        shard = read_shard(path)
+        bounds = [*map(int, shard.doc_starts), len(shard.tokens)]
+        docs = [np.array(shard.tokens[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+        write_shard(path, docs, shard.tokens.dtype, fingerprint)
+    return data
+
+
+def test_other_vocabulary_is_refused_on_resume_and_in_evaluation(tiny_data_dir, tiny_run, tiny_trainer, tmp_path,
+                                                                 capsys):
+    run = tiny_run(tmp_path, "train.exp_id=vocab", "train.max_steps=2")
+    other = same_size_other_vocabulary(tiny_data_dir, tmp_path)
+    with pytest.raises(ValueError, match=f"trained with another vocabulary than {other}/vocab"):
+        tiny_trainer(tmp_path, "train.exp_id=vocab", f"data.path={other}")
+    assert evaluate_main(["--checkpoint", str(run.best_path), "--data", str(other)]) == 2
+    assert "another vocabulary" in capsys.readouterr().err
+
+
+# ---- one-line errors ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("override, expected", [
+    ("train.log_every=0", "train.log_every: must be > 0"), ("train.eval_every=-5", "train.eval_every: must be > 0"),
+    ("model.dim=0", "model.dim: must be > 0"), ("model.memory.heads=0", "model.memory.heads: must be > 0"),
+    ("train.max_nonfinite=0", "train.max_nonfinite: must be > 0"),
+    ("train.device=gpu", "train.device: expected auto, cpu, cuda or cuda:N"),
+    ("optim.values_optimizer=adamw", "optim.values_optimizer: expected one of adam | lazy_adam"),
+    ("model.memory.sparse=true", "replaced by optim.values_optimizer"),
+])
+def test_bad_values_get_one_line_errors(tiny_overrides, tmp_path, capsys, override, expected):
+    assert train_main(tiny_overrides(tmp_path, "train.exp_id=bad", override)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0], err
+
+
+def test_torch_file_that_is_not_a_run_checkpoint(tmp_path, capsys):
+    torch.save(torch.zeros(3), tmp_path / "weights.pt")
+    assert evaluate_main(["--checkpoint", str(tmp_path / "weights.pt"), "--device", "gpu"]) == 2
+    assert "device 'gpu'" in capsys.readouterr().err
+    assert evaluate_main(["--checkpoint", str(tmp_path / "weights.pt")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not a checkpoint of an xlm-pkm run" in err[0]
+
+
+# ---- logs after a crash and resume ----------------------------------------------------------------------
+def test_metrics_after_a_crash_and_resume_read_like_the_uninterrupted_run(tiny_trainer, tiny_run, reference_run,
+                                                                          train_losses, tmp_path, monkeypatch):
+    trainer = tiny_trainer(tmp_path, "train.exp_id=crash", "train.eval_every=4")
+    step_once = type(trainer).train_step
+
+    def crash_at_6(self, batches):
+        if self.step == 6:
+            raise KeyboardInterrupt  # killed after logging steps 5 and 6, past the checkpoint of step 4
+        return step_once(self, batches)
+
+    monkeypatch.setattr(type(trainer), "train_step", crash_at_6)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.train()
+    trainer.close()
+    monkeypatch.undo()
+    resumed = tiny_run(tmp_path, "train.exp_id=crash", "train.eval_every=4")
+    reference = reference_run("train.eval_every=4")
+    assert train_losses(resumed.run_dir) == train_losses(reference.run_dir)  # no step twice, same values

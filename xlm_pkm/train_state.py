@@ -1,0 +1,60 @@
+"""TrainState: the resumable counters of a run, one rank's RNG states and data cursor.
+
+    state = TrainState(stream, device)
+    saved = state.state_dict()          # plain values; the trainer gathers one per rank
+    state.load_state_dict(saved)        # continues exactly where `saved` was taken
+
+The log window (losses summed since the last train log line) is part of it, so that the first line
+logged after a resume averages the same steps as the uninterrupted run's.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+import torch
+
+from xlm_pkm.data.stream import TokenStream
+
+COUNTERS = ("step", "best_ppl", "nonfinite_streak", "skipped_steps", "log_steps")
+
+
+@dataclass
+class TrainState:
+    stream: TokenStream  # the rank's training stream: its cursor is saved
+    device: torch.device
+    step: int = 0  # optimizer steps done
+    best_ppl: float = math.inf  # best valid perplexity so far (best.pt)
+    nonfinite_streak: int = 0  # consecutive steps skipped for a non-finite loss or gradient
+    skipped_steps: int = 0  # all steps skipped (fp16: loss-scale overflows)
+    log_loss_sum: torch.Tensor | float = 0.0  # mean losses of the steps since the last train log line
+    log_steps: int = 0
+
+    def state_dict(self) -> dict:
+        cuda = self.device.type == "cuda"
+        return {
+            **{name: getattr(self, name) for name in COUNTERS},
+            "log_loss_sum": float(self.log_loss_sum),  # host sync, at checkpoints only
+            "data": self.stream.state_dict(),
+            "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
+                    "cuda": torch.cuda.get_rng_state(self.device) if cuda else None},
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in COUNTERS:
+            setattr(self, name, state[name])
+        self.log_loss_sum = state["log_loss_sum"]
+        self.stream.load_state_dict(state["data"])
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if state["rng"]["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+
+
+def from_earlier_version(checkpoint: dict) -> list[dict]:
+    """Per-rank TrainState dicts from a checkpoint written before TrainState existed."""
+    counters = {name: checkpoint[name] for name in ("step", "best_ppl", "nonfinite_streak", "skipped_steps")}
+    return [{**counters, "log_loss_sum": 0.0, "log_steps": 0, "data": data, "rng": rng}
+            for data, rng in zip(checkpoint["data"], checkpoint["rng"])]
