@@ -232,3 +232,38 @@ def test_metrics_after_a_crash_and_resume_read_like_the_uninterrupted_run(tiny_t
     resumed = tiny_run(tmp_path, "train.exp_id=crash", "train.eval_every=4")
     reference = reference_run("train.eval_every=4")
     assert train_losses(resumed.run_dir) == train_losses(reference.run_dir)  # no step twice, same values
+
+
+# ---- distributed: a frozen or killed rank ------------------------------------------------------------------
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("signum", ["SIGSTOP", "SIGKILL"])
+def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrides, tmp_path, signum):
+    """Two ranks started by hand (as srun does, no torchrun); rank 1 freezes or dies mid-training."""
+    import signal as signals
+
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
+           "OMP_NUM_THREADS": "1"}
+    args = [sys.executable, str(ROOT / "train.py"), "--no-test",
+            *tiny_overrides(tmp_path, "train.exp_id=lost", "train.max_steps=100000", "train.num_threads=1",
+                            "train.collective_timeout_minutes=0.05")]  # 3 s
+    ranks = [subprocess.Popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
+    try:
+        for line in ranks[0].stdout:
+            if "train step 3 " in line:
+                break
+        os.kill(ranks[1].pid, getattr(signals, signum))
+        assert ranks[0].wait(timeout=60) == 2
+        err = ranks[0].stderr.read().strip().splitlines()
+        assert len(err) == 1 and "rank(s) 1 stopped answering" in err[0], err
+    finally:
+        for p in ranks:
+            p.kill()
+            p.wait()

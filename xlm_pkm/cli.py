@@ -62,6 +62,7 @@ def train_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     args = parser.parse_intermixed_args(argv)  # options and overrides in any order
+    failed = False
     try:
         trainer = Trainer(load_config(args.config, args.overrides), test=not args.no_test)
         try:
@@ -79,9 +80,10 @@ def train_main(argv: list[str] | None = None) -> int:
         lost = _collective_failure(e)
         if lost is None:
             raise
+        failed = True
         return _fail("train.py", lost)
     finally:
-        shutdown()
+        shutdown(failed)
     return EXIT_STOPPED if trainer.stopped else 0
 
 

@@ -1,14 +1,17 @@
 """Process-group set-up from the launcher's environment: torchrun, SLURM's srun, or a single process.
 
-Every collective waits at most `timeout` (train.collective_timeout_minutes). When one fails (a rank
-froze, died or timed out), `describe_failure` asks every rank through a separate gloo group which of
-them still answer, so the error names the missing ranks instead of hanging or printing two tracebacks.
+Every collective waits at most `timeout` (train.collective_timeout_minutes). Each rank also beats a
+heartbeat in the rendezvous store (a counter it increments from a thread every few seconds); when a
+collective fails, `describe_failure` names the ranks whose counter stopped (frozen, killed, or on a
+lost host), so the job ends with one line instead of hanging or printing two chained tracebacks.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import threading
+import time
 from dataclasses import dataclass
 
 import torch
@@ -17,7 +20,7 @@ import torch.nn.functional as F
 
 from xlm_pkm import slurm
 
-_health_group = None  # gloo group used only to find unresponsive ranks
+_heartbeat: Heartbeat | None = None
 
 
 class CollectiveError(RuntimeError):
@@ -50,7 +53,7 @@ def read_env() -> DistEnv:
 
 def init_distributed(device: torch.device, timeout_minutes: float = 10.0) -> DistEnv:
     """Joins the process group (NCCL on GPU, gloo on CPU) when launched on several processes."""
-    global _health_group
+    global _heartbeat
     env = read_env()
     if not env.is_distributed or dist.is_initialized():
         return env
@@ -59,28 +62,53 @@ def init_distributed(device: torch.device, timeout_minutes: float = 10.0) -> Dis
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
     if device.type == "cuda":
         torch.cuda.set_device(env.local_rank)
-    timeout = datetime.timedelta(minutes=timeout_minutes)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout)
-    _health_group = dist.new_group(backend="gloo", timeout=timeout)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(minutes=timeout_minutes))
+    _heartbeat = Heartbeat(env, interval=min(10.0, timeout_minutes * 60 / 4))
     return env
 
 
-def describe_failure(env: DistEnv, error: BaseException, wait_seconds: float = 30.0) -> CollectiveError:
-    """A one-line error for a failed collective, naming the ranks that no longer answer."""
-    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:200]
-    missing = "unknown"
-    if _health_group is not None:
+class Heartbeat(threading.Thread):
+    """Increments `xlm_pkm/heartbeat/RANK` in the rendezvous store every `interval` seconds."""
+
+    def __init__(self, env: DistEnv, interval: float):
+        super().__init__(daemon=True, name="xlm_pkm-heartbeat")
+        self.env, self.interval = env, interval
+        self.store = dist.distributed_c10d._get_default_store()
+        self.stopped = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.store.add(f"xlm_pkm/heartbeat/{self.env.rank}", 1)
+            except Exception:  # noqa: BLE001 - the store is gone: nothing left to report to
+                return
+
+    def silent_ranks(self) -> list[int] | None:
+        """Ranks whose heartbeat does not move over 2.5 intervals (None if the store cannot be read)."""
+        keys = [f"xlm_pkm/heartbeat/{r}" for r in range(self.env.world_size)]
         try:
-            dist.monitored_barrier(_health_group, timeout=datetime.timedelta(seconds=wait_seconds),
-                                   wait_all_ranks=True)
-            missing = "none (every rank answers)"
-        except RuntimeError as e:  # "Ranks 1, 3 failed to pass monitoredBarrier in ... ms"
-            text = str(e)
-            missing = text[text.find("Rank"):].split(" failed")[0] if "failed to pass" in text else "unknown"
-        except Exception:  # noqa: BLE001 - this rank's own connection is gone too
-            pass
-    return CollectiveError(f"rank {env.rank}: a collective operation failed ({first_line}); "
-                           f"ranks not answering: {missing}. A rank froze, died or was killed; see its log")
+            before = [self.store.add(k, 0) for k in keys]
+            time.sleep(2.5 * self.interval)
+            after = [self.store.add(k, 0) for k in keys]
+        except Exception:  # noqa: BLE001 - the store lived in a process that is gone
+            return None
+        return [r for r, (a, b) in enumerate(zip(before, after)) if a == b]
+
+
+def describe_failure(env: DistEnv, error: BaseException) -> CollectiveError:
+    """A one-line error for a failed collective, naming the ranks that stopped answering."""
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+    silent = _heartbeat.silent_ranks() if _heartbeat is not None else None
+    if silent is None:
+        who = "the rendezvous store is gone too (rank 0 or its host died?)"
+    elif silent:
+        who = f"rank(s) {', '.join(map(str, silent))} stopped answering (frozen, killed or host lost)"
+    else:
+        who = "every rank still answers (one may be stuck in other work)"
+    return CollectiveError(f"rank {env.rank}: a collective operation failed or timed out: {who}; "
+                           f"see their logs ({first_line})")
 
 
 def all_gather_objects(obj, env: DistEnv) -> list:
@@ -140,8 +168,14 @@ def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
     return bool(t.item())
 
 
-def shutdown() -> None:
-    """Leaves the process group once every rank is done (gloo aborts a rank that leaves first)."""
+def shutdown(failed: bool = False) -> None:
+    """Leaves the process group once every rank is done (gloo aborts a rank that leaves first); after
+    a failed collective, at once (the other ranks are not coming)."""
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stopped.set()
+        _heartbeat = None
     if dist.is_initialized():
-        dist.barrier()
+        if not failed:
+            dist.barrier()
         dist.destroy_process_group()
