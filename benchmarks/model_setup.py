@@ -5,7 +5,7 @@ xlm_pkm.data.stats), and models built from config files.
     parser = benchmark_parser(__doc__)                  # then the benchmark's own options
     args = parser.parse_args()
     corpus, vocab = corpus_and_vocab(args)
-    model, cfg = build_model("configs/paper/l12_d1024_m1.yaml", ["model.memory.sparse=true"], args, vocab)
+    model, cfg = build_model("configs/paper/l12_d1024_m1.yaml", ["optim.values_optimizer=lazy_adam"], args, vocab)
     write_result(result, args, "training_speed")        # benchmarks/results/training_speed_<cpu|cuda>.json
 
 The batch defaults to configs/paper/base.yaml's data.batch_size × bptt (32 × 256); `--override`
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from xlm_pkm import build
 from xlm_pkm.config import Config, load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.stats import split_stats
@@ -78,10 +79,9 @@ def model_config(config: str | Path, overrides: list[str], args, vocab: int) -> 
 
 
 def build_model(config: str | Path, overrides: list[str], args, vocab: int) -> tuple[TransformerLM, Config]:
-    """TransformerLM of model_config(...), seeded, on args.device."""
+    """The trainer's model of model_config(...) (xlm_pkm.build), on args.device."""
     cfg = model_config(config, overrides, args, vocab)
-    torch.manual_seed(0)
-    return TransformerLM(cfg.model).to(args.device), cfg
+    return build.build_model(cfg, torch.device(args.device)), cfg
 
 
 def random_tokens(args, vocab: int) -> torch.Tensor:

@@ -4,7 +4,7 @@
 
 1. The 6-layer ablation model (dim 512, 8 heads, one memory at layer 5: 4 heads, k=32, k_dim 512)
    for |K| = 128²..1024²: one step = forward, backward and the optimizer step of every group
-   (xlm_pkm.optim.Optimizers), sparse (row-sparse gradient + SparseAdam) vs dense (Adam).
+   (xlm_pkm.optim.Optimizers), sparse (row-sparse gradient + LazyAdam) vs dense (AdamW).
 2. One memory layer + its optimizer step at 512², beside product-key-memory==0.3.0 with
    torch.optim.Adam (LayerNorm queries for both: the package's BatchNorm path does not run on
    (batch, time, dim) inputs); ours steps its values with LazyAdam, the rest with Adam.
@@ -23,35 +23,35 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info  # noqa: E402
 from timing import median_seconds  # noqa: E402
-from xlm_pkm.config import MemoryConfig, ModelConfig, OptimConfig  # noqa: E402
+from xlm_pkm.build import build_model, build_optimizers  # noqa: E402
+from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig  # noqa: E402
 from xlm_pkm.lazy_adam import LazyAdam  # noqa: E402
 from xlm_pkm.model.memory import ProductKeyMemory  # noqa: E402
-from xlm_pkm.model.transformer import TransformerLM  # noqa: E402
-from xlm_pkm.optim import Optimizers  # noqa: E402
+from xlm_pkm.precision import grad_scaler  # noqa: E402
+from xlm_pkm.train_step import loss_backward, optimizer_update  # noqa: E402
 
 DIM = 512
 
 
 def model_step(n_keys: int, sparse: bool, batch: int, bptt: int, vocab: int):
-    memory = MemoryConfig(n_keys=n_keys, k_dim=512, heads=4, knn=32, sparse=sparse)
-    cfg = ModelConfig(vocab_size=vocab, dim=DIM, n_layers=6, n_heads=8, max_len=bptt, mem_layers=[5], memory=memory)
-    model = TransformerLM(cfg)
-    optimizers = Optimizers(model, OptimConfig(warmup_steps=1), sparse_values=sparse)
-    scaler = torch.amp.GradScaler("cpu", enabled=False)
+    """One step of the trainer's own functions (xlm_pkm/train_step.py) on the 6-layer ablation model."""
+    memory = MemoryConfig(n_keys=n_keys, k_dim=512, heads=4, knn=32)
+    cfg = Config(model=ModelConfig(vocab_size=vocab, dim=DIM, n_layers=6, n_heads=8, max_len=bptt, mem_layers=[5],
+                                   memory=memory),
+                 optim=OptimConfig(warmup_steps=1, values_optimizer="lazy_adam" if sparse else "adam"))
+    cpu = torch.device("cpu")
+    model = build_model(cfg, cpu)
+    optimizers = build_optimizers(model, cfg)
+    scaler = grad_scaler("fp32", cpu)
     tokens = torch.randint(0, vocab, (batch, bptt + 1))
 
     def step():
         optimizers.set_step(1)
-        logits = model(tokens[:, :-1])
-        F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()).backward()
-        optimizers.unscale_and_clip(scaler)
-        optimizers.step(scaler)
-        optimizers.zero_grad()
+        optimizer_update(optimizers, scaler, loss_backward(model, tokens[:, :-1], tokens[:, 1:], "fp32", cpu, scaler))
     return step
 
 

@@ -33,7 +33,7 @@ from timing import best_of_rounds
 
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.model.transformer import resolve_memory_layers
-from xlm_pkm.optim import Optimizers
+from xlm_pkm.build import build_optimizers
 from xlm_pkm.precision import check_precision, grad_scaler
 from xlm_pkm.train_step import loss_backward, optimizer_update
 
@@ -41,7 +41,7 @@ CONFIGS = [str(REPO / "configs" / "paper" / f"l12_d1024_m{m}.yaml") for m in (0,
 
 
 def train_step(model, cfg, tokens: torch.Tensor, precision: str, device: torch.device, compile: bool):
-    optimizers = Optimizers(model, cfg.optim, sparse_values=cfg.model.memory.sparse)
+    optimizers = build_optimizers(model, cfg)
     scaler = grad_scaler(precision, device)
     forward = torch.compile(model) if compile else model
     x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
@@ -55,7 +55,7 @@ def train_step(model, cfg, tokens: torch.Tensor, precision: str, device: torch.d
 
 def measure(config: str, precision: str, values: str | None, args, vocab: int) -> dict:
     device = torch.device(args.device)
-    overrides = [f"model.memory.sparse={values == 'sparse'}"] if values else []
+    overrides = [f"optim.values_optimizer={'lazy_adam' if values == 'sparse' else 'adam'}"] if values else []
     model, cfg = build_model(config, overrides, args, vocab)
     model.train()
     tokens = random_tokens(args, vocab)  # (B, T + 1)
