@@ -78,15 +78,19 @@ class DataConfig:
 class OptimConfig:
     """Adam with the inverse square-root schedule (Vaswani et al.); memory values in their own group."""
 
+    optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim:DENSE_OPTIMIZERS"})
     lr: float = 2.5e-4
-    beta1: float = 0.9
-    beta2: float = 0.98
+    beta1: float = 0.9  # adam
+    beta2: float = 0.98  # adam
     eps: float = 1e-8
-    weight_decay: float = 0.0
-    schedule: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
+    weight_decay: float = 0.0  # adam
+    # inverse_sqrt: linear warmup then lr·sqrt(warmup/step); linear_warmup: linear warmup then constant
+    schedule: Literal["inverse_sqrt", "linear_warmup", "constant"] = "inverse_sqrt"
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
-    clip_grad_norm: float = 0.0  # per parameter group; 0: off
+    clip_grad_norm: float = 0.0  # 0: off
+    clip_scope: Literal["group", "global"] = "group"  # one norm per optimizer group (XLM), or over all
+    clip_per_tensor: float = 0.0  # adagrad: each tensor's step scaled to this gradient norm (all-attention)
     accumulate: int = 1  # forward/backward passes per optimizer step
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
     # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim.py).
@@ -133,6 +137,7 @@ POSITIVE = ("model.dim", "model.n_layers", "model.n_heads", "model.max_len", "mo
             "train.eval_every", "train.max_nonfinite", "train.collective_timeout_minutes")
 NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.eval_batch_size",
                 "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
+                "optim.clip_per_tensor",
                 "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
                 "train.num_threads")
 PROBABILITIES = ("model.dropout", "model.attention_dropout", "model.memory.input_dropout",
