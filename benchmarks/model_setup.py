@@ -5,7 +5,7 @@ xlm_pkm.data.stats), and models built from config files.
     parser = benchmark_parser(__doc__)                  # then the benchmark's own options
     args = parser.parse_args()
     corpus, vocab = corpus_and_vocab(args)
-    model, cfg = build_model("configs/paper/l12_d1024_m1.yaml", ["model.memory.sparse=true"], args, vocab)
+    model, cfg = build_model("configs/paper/l12_d1024_m1.yaml", ["model.memory.knn=16"], args, vocab)
     write_result(result, args, "training_speed")        # benchmarks/results/training_speed_<cpu|cuda>.json
 
 The batch defaults to configs/paper/base.yaml's data.batch_size × bptt (32 × 256); `--override`

@@ -40,8 +40,9 @@ from xlm_pkm.train_step import loss_backward, optimizer_update
 CONFIGS = [str(REPO / "configs" / "paper" / f"l12_d1024_m{m}.yaml") for m in (0, 1)]
 
 
-def train_step(model, cfg, tokens: torch.Tensor, precision: str, device: torch.device, compile: bool):
-    optimizers = Optimizers(model, cfg.optim, sparse_values=cfg.model.memory.sparse)
+def train_step(model, cfg, tokens: torch.Tensor, precision: str, device: torch.device, compile: bool,
+               sparse_values: bool):
+    optimizers = Optimizers(model, cfg.optim, sparse_values=sparse_values)
     scaler = grad_scaler(precision, device)
     forward = torch.compile(model) if compile else model
     x, y = tokens[:, :-1], tokens[:, 1:]  # (B, T) each
@@ -55,13 +56,13 @@ def train_step(model, cfg, tokens: torch.Tensor, precision: str, device: torch.d
 
 def measure(config: str, precision: str, values: str | None, args, vocab: int) -> dict:
     device = torch.device(args.device)
-    overrides = [f"model.memory.sparse={values == 'sparse'}"] if values else []
-    model, cfg = build_model(config, overrides, args, vocab)
+    model, cfg = build_model(config, [], args, vocab)
+    model.set_sparse_values(values == "sparse")
     model.train()
     tokens = random_tokens(args, vocab)  # (B, T + 1)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    step = train_step(model, cfg, tokens, precision, device, args.compile)
+    step = train_step(model, cfg, tokens, precision, device, args.compile, values == "sparse")
     tps = best_of_rounds({"step": step}, args.batch * args.seq, device, args.min_time, args.rounds,
                          warmup=args.warmup)["step"]
     flops = model.dense_flops_per_token(args.seq)

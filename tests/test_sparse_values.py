@@ -70,14 +70,15 @@ def test_lazy_adam_equals_dense_adamw_on_touched_rows(weight_decay):
     assert opt.state[param]["exp_avg"].shape == (n_slots, dim)  # allocated once, as dense tables
 
 
-def tiny_model_config(sparse: bool) -> ModelConfig:
-    memory = MemoryConfig(n_keys=16, k_dim=16, heads=2, knn=4, query_norm="layernorm", sparse=sparse)
+def tiny_model_config() -> ModelConfig:
+    memory = MemoryConfig(n_keys=16, k_dim=16, heads=2, knn=4, query_norm="layernorm")
     return ModelConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, max_len=8, mem_layers=[2], memory=memory)
 
 
 def one_step(sparse: bool, tokens: torch.Tensor, targets: torch.Tensor, accumulate: int = 1) -> TransformerLM:
     torch.manual_seed(0)
-    model = TransformerLM(tiny_model_config(sparse))
+    model = TransformerLM(tiny_model_config())
+    model.set_sparse_values(sparse)
     cfg = OptimConfig(lr=1e-3, warmup_steps=1, mem_values_lr=1e-2, clip_grad_norm=1.0)
     optimizers = Optimizers(model, cfg, sparse_values=sparse)
     optimizers.set_step(1)
@@ -104,7 +105,7 @@ def test_untouched_rows_do_not_move_with_sparse_updates():
     g = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, 50, (2, 8), generator=g)
     torch.manual_seed(0)
-    initial = TransformerLM(tiny_model_config(True)).memories()[0][1].values.weight.detach().clone()
+    initial = TransformerLM(tiny_model_config()).memories()[0][1].values.weight.detach().clone()
     model = one_step(True, tokens, tokens)
     (_, memory), = model.memories()
     moved = (memory.values.weight.detach() != initial).any(dim=1)  # (n_slots,)
@@ -125,7 +126,8 @@ def test_clip_grad_norm_counts_sparse_and_dense_gradients():
 
 
 def test_sparse_memory_under_bf16_autocast():
-    memory = ProductKeyMemory(16, 16, n_keys=8, k_dim=8, heads=2, knn=4, sparse=True)
+    memory = ProductKeyMemory(16, 16, n_keys=8, k_dim=8, heads=2, knn=4)
+    memory.sparse_values = True
     x = torch.randn(2, 5, 16, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = memory(x)

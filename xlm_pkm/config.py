@@ -24,22 +24,24 @@ class ConfigError(ValueError):
 class MemoryConfig:
     """A Product Key Memory layer (paper §3). Options beyond the paper are off by default."""
 
-    n_keys: int = 512  # sub-keys per half: |K| = n_keys ** 2 slots
-    k_dim: int = 512  # query / key dimension (two halves of k_dim / 2)
-    heads: int = 4  # memory heads; each has its own query net and sub-keys, values are shared
+    n_keys: int = 512  # sub-keys per half: |K| = n_keys ** 2 slots (flat: n_keys ** 2 full keys)
+    k_dim: int = 512  # query / key dimension (product: two halves of k_dim / 2)
+    heads: int = 4  # memory heads; each has its own query and keys, the value table is shared
     knn: int = 32  # keys selected per head
-    key_type: str = "product"  # product | flat (exhaustive search over |K| full keys, Table 4)
-    query_norm: str = "batchnorm"  # batchnorm | layernorm | none (Table 2)
-    query_hidden: list[int] = field(default_factory=list)  # hidden sizes of the query MLP
+    # product | flat (exhaustive search over |K| full keys, Table 4) | any class in model/keys.py
+    key_type: str = field(default="product", metadata={"choices": "xlm_pkm.model.keys:KEY_SEARCHES"})
+    # batchnorm (paper, §4.5; training statistics span the batch) | layernorm (per head, causal) | none
+    query_norm: typing.Literal["batchnorm", "layernorm", "none"] = "batchnorm"
+    query_hidden: list[int] = field(default_factory=list)  # hidden sizes of the query MLP (ReLU)
     input_dropout: float = 0.0
     query_dropout: float = 0.0
     value_dropout: float = 0.0
-    gated: bool = False  # Memory+ output gating: proj(silu(W x) * read) (Berges et al. 2024)
-    qk_norm: bool = False  # L2-normalise queries and sub-keys before scoring
-    temperature: float = 1.0  # softmax(scores / temperature) over the selected keys
+    gated: bool = False  # Memory+ output gating: W_o(silu(W_g x) * read) (Berges et al. 2024)
+    qk_norm: bool = False  # L2-normalise queries and keys (product: each half) before scoring
+    temperature: float = 1.0  # softmax(scores / temperature) over the selected keys; 1: the paper
     share_values: bool = False  # all memory layers of the model read one value table
-    sparse: bool = False  # sparse value gradients + lazy Adam on the rows touched
-    value_read: str = "auto"  # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton
+    # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/value_read.py)
+    value_read: typing.Literal["auto", "torch", "triton"] = "auto"
 
 
 @dataclass
@@ -55,9 +57,14 @@ class ModelConfig:
     attention_dropout: float = 0.0
     max_len: int = 512  # learned positional embeddings
     pre_norm: bool = False  # False: post-norm, as XLM
+    # the sublayer types of every layer, in order (model/blocks.py); a memory layer's "ffn" gives way
+    # to the memory (mem_mode replace), or the memory follows the others (add)
+    sublayers: list[str] = field(default_factory=lambda: ["attention", "ffn"],
+                                 metadata={"choices": "xlm_pkm.model.blocks:SUBLAYERS"})
     n_memories: int = 0  # interspersed at regular intervals (see transformer.memory_layers)
     mem_layers: list[int] = field(default_factory=list)  # explicit 1-indexed layers (wins over n_memories)
-    mem_mode: str = "replace"  # replace: memory instead of the FFN | add: x + memory(x) after the FFN
+    # replace: memory instead of the FFN | add: x + memory(x) after the FFN
+    mem_mode: typing.Literal["replace", "add"] = "replace"
     memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
