@@ -114,7 +114,8 @@ def test_memory_layer_with_fused_read_matches_torch_read():
         assert memory.read_backend == backend
         y = memory(x)
         (y**2).sum().backward()
-        results[backend] = y, memory.values.weight.grad.to_dense(), memory.keys.weight.grad, memory.query_net[0].weight.grad
+        results[backend] = (y, memory.values.weight.grad.to_dense(), memory.keys.weight.grad,
+                            memory.query_net[0].weight.grad)
     for a, b in zip(results["torch"], results["triton"]):
         torch.testing.assert_close(b, a)
 

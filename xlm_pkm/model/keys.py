@@ -50,6 +50,9 @@ class KeySearch(nn.Module, ABC):
             raise ValueError(f"memory.knn={cfg.knn} must be in [1, {self.max_knn(cfg)}] for "
                              f"key_type={cfg.key_type} with n_keys={cfg.n_keys}")
 
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, slots={self.n_slots}, k_dim={self.k_dim}, knn={self.knn}, qk_norm={self.qk_norm}"
+
     @classmethod
     @abstractmethod
     def slots(cls, cfg: MemoryConfig) -> int:

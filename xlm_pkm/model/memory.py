@@ -69,7 +69,7 @@ class ProductKeyMemory(nn.Module):
         if cfg.temperature <= 0:
             raise ValueError(f"memory.temperature must be > 0, got {cfg.temperature}")
         self.input_dim, self.output_dim, self.heads, self.knn = input_dim, output_dim, cfg.heads, cfg.knn
-        self.register_module("keys", None)  # first in the parameter order (as ever), built after the query net
+        self.register_module("keys", None)  # first in the parameter order as before; built after the query net
 
         # query network: input_dim -> query_hidden... -> heads * k_dim, then the query norm
         sizes = [input_dim, *cfg.query_hidden, cfg.heads * cfg.k_dim]
