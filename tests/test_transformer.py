@@ -76,6 +76,11 @@ def test_param_counts_and_shared_values():
     counts = model.param_counts()
     assert counts["memory_values"] == 2 * 64 * 32
     assert counts["total"] == sum(p.numel() for p in model.parameters()) == counts["dense"] + counts["memory_values"]
+    attention, ffn = 32 * 96 + 96 + 32 * 32 + 32, 32 * 128 + 128 + 128 * 32 + 32
+    memory = 32 * 32 + 32 + 2 * 32 + 2 * 2 * 8 * 8  # query net, BatchNorm, sub-keys (values not dense)
+    norms_and_embeddings = 4 * 2 * 2 * 32 + 2 * 32 + 50 * 32 + 24 * 32
+    assert (counts["attention"], counts["ffn"], counts["memory"]) == (4 * attention, 2 * ffn, 2 * memory)
+    assert counts["dense"] == 4 * attention + 2 * ffn + 2 * memory + norms_and_embeddings
     assert [p.shape for p in model.memory_value_parameters()] == [(64, 32)] * 2
     shared = tiny(n_memories=2, memory=dataclasses.replace(TINY_MEMORY, share_values=True))
     (_, a), (_, b) = shared.memories()

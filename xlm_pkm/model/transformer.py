@@ -84,10 +84,10 @@ class TransformerLM(nn.Module):
         self.emb_norm = nn.Identity() if cfg.pre_norm else nn.LayerNorm(D)
         self.dropout = nn.Dropout(cfg.dropout)
 
-        plan = [layer_sublayers(cfg, self.mem_layers, layer) for layer in range(1, cfg.n_layers + 1)]
-        shared = shared_state(cfg, plan)
+        self.plan = [layer_sublayers(cfg, self.mem_layers, layer) for layer in range(1, cfg.n_layers + 1)]
+        shared = shared_state(cfg, self.plan)
         self.blocks = nn.ModuleList(Block([SUBLAYERS[name](cfg, layer, shared) for name in names], D, cfg.dropout,
-                                          cfg.pre_norm) for layer, names in enumerate(plan, 1))
+                                          cfg.pre_norm) for layer, names in enumerate(self.plan, 1))
         self.final_norm = nn.LayerNorm(D) if cfg.pre_norm else nn.Identity()
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
@@ -125,9 +125,16 @@ class TransformerLM(nn.Module):
             m.sparse_values = flag
 
     def param_counts(self) -> dict[str, int]:
+        """total = dense + memory_values; then the dense parameters of each sublayer type (summed over
+        layers; norms and embeddings in none of them)."""
         total = sum(p.numel() for p in self.parameters())
         values = sum(p.numel() for p in self.memory_value_parameters())
-        return {"total": total, "dense": total - values, "memory_values": values}
+        counts = {"total": total, "dense": total - values, "memory_values": values}
+        for names, block in zip(self.plan, self.blocks):
+            for name, f in zip(names, block.sublayers):
+                dense = sum(p.numel() for p in f.parameters() if not getattr(p, "is_memory_value", False))
+                counts[name] = counts.get(name, 0) + dense
+        return counts
 
     def dense_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward; forward alone is 1/3 of it): each block's
