@@ -188,15 +188,16 @@ def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, code
                keep_intermediate: bool = False, executor: Executor | None = None) -> dict:
     """Run the pipeline; return {step: seconds} (steps skipped on a re-run take ~0 s)."""
     out, work = Path(output), Path(output) / "work"
+    options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
     with OutputLock(out), executor:
         _remove_temporary_files(out)
-        return _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, keep_intermediate, executor)
+        return _run(inputs, out, work, options, codes, keep_intermediate, executor)
 
 
-def _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, keep_intermediate, executor) -> dict:
-    """The body of `preprocess`, run while the executor (and its worker pool) is open."""
+def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb) -> dict:
+    """The options that must match on a re-run, after checking the inputs and the codes."""
     for p in inputs:
         if not Path(p).is_file():
             raise CorpusError(f"input file not found: {p}")
@@ -207,8 +208,12 @@ def _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_m
         codes_digest = hashlib.sha256(Path(codes).read_bytes()).hexdigest()
     elif n_codes < 1:
         raise PlanError(f"--bpe-codes must be positive, got {n_codes}")
-    options = {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
-               "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
+    return {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
+            "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
+
+
+def _run(inputs, out, work, options, codes, keep_intermediate, executor) -> dict:
+    """The body of `preprocess`, run while holding the output lock and the executor's worker pool."""
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     plan = _load_plan(out, inputs, options, executor)
@@ -240,7 +245,7 @@ def _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_m
     if codes:
         step("codes", _concatenate, [Path(codes)], out / "codes")
     elif not (out / "codes").exists():
-        step("learnbpe", learn_codes, n_codes, train_tok, out / "codes")
+        step("learnbpe", learn_codes, options["n_codes"], train_tok, out / "codes")
     check_codes(out / "codes")
     step("apply_bpe", executor.map, _call_apply_bpe, [(t, b, out / "codes", None) for t, b in zip(train_tok, train_bpe)],
          "apply BPE", sizes)
