@@ -32,9 +32,26 @@ def write_error(path: Path, error: OSError) -> OutputError:
     return OutputError(f"cannot write {path}: {error.strerror or error}")
 
 
+class _Output:
+    """A file whose failed writes raise OutputError naming the final path."""
+
+    def __init__(self, file, path: Path):
+        self._file, self._path = file, path
+
+    def write(self, data):
+        try:
+            return self._file.write(data)
+        except OSError as e:
+            raise write_error(self._path, e) from None
+
+    def __getattr__(self, name):
+        return getattr(self._file, name)
+
+
 @contextmanager
 def atomic_file(path: Path, mode: str = "wb", **open_kwargs):
     """Open a temporary file for `path`; on success flush it to disk and rename it to `path`.
+    Errors raised by the body (another file's OutputError, a read error) pass through unchanged.
 
         with atomic_file(out / "meta.json", "w") as f:
             f.write(text)
@@ -42,13 +59,21 @@ def atomic_file(path: Path, mode: str = "wb", **open_kwargs):
     path = Path(path)
     tmp = temporary_name(path)
     try:
-        with open(tmp, mode, **open_kwargs) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        file = open(tmp, mode, **open_kwargs)
     except OSError as e:
         raise write_error(path, e) from None
+    try:
+        with file:
+            yield _Output(file, path)
+            try:
+                file.flush()
+                os.fsync(file.fileno())
+            except OSError as e:
+                raise write_error(path, e) from None
+        try:
+            os.replace(tmp, path)
+        except OSError as e:
+            raise write_error(path, e) from None
     finally:
         tmp.unlink(missing_ok=True)
 

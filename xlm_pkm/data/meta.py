@@ -18,18 +18,12 @@ import json
 from pathlib import Path
 
 from .dictionary import Dictionary
-from .shard import ShardError, read_header, shard_paths
-
-HASH_BLOCK = 1 << 24
+from .shard import ShardError, hash_file, read_header, shard_paths
 
 
 def file_digest(path: Path) -> str:
     """blake2b (16-byte digest, hex) of a file's bytes."""
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as f:
-        while block := f.read(HASH_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
+    return hash_file(path, hashlib.blake2b(digest_size=16)).hexdigest()
 
 
 def file_record(path: Path) -> dict:

@@ -107,14 +107,19 @@ def read_header(path: Path, fingerprint: str | None = None) -> Header:
     return Header(np.dtype(np.uint16 if width == 2 else np.uint32), n_tokens, n_docs, fp, checksum, max_id)
 
 
+def hash_file(path: Path, digest, start: int = 0):
+    """Update a hashlib object with the bytes of a file from offset `start` (one sequential read)."""
+    with open(path, "rb") as f:
+        f.seek(start)
+        while block := f.read(HASH_BLOCK):
+            digest.update(block)
+    return digest
+
+
 def verify_checksum(path: Path, header: Header) -> None:
-    """Recompute the checksum of the bytes after the header (one sequential read of the file)."""
-    digest = _checksum()
+    """Recompute the checksum of the bytes after the header."""
     try:
-        with open(path, "rb") as f:
-            f.seek(HEADER_SIZE)
-            while block := f.read(HASH_BLOCK):
-                digest.update(block)
+        digest = hash_file(path, _checksum(), HEADER_SIZE)
     except OSError as e:
         raise ShardError(f"cannot read shard {path}: {e.strerror}") from None
     if digest.digest() != header.checksum:
