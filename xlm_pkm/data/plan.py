@@ -126,9 +126,12 @@ class Plan:
 
     @classmethod
     def load(cls, path: Path) -> "Plan":
-        d = json.loads(path.read_text())
-        d["scans"] = [FileScan(**s) for s in d["scans"]]
-        return cls(**d)
+        try:
+            d = json.loads(path.read_text())
+            d["scans"] = [FileScan(**s) for s in d["scans"]]
+            return cls(**d)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise PlanError(f"cannot read {path} ({e}): use another --output or delete it") from None
 
 
 def make_plan(inputs: list[list], options: dict, scans: list[FileScan]) -> Plan:
