@@ -61,17 +61,26 @@ def articles(raw_dir: Path):
 
 
 def export(raw_dir: Path, out_dir: Path, per_file: int) -> None:
+    """Write the articles in files of `per_file`, each under a temporary name renamed when complete."""
+    if not raw_dir.is_dir():
+        raise SystemExit(f"error: raw directory not found: {raw_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    n, f = 0, None
+    n, f, path = 0, None, None
+
+    def finish() -> None:
+        f.close()
+        os.replace(f.name, path)
+
     for article in articles(raw_dir):
         if n % per_file == 0:
             if f:
-                f.close()
-            f = gzip.open(out_dir / f"ccnews.{n // per_file:04d}.jsonl.gz", "wt", encoding="utf-8")
+                finish()
+            path = out_dir / f"ccnews.{n // per_file:04d}.jsonl.gz"
+            f = gzip.open(path.with_name(f"{path.name}.{os.getpid()}.tmp"), "wt", encoding="utf-8")
         f.write(json.dumps(article, ensure_ascii=False) + "\n")
         n += 1
     if f:
-        f.close()
+        finish()
     if n == 0:
         raise SystemExit(f"error: no English articles found in {raw_dir}/*.jsonl")
     print(f"exported {n} articles to {out_dir}")

@@ -10,14 +10,15 @@
 # SEED (0), WORKERS (all cores), PYTHON; extra arguments after DATA_DIR go to the preprocessing
 # (e.g. --slurm-partition learnfair to spread the chunks over SLURM array jobs).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 data=${1:-data/ccnews}
 [ $# -gt 0 ] && shift
-py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+py=${PYTHON:-$([ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}
 if [ "${SKIP_DOWNLOAD:-0}" != 1 ]; then
-  "$py" scripts/ccnews.py download "$data/raw" ${START:+--start "$START"} ${END:+--end "$END"}
+  "$py" "$repo/scripts/ccnews.py" download "$data/raw" ${START:+--start "$START"} ${END:+--end "$END"}
 fi
-"$py" scripts/ccnews.py export "$data/raw" "$data/jsonl"
-scripts/preprocess.sh "$data/processed" "$data"/jsonl/ccnews.*.jsonl.gz -- \
+"$py" "$repo/scripts/ccnews.py" export "$data/raw" "$data/jsonl"
+"$repo/scripts/preprocess.sh" "$data/processed" "$data"/jsonl/ccnews.*.jsonl.gz -- \
   --bpe-codes "${CODES:-60000}" --valid-docs "${VALID_DOCS:-5000}" --test-docs "${TEST_DOCS:-5000}" \
   --seed "${SEED:-0}" "$@"

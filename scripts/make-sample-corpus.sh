@@ -2,8 +2,10 @@
 # Rebuilds data/sample/python-docs.jsonl.xz: the reStructuredText sources of the Python 3.11
 # documentation (Debian package python3.11-doc, PSF licence), one source file = one document.
 # Needs apt-get (Debian/Ubuntu) and xz. Usage: scripts/make-sample-corpus.sh [OUTPUT]
+# (OUTPUT relative to the current directory; default: the repository's data/sample/python-docs.jsonl.xz)
 set -euo pipefail
-out=${1:-data/sample/python-docs.jsonl.xz}
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-$repo/data/sample/python-docs.jsonl.xz}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 (cd "$work" && apt-get download python3.11-doc && dpkg -x python3.11-doc_*.deb root)

@@ -4,7 +4,8 @@
 #   e.g. scripts/preprocess.sh data/processed/ccnews data/ccnews/jsonl/*.jsonl.gz -- --bpe-codes 60000
 # Environment: PYTHON (default .venv/bin/python, else python3), WORKERS (default: all cores).
 set -euo pipefail
-cd "$(dirname "$0")/.."
+repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 if [ $# -lt 2 ]; then
   sed -n '2,5p' "$0" >&2
   exit 2
@@ -13,6 +14,6 @@ out=$1; shift
 inputs=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do inputs+=("$1"); shift; done
 [ $# -gt 0 ] && shift
-py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+py=${PYTHON:-$([ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}
 exec "$py" -m xlm_pkm.data.preprocess --input "${inputs[@]}" --output "$out" \
   --workers "${WORKERS:-$(nproc)}" "$@"

@@ -1,4 +1,4 @@
-"""TokenStream: contiguity, rank disjointness, determinism, exact resume, evaluation pass."""
+"""TokenStream: contiguity, shuffled blocks, rank disjointness, determinism, exact resume, evaluation pass."""
 
 from __future__ import annotations
 
@@ -20,13 +20,34 @@ def test_blocks_are_contiguous_text(tiny_data_dir):
     tokens = split_tokens(tiny_data_dir, "train")
     stream = TokenStream(tiny_data_dir, "train", batch_size=4, bptt=16, seed=0)
     assert stream.total == len(tokens) and stream.dictionary.bos == 0
-    batches = list(islice(stream, 3))
-    for x, y in batches:
+    for x, y in islice(stream, 3):
         assert x.shape == y.shape == (4, 16) and x.dtype == torch.int64
         assert torch.equal(x[:, 1:], y[:, :-1])
-    row = torch.cat([x[1] for x, _ in batches]).numpy()  # stream 1 read over three steps
-    start = int(np.flatnonzero(np.lib.stride_tricks.sliding_window_view(tokens, 48).__eq__(row).all(1))[0])
-    assert tokens[start: start + 48].tolist() == row.tolist()
+        for row, target in zip(x.numpy(), y.numpy()):
+            start = int(np.flatnonzero(np.lib.stride_tricks.sliding_window_view(tokens, 16).__eq__(row).all(1))[0])
+            assert tokens[start + 1: start + 17].tolist() == target.tolist()
+
+
+def in_order_blocks(tokens, offset, n_streams, rank, batch_size, bptt):
+    """Reference: the full (batch, bptt + 1) blocks of an epoch read in order, as lists of rows."""
+    stream_len = (len(tokens) - offset - 1) // n_streams
+    first = [offset + (rank * batch_size + b) * stream_len for b in range(batch_size)]
+    return [[tokens[s + t: s + t + bptt + 1].tolist() for s in first] for t in range(0, stream_len // bptt * bptt, bptt)]
+
+
+def test_train_epochs_read_every_block_once_in_a_seeded_shuffled_order(tiny_data_dir):
+    tokens = split_tokens(tiny_data_dir, "train")
+    orders = []
+    for rank in range(2):
+        stream = TokenStream(tiny_data_dir, "train", batch_size=2, bptt=16, rank=rank, world_size=2, seed=3)
+        expected = [in_order_blocks(tokens, stream._offset(epoch), 4, rank, 2, 16) for epoch in range(1 + rank)]
+        batches = iter(stream)
+        for blocks in expected:
+            read = [torch.cat([x, y[:, -1:]], 1).tolist() for x, y in islice(batches, len(blocks))]
+            assert sorted(read) == sorted(blocks)
+            orders.append([blocks.index(block) for block in read])
+    assert orders[0] == orders[1] != sorted(orders[0])  # ranks share the order, which is not the file order
+    assert orders[2] != orders[1]  # epochs differ
 
 
 def test_eval_pass_predicts_every_token_once_and_ranks_are_disjoint(tiny_data_dir):

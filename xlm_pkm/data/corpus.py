@@ -5,6 +5,8 @@ Formats, chosen by file name (after an optional `.gz` / `.xz` / `.bz2` suffix):
   * anything else: plain text, documents separated by one or more blank lines (whitespace-only
     lines count as blank).
 Bytes that are not UTF-8 are replaced by U+FFFD and counted (`Reader.replaced`: invalid sequences), never fatal.
+A file that is not text (a NUL byte, or over 10% of the characters of its first 64 KB replacement or
+control characters: an executable, an image) is refused. A UTF-8 byte-order mark is dropped.
 Documents with no non-blank text are skipped, so every document yielded has at least one line.
 """
 
@@ -18,6 +20,10 @@ from pathlib import Path
 from typing import Iterator
 
 REPLACEMENT_UTF8 = "\ufffd".encode()
+BOM = "\ufeff"
+SNIFF_BYTES = 1 << 16
+MAX_NON_TEXT = 0.1  # share of replacement / control characters above which a file is not text
+TEXT_CONTROLS = set("\t\n\r\f\v")
 OPENERS = {".gz": gzip.open, ".xz": lzma.open, ".bz2": bz2.open}
 
 
@@ -42,12 +48,25 @@ class Reader:
         if not self.path.is_file():
             raise CorpusError(f"input file not found: {self.path}")
 
+    def _check_text(self, head: bytes) -> None:
+        """Refuse a file whose first bytes are not text."""
+        text = head.decode("utf-8", errors="replace")
+        bad = sum(1 for c in text if c == "\ufffd" or (c < " " and c not in TEXT_CONTROLS) or c == "\x7f")
+        if b"\0" in head or bad > MAX_NON_TEXT * len(text):
+            what = "NUL bytes" if b"\0" in head else f"{bad / len(text):.0%} of the characters are not text"
+            raise CorpusError(f"{self.path} is not text ({what} in its first {len(head)} bytes): "
+                              "expected UTF-8 text or JSONL (.gz/.xz/.bz2 allowed)")
+
     def _lines(self) -> Iterator[str]:
         opener = OPENERS.get(self.path.suffix, open)
         try:
             with opener(self.path, "rb") as raw:
-                for line in raw:
+                self._check_text(raw.read(SNIFF_BYTES))
+            with opener(self.path, "rb") as raw:
+                for n, line in enumerate(raw):
                     text = line.decode("utf-8", errors="replace")
+                    if n == 0 and text.startswith(BOM):
+                        text = text[1:]
                     if "\ufffd" in text:
                         self.replaced += text.count("\ufffd") - line.count(REPLACEMENT_UTF8)
                     yield text

@@ -3,17 +3,44 @@ jobs through submitit (`slurm_partition`; on a machine without SLURM submitit ru
 processes). Results come back in task order; a tqdm bar counts the MB done.
 
 Use it as a context manager: the worker pool (forkserver processes, heavy imports done once)
-is started by the first parallel `map` and reused by the next ones until exit."""
+is started by the first parallel `map` and reused by the next ones until exit. Workers die with the
+process that started them, even when it is killed (SIGKILL): a watchdog thread in each worker polls
+that process, and on Linux the kernel also kills a worker whose parent (the forkserver) dies."""
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
+import os
+import signal
+import sys
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from tqdm import tqdm
+
+PR_SET_PDEATHSIG = 1
+WATCHDOG_SECONDS = 0.2
+
+
+def _watch(pid: int) -> None:
+    while True:
+        time.sleep(WATCHDOG_SECONDS)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            os._exit(1)
+
+
+def _die_with(pid: int) -> None:
+    """Worker initializer: end this worker when process `pid` (the one that started the pool) ends."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    threading.Thread(target=_watch, args=(pid,), daemon=True, name="watchdog").start()
 
 
 @dataclass
@@ -37,7 +64,8 @@ class Executor:
         if self._pool is None:
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["numpy", "sacremoses", "fastBPE"])
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=context)
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=context, initializer=_die_with,
+                                             initargs=(os.getpid(),))
         return self._pool
 
     def map(self, fn: Callable, tasks: Sequence, desc: str, sizes_mb: Sequence[float]) -> list:

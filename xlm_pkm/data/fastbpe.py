@@ -3,16 +3,26 @@
 The binary is found by `find_fastbpe()`: the FASTBPE environment variable, then
 `<repo>/tools/fastbpe/fast` (built by `make install`), then `fast` or `fastbpe` on PATH.
 fastBPE aborts on a malformed codes file, so `check_codes` validates one first.
+
+When asked for more merges than the corpus allows, `fast learnbpe` pads its output with `a b 0` lines
+(the last pair repeated, count 0: a malformed file); `learn_codes` keeps the merges before the first
+count-0 line and says how many the corpus allowed. Outputs are read from fastBPE's standard output
+and written by Python (atomic.py), so a full disk is an error, never a truncated file.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
+import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from .atomic import atomic_file
+
+log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,12 +40,12 @@ def find_fastbpe() -> str:
     raise FastBPEError("fastBPE command-line tool not found: run `make install` or set FASTBPE=/path/to/fast")
 
 
-def _run_on_stream(args: list[str], inputs: list[Path], output: Path) -> None:
-    """Run `fast ARGS -` with the concatenation of `inputs` on stdin and stdout written to `output`."""
-    tmp = output.with_name(output.name + ".tmp")
-    with open(tmp, "wb") as out:
-        proc = subprocess.Popen([find_fastbpe(), *args, "-"], stdin=subprocess.PIPE, stdout=out,
-                                stderr=subprocess.PIPE)
+def _run_on_stream(args: list[str], inputs: list[Path], output: Path) -> bytes:
+    """Standard output of `fast ARGS -` with the concatenation of `inputs` on stdin (`output` names the
+    file being made, for the error message). learnbpe and getvocab read all their input before writing."""
+    with tempfile.TemporaryFile() as stderr:
+        proc = subprocess.Popen([find_fastbpe(), *args, "-"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=stderr)
         try:
             for path in inputs:
                 with open(path, "rb") as f:
@@ -43,21 +53,37 @@ def _run_on_stream(args: list[str], inputs: list[Path], output: Path) -> None:
         except BrokenPipeError:
             pass
         proc.stdin.close()
-        stderr = proc.stderr.read().decode(errors="replace")
+        result = proc.stdout.read()
         if proc.wait() != 0:
-            last = stderr.strip().splitlines()[-1:] or ["no message"]
+            stderr.seek(0)
+            last = stderr.read().decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
             raise FastBPEError(f"fastBPE {args[0]} failed writing {output}: {last[0]}")
-    os.replace(tmp, output)
+    return result
 
 
-def learn_codes(n_codes: int, inputs: list[Path], output: Path) -> None:
-    """`fast learnbpe n_codes` on the concatenated tokenized text; codes file written atomically."""
-    _run_on_stream(["learnbpe", str(n_codes)], inputs, output)
+def learn_codes(n_codes: int, inputs: list[Path], output: Path) -> int:
+    """`fast learnbpe n_codes` on the concatenated tokenized text, stopped at the last merge the corpus
+    allows; codes file written atomically. Returns the number of codes."""
+    lines = _run_on_stream(["learnbpe", str(n_codes)], inputs, output).splitlines(keepends=True)
+    n = next((i for i, line in enumerate(lines) if line.split()[2:3] == [b"0"]), len(lines))
+    if n == 0:
+        raise FastBPEError(f"the corpus allows no BPE merge: cannot write {output} (is the training text empty?)")
+    if n < n_codes:
+        log.warning("the corpus allows only %d BPE merges (%d requested): %s has %d codes", n, n_codes, output, n)
+    with atomic_file(output) as f:
+        f.write(b"".join(lines[:n]))
+    try:
+        check_codes(output)
+    except FastBPEError:
+        output.unlink()  # never keep a bad codes file: the next run would fail on it again
+        raise
+    return n
 
 
 def get_vocab(inputs: list[Path], output: Path) -> None:
     """`fast getvocab` on the concatenated BPE text: `word count` lines, count-descending."""
-    _run_on_stream(["getvocab"], inputs, output)
+    with atomic_file(output) as f:
+        f.write(_run_on_stream(["getvocab"], inputs, output))
 
 
 def check_codes(path: Path) -> int:

@@ -12,6 +12,8 @@ and the document index at which each 256 KB block of text starts. From these:
   one makes shards of ~64 MB of text). A chunk is the unit of work and gives one train shard.
 
 The plan is saved as `DIR/plan.json`; a re-run with other inputs or options into the same DIR is refused.
+Inputs are identified by content: (path, size, blake2b of the bytes), so a file whose modification
+time changed but whose bytes did not (a git checkout, a copy) is the same input.
 """
 
 from __future__ import annotations
@@ -24,7 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
+from .atomic import write_text
 from .corpus import CorpusError, Reader
+from .meta import file_digest
 
 BLOCK_BYTES = 1 << 18  # chunks are made of 256 KB blocks
 MB = 1 << 20
@@ -69,9 +73,12 @@ def scan_file(path: str) -> FileScan:
     return FileScan(str(path), n_docs, n_bytes, block_starts, reader.replaced)
 
 
-def inputs_signature(inputs: list[str]) -> list[list]:
-    """(path, size, mtime) of each input, to recognise the same corpus on a re-run."""
-    return [[str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns] for p in inputs]
+def input_identity(path: str) -> list:
+    """[absolute path, size, blake2b hex] of an input, to recognise the same corpus on a re-run."""
+    try:
+        return [str(Path(path).resolve()), os.stat(path).st_size, file_digest(Path(path))]
+    except OSError as e:
+        raise CorpusError(f"cannot read {path}: {e.strerror}") from None
 
 
 def default_chunk_mb(total_bytes: int) -> float:
@@ -115,19 +122,20 @@ class Plan:
         return make_chunks(self.scans, self.chunk_mb)
 
     def save(self, path: Path) -> None:
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self)))
-        os.replace(tmp, path)
+        write_text(path, json.dumps(asdict(self)))
 
     @classmethod
     def load(cls, path: Path) -> "Plan":
-        d = json.loads(path.read_text())
-        d["scans"] = [FileScan(**s) for s in d["scans"]]
-        return cls(**d)
+        try:
+            d = json.loads(path.read_text())
+            d["scans"] = [FileScan(**s) for s in d["scans"]]
+            return cls(**d)
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise PlanError(f"cannot read {path} ({e}): use another --output or delete it") from None
 
 
-def make_plan(inputs: list[str], options: dict, scans: list[FileScan]) -> Plan:
-    """Choose the held-out documents and the chunk size from the scans of `inputs`.
+def make_plan(inputs: list[list], options: dict, scans: list[FileScan]) -> Plan:
+    """Choose the held-out documents and the chunk size from the scans of the inputs (`input_identity`s).
 
     `options` holds valid_docs, test_docs, seed and chunk_mb (None: automatic), plus anything else
     that must match on a re-run."""
@@ -140,5 +148,5 @@ def make_plan(inputs: list[str], options: dict, scans: list[FileScan]) -> Plan:
     for s in scans:
         if s.replaced:
             log.warning("%s: replaced %d invalid UTF-8 sequences with U+FFFD", s.path, s.replaced)
-    return Plan(inputs_signature(inputs), options, scans, chunk_mb,
+    return Plan(inputs, options, scans, chunk_mb,
                 sorted(int(i) for i in held_out[:valid]), sorted(int(i) for i in held_out[valid:]))

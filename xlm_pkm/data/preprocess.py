@@ -12,8 +12,12 @@ Steps (see plan.py for the held-out split and the chunks):
   4. apply BPE to the train text with the fastBPE binding (same bytes as `fast applybpe`);
   5. DIR/vocab with `fast getvocab` on the train BPE text; valid/test BPE is limited to it, as in XLM;
   6. binarize: one DIR/train.NNN.bin per chunk, DIR/valid.000.bin, DIR/test.000.bin (shard.py),
-     and DIR/meta.json. With --keep-intermediate, DIR/{train,valid,test}.{tok,bpe} too.
-Every output is written under a temporary name and renamed; a re-run skips finished work.
+     and DIR/meta.json, written last (meta.py). With --keep-intermediate, DIR/{train,valid,test}.{tok,bpe} too.
+Every output is written under a temporary name unique to its process and renamed (atomic.py); a
+write that fails (disk full, read-only) is a one-line error and leaves the previous file. One run at a
+time holds DIR (lock.py); its workers die with it. A re-run skips finished work: DIR is complete only
+when meta.json records these inputs and options and every file it lists is intact (re-hashed); a
+damaged output is rebuilt. A DIR holding outputs but no plan.json is refused (not ours to trust).
 Documents that are empty after tokenization are dropped.
 """
 
@@ -27,16 +31,20 @@ import os
 import shutil
 import sys
 import time
+from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
+from .atomic import OutputError, atomic_file, is_temporary, write_text
 from .corpus import CorpusError, Reader, document_lines
 from .dictionary import Dictionary, DictionaryError
 from .executor import Executor
 from .fastbpe import FastBPEError, bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
+from .lock import OutputLock
+from .meta import file_record, verify_outputs
 from .moses import tokenize_line
-from .plan import MB, Chunk, Plan, PlanError, inputs_signature, make_plan, scan_file
-from .shard import ShardError, ShardWriter, is_complete, token_dtype
+from .plan import MB, Chunk, Plan, PlanError, input_identity, make_plan, scan_file
+from .shard import ShardError, ShardWriter, is_complete, read_header, token_dtype
 
 SPLITS = ("train", "valid", "test")
 HELD_OUT = ("valid", "test")
@@ -48,31 +56,24 @@ def work_file(work: Path, chunk: int, split: str, kind: str) -> Path:
     return work / f"{chunk:05d}.{split}.{kind}"
 
 
-def _publish(tmp_paths: list[Path]) -> None:
-    for tmp in tmp_paths:
-        os.replace(tmp, tmp.with_suffix(""))
-
-
 def tokenize_chunk(work: Path, held_out: dict[str, list[int]], chunk: Chunk) -> None:
     """Tokenize the documents of a chunk into one .tok file per split (held-out ones by global index)."""
     outputs = [work_file(work, chunk.index, split, "tok") for split in SPLITS]
     if all(p.exists() for p in outputs):
         return
     split_of = {g: split for split in HELD_OUT for g in held_out[split]}
-    tmps = [p.with_name(p.name + ".tmp") for p in outputs]
-    files = {split: open(tmp, "w", encoding="utf-8", newline="\n") for split, tmp in zip(SPLITS, tmps)}
-    for index, text in enumerate(Reader(chunk.path)):
-        if index < chunk.doc_start:
-            continue
-        if index >= chunk.doc_stop:
-            break
-        lines = [tok for tok in map(tokenize_line, document_lines(text)) if tok]
-        if lines:
-            split = split_of.get(chunk.global_start + index - chunk.doc_start, "train")
-            files[split].write("\n".join(lines) + "\n\n")
-    for f in files.values():
-        f.close()
-    _publish(tmps)
+    with ExitStack() as stack:
+        files = {split: stack.enter_context(atomic_file(p, "w", encoding="utf-8", newline="\n"))
+                 for split, p in zip(SPLITS, outputs)}
+        for index, text in enumerate(Reader(chunk.path)):
+            if index < chunk.doc_start:
+                continue
+            if index >= chunk.doc_stop:
+                break
+            lines = [tok for tok in map(tokenize_line, document_lines(text)) if tok]
+            if lines:
+                split = split_of.get(chunk.global_start + index - chunk.doc_start, "train")
+                files[split].write("\n".join(lines) + "\n\n")
 
 
 def apply_bpe(src: Path, dst: Path, codes: Path, vocab: Path | None) -> None:
@@ -80,8 +81,7 @@ def apply_bpe(src: Path, dst: Path, codes: Path, vocab: Path | None) -> None:
     if dst.exists():
         return
     applier = bpe_applier(codes, vocab)
-    tmp = dst.with_name(dst.name + ".tmp")
-    with open(src, encoding="utf-8", newline="\n") as fin, open(tmp, "w", encoding="utf-8", newline="\n") as fout:
+    with open(src, encoding="utf-8", newline="\n") as fin, atomic_file(dst, "w", encoding="utf-8", newline="\n") as fout:
         batch: list[str] = []
         for line in fin:
             batch.append(line.rstrip("\n"))
@@ -90,7 +90,6 @@ def apply_bpe(src: Path, dst: Path, codes: Path, vocab: Path | None) -> None:
                 batch = []
         if batch:
             fout.write("\n".join(applier.apply(batch)) + "\n")
-    os.replace(tmp, dst)
 
 
 def bpe_documents(paths: list[Path], dictionary: Dictionary):
@@ -127,33 +126,61 @@ def binarize_chunk(out: Path, work: Path, chunk: int) -> None:
 
 
 def _concatenate(paths: list[Path], dst: Path) -> None:
-    tmp = dst.with_name(dst.name + ".tmp")
-    with open(tmp, "wb") as fout:
+    with atomic_file(dst) as fout:
         for p in paths:
             with open(p, "rb") as fin:
                 shutil.copyfileobj(fin, fout, 1 << 20)
-    os.replace(tmp, dst)
+
+
+def _outputs_without_plan(out: Path) -> list[str]:
+    """Names in `out` that a preprocessing run writes after plan.json."""
+    ours = {"meta.json", "codes", "vocab"} | {f"{s}.{k}" for s in SPLITS for k in ("tok", "bpe")}
+    return sorted(p.name for p in out.iterdir() if p.name in ours or (p.suffix == ".bin" and p.name.split(".")[0] in SPLITS))
 
 
 def _load_plan(out: Path, inputs: list[str], options: dict, executor: Executor) -> Plan:
     path = out / "plan.json"
+    sizes = [os.path.getsize(p) / MB for p in inputs]
+    identities = executor.map(input_identity, inputs, "hash inputs", sizes)
     if path.exists():
         plan = Plan.load(path)
-        if plan.inputs != inputs_signature(inputs) or plan.options != options:
+        if plan.inputs != identities or plan.options != options:
             raise PlanError(f"{out} holds the output of other inputs or options (see {path}): use another --output or delete it")
         return plan
-    scans = executor.map(scan_file, inputs, "scan", [os.path.getsize(p) / MB for p in inputs])
-    plan = make_plan(inputs, options, scans)
+    found = _outputs_without_plan(out)
+    if found:
+        raise PlanError(f"{out} holds {', '.join(found[:4])}{' ...' if len(found) > 4 else ''} but no plan.json: "
+                        "not the output of these inputs; use another --output or delete them")
+    scans = executor.map(scan_file, inputs, "scan", sizes)
+    plan = make_plan(identities, options, scans)
     plan.save(path)
     return plan
 
 
-def _complete(out: Path, chunks: list[Chunk]) -> bool:
-    if not (out / "codes").exists() or not (out / "vocab").exists():
-        return False
-    fp = Dictionary.load(out / "vocab").fingerprint()
-    shards = [out / f"train.{c.index:03d}.bin" for c in chunks] + [out / f"{s}.000.bin" for s in HELD_OUT]
-    return all(is_complete(p, fp) for p in shards)
+def _remove_temporary_files(out: Path) -> None:
+    """Temporary files left by killed runs (this run holds the lock: none is in use)."""
+    for directory in (out, out / "work"):
+        if directory.is_dir():
+            for p in directory.iterdir():
+                if is_temporary(p) and p.is_file():
+                    p.unlink()
+
+
+def _plan_record(plan: Plan) -> dict:
+    return {"inputs": plan.inputs, "options": plan.options}
+
+
+def _is_complete(out: Path, plan: Plan) -> bool:
+    """True when meta.json proves `out` complete; else removes meta.json and the damaged files it lists."""
+    problem, damaged = verify_outputs(out, _plan_record(plan))
+    if problem is None:
+        return True
+    if (out / "meta.json").exists():
+        log.warning("%s: rebuilding what is missing or damaged", problem)
+        (out / "meta.json").unlink()
+    for path in damaged:
+        path.unlink(missing_ok=True)
+    return False
 
 
 def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, codes: str | None = None,
@@ -161,14 +188,16 @@ def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, code
                keep_intermediate: bool = False, executor: Executor | None = None) -> dict:
     """Run the pipeline; return {step: seconds} (steps skipped on a re-run take ~0 s)."""
     out, work = Path(output), Path(output) / "work"
+    options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
-    with executor:
-        return _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, keep_intermediate, executor)
+    with OutputLock(out), executor:
+        _remove_temporary_files(out)
+        return _run(inputs, out, work, options, codes, keep_intermediate, executor)
 
 
-def _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, keep_intermediate, executor) -> dict:
-    """The body of `preprocess`, run while the executor (and its worker pool) is open."""
+def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb) -> dict:
+    """The options that must match on a re-run, after checking the inputs and the codes."""
     for p in inputs:
         if not Path(p).is_file():
             raise CorpusError(f"input file not found: {p}")
@@ -179,18 +208,24 @@ def _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_m
         codes_digest = hashlib.sha256(Path(codes).read_bytes()).hexdigest()
     elif n_codes < 1:
         raise PlanError(f"--bpe-codes must be positive, got {n_codes}")
-    options = {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
-               "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
-    out.mkdir(parents=True, exist_ok=True)
+    return {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
+            "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
+
+
+def _run(inputs, out, work, options, codes, keep_intermediate, executor) -> dict:
+    """The body of `preprocess`, run while holding the output lock and the executor's worker pool."""
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     plan = _load_plan(out, inputs, options, executor)
     chunks = plan.chunks()
     times["scan"] = time.perf_counter() - t0
-    if _complete(out, chunks):
+    if _is_complete(out, plan):
         log.info("%s is complete: nothing to do", out)
         return times
-    work.mkdir(exist_ok=True)
+    try:
+        work.mkdir(exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot write {work}: {e.strerror}") from None
     sizes = [c.n_bytes / MB for c in chunks]
     log.info("%d documents, %.1f MB of text, %d chunks of ~%g MB, %d workers", plan.n_docs, plan.n_bytes / MB,
              len(chunks), plan.chunk_mb, min(executor.workers, len(chunks)))
@@ -210,7 +245,7 @@ def _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_m
     if codes:
         step("codes", _concatenate, [Path(codes)], out / "codes")
     elif not (out / "codes").exists():
-        step("learnbpe", learn_codes, n_codes, train_tok, out / "codes")
+        step("learnbpe", learn_codes, options["n_codes"], train_tok, out / "codes")
     check_codes(out / "codes")
     step("apply_bpe", executor.map, _call_apply_bpe, [(t, b, out / "codes", None) for t, b in zip(train_tok, train_bpe)],
          "apply BPE", sizes)
@@ -222,7 +257,7 @@ def _run(inputs, out, work, n_codes, codes, valid_docs, test_docs, seed, chunk_m
         for split in SPLITS:
             for kind in ("tok", "bpe"):
                 _concatenate([work_file(work, c.index, split, kind) for c in chunks], out / f"{split}.{kind}")
-    _write_meta(out, plan, len(chunks), dictionary, times)
+    _write_meta(out, plan, chunks, dictionary, keep_intermediate, times)
     shutil.rmtree(work)
     return times
 
@@ -248,14 +283,23 @@ def _binarize_all(out: Path, work: Path, chunks: list[Chunk], executor: Executor
         binarize([work_file(work, c.index, split, "bpe") for c in chunks], out / f"{split}.000.bin", dictionary)
 
 
-def _write_meta(out: Path, plan: Plan, n_chunks: int, dictionary: Dictionary, times: dict) -> None:
+def _write_meta(out: Path, plan: Plan, chunks: list[Chunk], dictionary: Dictionary, keep_intermediate: bool,
+                times: dict) -> None:
+    """meta.json, written last: statistics, the plan, each split's shards and a record of every output."""
+    shards = {"train": [f"train.{c.index:03d}.bin" for c in chunks], **{s: [f"{s}.000.bin"] for s in HELD_OUT}}
+    splits = {}
+    for split, names in shards.items():
+        headers = [read_header(out / name, dictionary.fingerprint()) for name in names]
+        splits[split] = [{"file": name, "tokens": h.n_tokens, "docs": h.n_docs} for name, h in zip(names, headers)]
+    names = ["plan.json", "codes", "vocab"] + sum(shards.values(), [])
+    if keep_intermediate:
+        names += [f"{split}.{kind}" for split in SPLITS for kind in ("tok", "bpe")]
     meta = {"inputs": [i[0] for i in plan.inputs], "documents": plan.n_docs, "text_mb": round(plan.n_bytes / MB, 3),
-            "replaced_utf8_sequences": sum(s.replaced for s in plan.scans), "chunks": n_chunks,
+            "replaced_utf8_sequences": sum(s.replaced for s in plan.scans), "chunks": len(chunks),
             "chunk_mb": plan.chunk_mb, "options": plan.options, "vocab_size": len(dictionary),
-            "fingerprint": dictionary.fingerprint(), "seconds": {k: round(v, 3) for k, v in times.items()}}
-    tmp = out / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, out / "meta.json")
+            "fingerprint": dictionary.fingerprint(), "seconds": {k: round(v, 3) for k, v in times.items()},
+            "plan": _plan_record(plan), "splits": splits, "files": {name: file_record(out / name) for name in names}}
+    write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -281,7 +325,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         times = preprocess(args.input, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
                            args.seed, args.chunk_mb, args.keep_intermediate, executor)
-    except (CorpusError, PlanError, FastBPEError, ShardError, DictionaryError) as e:
+    except (CorpusError, PlanError, FastBPEError, ShardError, DictionaryError, OutputError) as e:
         sys.exit(f"error: {e}")
     log.info("done in %.1f s: %s", sum(times.values()), args.output)
 

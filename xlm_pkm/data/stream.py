@@ -1,17 +1,22 @@
-"""Contiguous (batch, bptt) blocks of a split's token stream, for language-model training and evaluation.
+"""(batch, bptt) blocks of a split's token stream, for language-model training and evaluation.
 
-The split's shards, concatenated in order, form one token stream of N tokens: documents in input
-order, each starting with `<s>`, never shuffled. For an epoch starting at `offset`, the stream is cut
-into S = world_size * batch_size contiguous streams of L = (N - offset - 1) // S predicted tokens;
-stream s covers tokens [offset + s*L, offset + (s+1)*L] (consecutive streams share one token, so
-every token after the first is predicted exactly once). Rank r reads streams r*B .. r*B + B - 1, so
-ranks are disjoint. Each step yields x = the next bptt tokens of each stream and y = x shifted by one.
-The N - offset - 1 - S*L < S tokens that do not split evenly are dropped (the end of the split).
+The split's shards (checked against meta.json by `check_split`), concatenated in order, form one
+token stream of N tokens: documents in input order, each starting with `<s>`. For an epoch starting
+at `offset`, the stream is cut into S = world_size * batch_size contiguous streams of
+L = (N - offset - 1) // S predicted tokens; stream s covers tokens [offset + s*L, offset + (s+1)*L]
+(consecutive streams share one token, so every token after the first is predicted exactly once).
+Rank r reads streams r*B .. r*B + B - 1, so ranks are disjoint. Block j of an epoch is x = tokens
+[j*bptt, (j+1)*bptt) of each of the rank's streams and y = x shifted by one. The
+N - offset - 1 - S*L < S tokens that do not split evenly are dropped (the end of the split).
 
-* train=True: epochs forever; epoch e starts at a random offset in [0, bptt) drawn from
-  numpy.random.default_rng([seed, e]), so block boundaries change between epochs; only full blocks.
-* train=False: one pass from offset 0; the last block may be shorter (t <= bptt). Each new `iter()`
-  starts a new pass (or continues a pass restored by `load_state_dict`).
+* train=True: epochs forever; numpy.random.default_rng([seed, e]) draws epoch e's offset in
+  [0, bptt) (block boundaries change between epochs), then the order in which its full blocks are
+  read (a permutation, as XLM's stream reader shuffles its bptt blocks). All ranks share the order,
+  so they stay disjoint, and every block of an epoch is read once.
+* train=False: one pass from offset 0, blocks in order; the last block may be shorter (t <= bptt).
+  Each new `iter()` starts a new pass (or continues a pass restored by `load_state_dict`).
+
+A shard's checksum is verified the first time it is read (shard.py).
 
 `state_dict()` is {epoch, step, ...} as plain ints; all ranks advance in lockstep, so one rank's
 state resumes every rank. The iterator updates the state before yielding a batch: a state saved
@@ -27,7 +32,8 @@ import numpy as np
 import torch
 
 from .dictionary import Dictionary
-from .shard import Shard, ShardError, read_header, read_shard, shard_paths
+from .meta import check_split
+from .shard import Shard, ShardError, read_shard
 
 OPEN_SHARDS = 64  # memory maps kept open at once
 
@@ -36,16 +42,13 @@ class TokenStream:
     def __init__(self, data_dir: str | Path, split: str, batch_size: int, bptt: int, rank: int = 0,
                  world_size: int = 1, seed: int = 0, train: bool = True):
         data_dir = Path(data_dir)
-        if not data_dir.is_dir():
-            raise ShardError(f"data directory not found: {data_dir} (run xlm_pkm.data.preprocess)")
         if not 0 <= rank < world_size or batch_size < 1 or bptt < 1:
             raise ValueError(f"invalid stream: rank {rank} of world_size {world_size}, batch_size {batch_size}, bptt {bptt}")
+        shards = check_split(data_dir, split)
         self.dictionary = Dictionary.load(data_dir / "vocab")
-        self.paths = shard_paths(data_dir, split)
-        if not self.paths:
-            raise ShardError(f"no shards for split {split!r} in {data_dir} (expected {data_dir}/{split}.000.bin)")
-        fingerprint = self.dictionary.fingerprint()
-        sizes = [read_header(p, fingerprint)[1] for p in self.paths]
+        self.paths = [path for path, _ in shards]
+        sizes = [n for _, n in shards]
+        self._verified: set[int] = set()
         self.shard_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.total = int(self.shard_starts[-1])
         self.split, self.batch_size, self.bptt = split, batch_size, bptt
@@ -59,6 +62,14 @@ class TokenStream:
 
     def _offset(self, epoch: int) -> int:
         return int(np.random.default_rng([self.seed, epoch]).integers(self.bptt)) if self.train else 0
+
+    def _block_order(self, epoch: int, n_blocks: int) -> np.ndarray:
+        """The order in which the epoch's blocks are read: shuffled for training, in order for evaluation."""
+        if not self.train:
+            return np.arange(n_blocks)
+        rng = np.random.default_rng([self.seed, epoch])
+        rng.integers(self.bptt)  # the epoch's offset (_offset) is the generator's first draw
+        return rng.permutation(n_blocks)
 
     def _stream_len(self, offset: int) -> int:
         return (self.total - offset - 1) // (self.world_size * self.batch_size)
@@ -77,7 +88,8 @@ class TokenStream:
 
     def _shard(self, i: int) -> Shard:
         if i not in self._open:
-            self._open[i] = read_shard(self.paths[i], self.dictionary.fingerprint())
+            self._open[i] = read_shard(self.paths[i], self.dictionary.fingerprint(), verify=i not in self._verified)
+            self._verified.add(i)
             if len(self._open) > OPEN_SHARDS:
                 self._open.popitem(last=False)
         self._open.move_to_end(i)
@@ -99,8 +111,9 @@ class TokenStream:
             offset = self._offset(self.epoch)
             stream_len = self._stream_len(offset)
             first = offset + (self.rank * self.batch_size + np.arange(self.batch_size)) * stream_len
-            while self.step < self._steps(stream_len):
-                t0 = self.step * self.bptt
+            order = self._block_order(self.epoch, self._steps(stream_len))
+            while self.step < len(order):
+                t0 = int(order[self.step]) * self.bptt
                 t = min(self.bptt, stream_len - t0)
                 block = np.stack([self._read(int(s) + t0, t + 1) for s in first])
                 self.step += 1

@@ -1,0 +1,56 @@
+"""scripts/*.sh resolve relative paths against the caller's directory, not the repository."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from test_data_preprocess import write_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_script(name, *args, cwd, **env):
+    return subprocess.run([str(REPO / "scripts" / name), *args], cwd=cwd, capture_output=True, text=True,
+                          env=dict(os.environ, **env))
+
+
+def test_preprocess_sh_with_relative_paths(tmp_path):
+    write_jsonl(tmp_path / "in.jsonl", 8)
+    result = run_script("preprocess.sh", "out", "in.jsonl", "--", "--bpe-codes", "20", "--valid-docs", "1",
+                        "--test-docs", "1", cwd=tmp_path, WORKERS="1")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "out" / "meta.json").exists()
+
+
+def test_get_ccnews_sh_with_a_relative_data_dir(tmp_path):
+    raw = tmp_path / "cc" / "raw"
+    raw.mkdir(parents=True)
+    (raw / "a.jsonl").write_text("".join(json.dumps({"url": f"u{i}", "language": "en", "maintext": f"Story {i} ."}) + "\n"
+                                         for i in range(8)))
+    result = run_script("get-ccnews.sh", "cc", cwd=tmp_path, SKIP_DOWNLOAD="1", CODES="10", VALID_DOCS="1",
+                        TEST_DOCS="1", WORKERS="1")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "cc" / "processed" / "meta.json").exists()
+
+
+@pytest.mark.parametrize("script, module", [("train_torchrun.sh", "torch.distributed.run"), ("train_slurm.sh", "xlm_pkm.slurm")])
+def test_train_scripts_run_in_the_callers_directory(tmp_path, script, module):
+    """A stand-in for python records where it runs and what it is given."""
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\npwd > {tmp_path}/cwd\nprintf "%s\\n" "$@" > {tmp_path}/args\n')
+    fake.chmod(0o755)
+    caller = tmp_path / "caller"
+    caller.mkdir()
+    args = ["2"] if script == "train_torchrun.sh" else []
+    result = run_script(script, *args, "--config", "my.yaml", "data.path=data/x", cwd=caller, PYTHON=str(fake))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "cwd").read_text().strip() == str(caller)
+    passed = (tmp_path / "args").read_text().splitlines()
+    assert passed[:2] == ["-m", module] and passed[-3:] == ["--config", "my.yaml", "data.path=data/x"]
+    if script == "train_torchrun.sh":
+        assert str(REPO / "train.py") in passed

@@ -1,0 +1,103 @@
+"""DIR/meta.json: the record of a finished preprocessing run, and the checks made against it.
+
+meta.json is written last, so its presence means the run finished. Besides statistics it holds
+
+    "plan":   {"inputs": [[path, size, blake2b], ...], "options": {...}}   what was processed
+    "splits": {"train": [{"file": "train.000.bin", "tokens": N, "docs": D}, ...], "valid": [...], ...}
+    "files":  {"codes": {"bytes": N, "blake2b": HEX}, "vocab": {...}, "train.000.bin": {...}, ...}
+
+`verify_outputs` (a re-run's proof that DIR is complete) re-hashes every file listed; `check_split`
+(TokenStream, and the trainer before its first step) checks one split's shards against it cheaply:
+listed shards present, none unlisted, token counts, vocabulary, ids within the vocabulary.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+from .dictionary import Dictionary
+from .shard import ShardError, hash_file, read_header, shard_paths
+
+
+def file_digest(path: Path) -> str:
+    """blake2b (16-byte digest, hex) of a file's bytes."""
+    return hash_file(path, hashlib.blake2b(digest_size=16)).hexdigest()
+
+
+def file_record(path: Path) -> dict:
+    return {"bytes": Path(path).stat().st_size, "blake2b": file_digest(path)}
+
+
+def load_meta(data_dir: Path) -> dict:
+    path = Path(data_dir) / "meta.json"
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ShardError(f"no {path}: not a complete preprocessed directory "
+                         "(run or finish python -m xlm_pkm.data.preprocess)") from None
+    except (OSError, ValueError) as e:
+        raise ShardError(f"cannot read {path}: {e}") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("splits"), dict) or not isinstance(meta.get("files"), dict):
+        raise ShardError(f"{path} does not list the splits and files (written by an older version? "
+                         "re-run python -m xlm_pkm.data.preprocess)")
+    return meta
+
+
+def verify_outputs(data_dir: Path, plan: dict) -> tuple[str | None, list[Path]]:
+    """(None, []) when meta.json records `plan` and every file it lists is intact; else (what is not,
+    the listed files that are damaged)."""
+    data_dir = Path(data_dir)
+    try:
+        meta = load_meta(data_dir)
+    except ShardError as e:
+        return str(e), []
+    if meta.get("plan") != plan:
+        return f"{data_dir}/meta.json records other inputs or options", []
+    damaged = []
+    for name, record in meta["files"].items():
+        path = data_dir / name
+        try:
+            if file_record(path) != record:
+                damaged.append(path)
+        except OSError:
+            damaged.append(path)
+    if damaged:
+        return f"{damaged[0]} is missing or differs from its record in {data_dir}/meta.json", damaged
+    return None, []
+
+
+def check_split(data_dir: str | Path, split: str) -> list[tuple[Path, int]]:
+    """Check a split before reading it: [(shard path, n_tokens)] in order, or ShardError naming the fault.
+
+    The split must be listed in meta.json, its shards present (and no unlisted one), readable, of the
+    recorded token counts, built with DIR/vocab, with ids below the vocabulary size, and not empty.
+    Checksums are verified when a shard is first read (TokenStream)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise ShardError(f"data directory not found: {data_dir} (run python -m xlm_pkm.data.preprocess)")
+    dictionary = Dictionary.load(data_dir / "vocab")
+    meta = load_meta(data_dir)
+    meta_path = data_dir / "meta.json"
+    if split not in meta["splits"]:
+        raise ShardError(f"no split {split!r} in {meta_path} (splits: {', '.join(meta['splits'])})")
+    entries = meta["splits"][split]
+    listed = [data_dir / e["file"] for e in entries]
+    for path in listed:
+        if not path.exists():
+            raise ShardError(f"shard {path} listed in {meta_path} is missing")
+    unlisted = sorted(set(shard_paths(data_dir, split)) - set(listed))
+    if unlisted:
+        raise ShardError(f"shard {unlisted[0]} is not listed in {meta_path} (left by another run? delete it or re-run preprocessing)")
+    shards = []
+    for path, entry in zip(listed, entries):
+        header = read_header(path, dictionary.fingerprint())
+        if header.n_tokens != entry["tokens"]:
+            raise ShardError(f"shard {path} has {header.n_tokens} tokens, {meta_path} says {entry['tokens']}")
+        if header.n_tokens and header.max_id >= len(dictionary):
+            raise ShardError(f"shard {path} holds token id {header.max_id}, beyond the {len(dictionary)} words of {data_dir / 'vocab'}")
+        shards.append((path, header.n_tokens))
+    if sum(n for _, n in shards) == 0:
+        raise ShardError(f"split {split!r} of {data_dir} is empty (no tokens)")
+    return shards
