@@ -77,12 +77,12 @@ def test_killed_run_takes_its_workers_with_it(tiny_corpus, tmp_path, sig):
 
 
 def test_second_run_into_a_busy_directory_is_refused_and_a_stale_lock_is_not(tmp_path):
-    from xlm_pkm.data.lock import OutputLock
+    from xlm_pkm.lock import DirectoryBusy, DirectoryLock
 
     corpus = write_jsonl(tmp_path / "in.jsonl", 12)
     out = tmp_path / "out"
-    with OutputLock(out):
-        with pytest.raises(PlanError, match=f"{out} is being written by process {os.getpid()}"):
+    with DirectoryLock(out, "preprocess.lock", "wait"):
+        with pytest.raises(DirectoryBusy, match=f"{out} is in use by pid {os.getpid()} on"):
             preprocess([str(corpus)], out, **SMALL)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     (out / "preprocess.lock").write_text(dead.stdout)
@@ -172,7 +172,7 @@ def test_full_disk_while_rewriting_keeps_the_previous_good_file(tmp_path, monkey
     good = (out / "meta.json").read_bytes()
     monkeypatch.setattr(builtins, "open", lambda f, mode="r", *a, open=builtins.open, **k:
                         FullDisk(open(f, mode, *a, **k)) if "w" in mode and ".tmp" in str(f) else open(f, mode, *a, **k))
-    from xlm_pkm.data.atomic import OutputError, atomic_file
+    from xlm_pkm.atomic import OutputError, atomic_file
 
     with pytest.raises(OutputError, match="meta.json"):
         with atomic_file(out / "meta.json", "w") as f:

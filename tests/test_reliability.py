@@ -13,13 +13,15 @@ import pytest
 import torch
 
 from xlm_pkm import checkpoint
-from xlm_pkm.checkpoint import NonFiniteError, OutputError
+from xlm_pkm.atomic import OutputError
+from xlm_pkm.checkpoint import NonFiniteError
 from xlm_pkm.cli import evaluate_main, train_main
 from xlm_pkm.config import ConfigError, load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.shard import read_shard, shard_paths, write_shard
 from xlm_pkm.lazy_adam import LazyAdam
-from xlm_pkm.run_dir import RunDirectoryBusy, RunLock
+from xlm_pkm.lock import DirectoryBusy
+from xlm_pkm.run_dir import lock_run_directory
 from xlm_pkm.trainer import NonFiniteLossError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -87,7 +89,7 @@ def test_broken_held_out_split_is_found_before_the_first_step(tiny_data_dir, tin
 def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trainer, tmp_path):
     first = tiny_trainer(tmp_path, "train.exp_id=busy")
     try:
-        with pytest.raises(RunDirectoryBusy, match=f"in use by pid {os.getpid()} on"):
+        with pytest.raises(DirectoryBusy, match=f"in use by pid {os.getpid()} on"):
             tiny_trainer(tmp_path, "train.exp_id=busy")
     finally:
         first.close()
@@ -96,16 +98,16 @@ def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trai
 
 def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from xlm_pkm.run_dir import RunLock; RunLock(Path(sys.argv[1])); "
+                               "from xlm_pkm.run_dir import lock_run_directory; lock_run_directory(Path(sys.argv[1])); "
                                "print('locked', flush=True); time.sleep(60)", str(tmp_path)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert holder.stdout.readline().strip() == "locked"
-    with pytest.raises(RunDirectoryBusy, match=f"pid {holder.pid}"):
-        RunLock(tmp_path)
+    with pytest.raises(DirectoryBusy, match=f"pid {holder.pid}"):
+        lock_run_directory(tmp_path)
     holder.kill()  # kill -9: the lock file stays, its holder is gone
     holder.wait()
     assert (tmp_path / ".lock").exists()
-    RunLock(tmp_path).release()
+    lock_run_directory(tmp_path).release()
 
 
 # ---- unwritable outputs: one line, the previous file kept, no temporary files ---------------------

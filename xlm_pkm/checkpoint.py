@@ -1,8 +1,8 @@
 """Checkpoints and other run outputs: written atomically, never with non-finite weights; loaded with checks.
 
-Every file a run writes goes to a temporary name unique to the writing process and is renamed when
-complete, so a crash, a full disk or a read-only directory at any moment leaves the previous file
-intact and no temporary file behind; the error is one line naming the file (OutputError).
+Checkpoints are written whole or not at all (xlm_pkm/atomic.py): a crash, a full disk or a
+read-only directory at any moment leaves the previous file intact and no temporary file behind; the
+error is one line naming the file (OutputError).
 
 A run checkpoint is a dict with at least `config`, `model` and `step`; `checkpoint.pt` adds the
 optimizer and run state (resume), `best.pt` holds the model only (evaluation). Both record the
@@ -11,64 +11,28 @@ vocabulary's fingerprint (`vocab_fingerprint`), checked against the data on resu
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 from torch import nn
 
+from xlm_pkm.atomic import atomic_file, write_error
+
 RUN_KEYS = ("config", "model", "step")
-
-
-class OutputError(RuntimeError):
-    """A run output could not be written (disk full, read-only, missing folder); the old file is kept."""
 
 
 class NonFiniteError(RuntimeError):
     """Parameters or optimizer state are not finite: such a state is never written."""
 
 
-def temporary_name(path: Path) -> Path:
-    """A sibling name no other process uses at the same time."""
-    return path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-
-
-def _write_atomic(path: Path, write: Callable) -> None:
-    tmp = temporary_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        kept = f"; the previous {path.name} is kept" if path.exists() else ""
-        raise OutputError(f"cannot write {path}: {e.strerror or e}{kept}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def write_atomic(path: str | Path, data: bytes) -> None:
-    """Writes `data` to `path` such that a failure at any moment leaves the previous file intact."""
-    _write_atomic(Path(path), lambda f: f.write(data))
-
-
 def save_atomic(obj: dict, path: str | Path) -> None:
-    """torch.save to `path`, atomically (see write_atomic)."""
-    _write_atomic(Path(path), lambda f: torch.save(obj, f))
-
-
-def check_writable(path: str | Path) -> None:
-    """Raises OutputError now if a file cannot be created in `path`'s folder (before hours of work)."""
-    path = Path(path)
-    try:
-        tmp = temporary_name(path)
-        tmp.touch()
-        tmp.unlink()
-    except OSError as e:
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
+    """torch.save to `path`, whole or not at all (xlm_pkm/atomic.py)."""
+    with atomic_file(Path(path)) as f:
+        try:
+            torch.save(obj, f)
+        except OSError as e:  # raised by torch's own writer: about this file too
+            raise write_error(Path(path), e) from None
 
 
 def _tensors(obj, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:

@@ -15,17 +15,18 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from xlm_pkm.checkpoint import NonFiniteError, OutputError, check_writable, write_atomic
+from xlm_pkm.atomic import OutputError, check_writable, write_bytes
+from xlm_pkm.checkpoint import NonFiniteError
 from xlm_pkm.config import ConfigError, load_config
 from xlm_pkm.distributed import CollectiveError, describe_failure, init_distributed, read_env, shutdown
 from xlm_pkm.evaluation import evaluate_checkpoint
 from xlm_pkm.precision import check_precision, resolve_device
-from xlm_pkm.run_dir import RunDirectoryBusy
+from xlm_pkm.lock import DirectoryBusy
 from xlm_pkm.trainer import NonFiniteLossError, Trainer
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError, NonFiniteError, OutputError,
-               RunDirectoryBusy, CollectiveError)
+               DirectoryBusy, CollectiveError)
 EXIT_ERROR, EXIT_STOPPED = 2, 75
 
 
@@ -103,7 +104,7 @@ def evaluate_main(argv: list[str] | None = None) -> int:
         if args.batch_size < 0 or args.bptt < 0 or args.max_batches < 0:
             raise ValueError("--batch-size, --bptt and --max-batches must be >= 0 (0: the run's own)")
         if args.json:
-            check_writable(args.json)  # before evaluating, not after
+            check_writable(Path(args.json))  # before evaluating, not after
         device = resolve_device(args.device)
         check_precision(args.precision, device)
         env = init_distributed(device)
@@ -112,7 +113,7 @@ def evaluate_main(argv: list[str] | None = None) -> int:
         if env.is_main:
             print(format_result(result))
             if args.json:
-                write_atomic(args.json, (json.dumps(result, indent=2) + "\n").encode())
+                write_bytes(Path(args.json), (json.dumps(result, indent=2) + "\n").encode())
     except USER_ERRORS as e:
         return _fail("evaluate.py", e)
     finally:

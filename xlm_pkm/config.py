@@ -272,9 +272,9 @@ def save_config(cfg: Config, path: str | Path) -> None:
     """The resolved config as YAML, written to a temporary name and renamed."""
     import yaml
 
-    from xlm_pkm.checkpoint import write_atomic
+    from xlm_pkm.atomic import write_bytes
 
-    write_atomic(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False).encode())
+    write_bytes(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False).encode())
 
 
 def validate(cfg, prefix: str = ""):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from xlm_pkm.checkpoint import OutputError, write_atomic
+from xlm_pkm.atomic import write_bytes, write_error
 
 
 def _format(value) -> str:
@@ -84,7 +84,7 @@ class RunLogger:
                 written += self.metrics.write(line[written:])
         except OSError as e:
             self.metrics.truncate(size)
-            raise OutputError(f"cannot write {self.metrics_path}: {e.strerror or e}") from None
+            raise write_error(self.metrics_path, e) from None
         for tag, value in _scalars(name, metrics):
             self.tb.add_scalar(tag, value, step)
 
@@ -111,4 +111,4 @@ def drop_events_after(path: Path, step: int) -> None:
             continue
         if event.get("step", 0) <= step:
             kept.append(line)
-    write_atomic(path, b"".join(kept))
+    write_bytes(path, b"".join(kept))

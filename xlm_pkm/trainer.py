@@ -28,7 +28,7 @@ from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.optim import value_optimizer
 from xlm_pkm.precision import check_precision, grad_scaler, resolve_device
-from xlm_pkm.run_dir import RunLock, run_directory
+from xlm_pkm.run_dir import lock_run_directory, run_directory
 from xlm_pkm.run_log import RunLogger
 from xlm_pkm.train_state import TrainState, from_earlier_version
 from xlm_pkm.train_step import loss_backward, optimizer_update
@@ -63,7 +63,7 @@ class Trainer:
 
         self.run_dir, cfg.train.exp_id = run_directory(cfg.train.dump_path, cfg.train.exp_name, cfg.train.exp_id,
                                                        self.env)  # created only now that the inputs are valid
-        self.lock = RunLock(self.run_dir) if self.env.is_main else None
+        self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None
         self.ckpt_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
         self.resumed = self.ckpt_path.exists()
         if self.resumed:

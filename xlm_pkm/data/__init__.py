@@ -6,8 +6,6 @@
     plan.py        scan of the inputs, seeded held-out documents, chunks of work
     executor.py    tasks in-process, on a worker pool, or as SLURM array jobs (submitit)
     preprocess.py  the CLI tying them together (python -m xlm_pkm.data.preprocess --help)
-    atomic.py      outputs written to unique temporary names and renamed; one-line write errors
-    lock.py        one preprocessing run per output directory
     meta.py        meta.json (written last): proof of completeness, each split's shards, check_split
     dictionary.py  vocabulary with <s> </s> <pad> <unk> first
     shard.py       the binary shard format (readable with numpy alone, checksummed)

@@ -13,9 +13,9 @@ Steps (see plan.py for the held-out split and the chunks):
   5. DIR/vocab with `fast getvocab` on the train BPE text; valid/test BPE is limited to it, as in XLM;
   6. binarize: one DIR/train.NNN.bin per chunk, DIR/valid.000.bin, DIR/test.000.bin (shard.py),
      and DIR/meta.json, written last (meta.py). With --keep-intermediate, DIR/{train,valid,test}.{tok,bpe} too.
-Every output is written under a temporary name unique to its process and renamed (atomic.py); a
+Every output is written under a temporary name unique to its process and renamed (xlm_pkm/atomic.py); a
 write that fails (disk full, read-only) is a one-line error and leaves the previous file. One run at a
-time holds DIR (lock.py); its workers die with it. A re-run skips finished work: DIR is complete only
+time holds DIR (xlm_pkm/lock.py); its workers die with it. A re-run skips finished work: DIR is complete only
 when meta.json records these inputs and options and every file it lists is intact (re-hashed); a
 damaged output is rebuilt. A DIR holding outputs but no plan.json is refused (not ours to trust).
 Documents that are empty after tokenization are dropped.
@@ -35,12 +35,13 @@ from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
-from .atomic import OutputError, atomic_file, is_temporary, write_text
+from xlm_pkm.atomic import OutputError, atomic_file, is_temporary, write_error, write_text
+from xlm_pkm.lock import DirectoryBusy, DirectoryLock
+
 from .corpus import CorpusError, Reader, document_lines
 from .dictionary import Dictionary, DictionaryError
 from .executor import Executor
 from .fastbpe import FastBPEError, bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
-from .lock import OutputLock
 from .meta import file_record, verify_outputs
 from .moses import tokenize_line
 from .plan import MB, Chunk, Plan, PlanError, input_identity, make_plan, scan_file
@@ -191,7 +192,7 @@ def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, code
     options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
-    with OutputLock(out), executor:
+    with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it"), executor:
         _remove_temporary_files(out)
         return _run(inputs, out, work, options, codes, keep_intermediate, executor)
 
@@ -225,7 +226,7 @@ def _run(inputs, out, work, options, codes, keep_intermediate, executor) -> dict
     try:
         work.mkdir(exist_ok=True)
     except OSError as e:
-        raise OutputError(f"cannot write {work}: {e.strerror}") from None
+        raise write_error(work, e) from None
     sizes = [c.n_bytes / MB for c in chunks]
     log.info("%d documents, %.1f MB of text, %d chunks of ~%g MB, %d workers", plan.n_docs, plan.n_bytes / MB,
              len(chunks), plan.chunk_mb, min(executor.workers, len(chunks)))
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         times = preprocess(args.input, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
                            args.seed, args.chunk_mb, args.keep_intermediate, executor)
-    except (CorpusError, PlanError, FastBPEError, ShardError, DictionaryError, OutputError) as e:
+    except (CorpusError, PlanError, FastBPEError, ShardError, DictionaryError, OutputError, DirectoryBusy) as e:
         sys.exit(f"error: {e}")
     log.info("done in %.1f s: %s", sum(times.values()), args.output)
 

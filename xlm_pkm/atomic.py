@@ -1,9 +1,9 @@
-"""Output files written whole or not at all.
+"""Output files written whole or not at all: shards, plans, checkpoints, metrics, JSON results.
 
 Every output is first written to `NAME.PID.TOKEN.tmp` (pid and random token: two processes never
 share a temporary file), then renamed to NAME; on any error the temporary file is removed and the
 previous NAME, if any, is left as it was. A write that fails (disk full, read-only directory) raises
-`OutputError` naming NAME.
+`OutputError`, one line naming NAME (and saying that its previous version is kept).
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ def is_temporary(path: Path) -> bool:
 
 
 def write_error(path: Path, error: OSError) -> OutputError:
-    return OutputError(f"cannot write {path}: {error.strerror or error}")
+    kept = f"; the previous {Path(path).name} is kept" if Path(path).exists() else ""
+    return OutputError(f"cannot write {path}: {error.strerror or error}{kept}")
 
 
 class _Output:
@@ -81,3 +82,19 @@ def atomic_file(path: Path, mode: str = "wb", **open_kwargs):
 def write_text(path: Path, text: str) -> None:
     with atomic_file(path, "w", encoding="utf-8", newline="\n") as f:
         f.write(text)
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    with atomic_file(path) as f:
+        f.write(data)
+
+
+def check_writable(path: Path) -> None:
+    """Raises OutputError now if a file cannot be created in `path`'s folder (before hours of work)."""
+    path = Path(path)
+    try:
+        tmp = temporary_name(path)
+        tmp.touch()
+        tmp.unlink()
+    except OSError as e:
+        raise write_error(path, e) from None
