@@ -29,13 +29,13 @@ def optimizer_update(optimizers: Optimizers, scaler: torch.amp.GradScaler,
     """Unscale and clip every group, step unless the loss or a gradient is not finite, drop the gradients.
     Returns the gradient norms per group, the loss scale used (1 without fp16) and whether the step was
     skipped (fp16: the scaler found inf/nan and lowered its scale; else a non-finite loss or norm)."""
-    norms = optimizers.unscale_and_clip(scaler)
-    scale = scaler.get_scale() if scaler.is_enabled() else 1.0
+    norms = optimizers.unscale_and_clip(scaler)  # no sync: norms stay on the device
+    scale = scaler.get_scale() if scaler.is_enabled() else 1.0  # host sync (fp16): the current scale
     if scaler.is_enabled():
-        optimizers.step(scaler)
+        optimizers.step(scaler)  # host sync (fp16): the scaler reads its found-inf flags
         scaler.update()
-        skipped = scaler.get_scale() < scale
-    else:
+        skipped = scaler.get_scale() < scale  # host sync (fp16): the new scale
+    else:  # host sync: one flag, is the loss and every norm finite
         skipped = not bool(torch.isfinite(loss) & torch.stack(list(norms.values())).isfinite().all())
         if not skipped:
             optimizers.step(scaler)
