@@ -49,6 +49,8 @@ Extra `--set key=value` overrides go to every run last (e.g. train.num_threads=1
 from __future__ import annotations
 
 import argparse
+import copy
+import functools
 import hashlib
 import json
 import math
@@ -58,7 +60,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xlm_pkm.config import ConfigError, load_config, to_dict
+from xlm_pkm.config import ConfigError, load_config, load_config_dict, to_dict
 from xlm_pkm.model.transformer import resolve_memory_layers
 
 REPO = Path(__file__).resolve().parent.parent
@@ -137,6 +139,12 @@ TABLES["figure4"] = TABLES["table1"]
 CANONICAL_ORDER = ("table1", "table2", "table3", "table4", "figure6")
 
 
+@functools.lru_cache(maxsize=None)
+def _config(path: str, overrides: tuple[str, ...] = ()) -> dict:
+    """The resolved config of a repository config file, as a dict (cached: plan() resolves every cell)."""
+    return to_dict(load_config(REPO / path, list(overrides)))
+
+
 def _half_up(x: float) -> int:
     return math.floor(x + 0.5)
 
@@ -145,7 +153,7 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
     """The overrides that shrink `cell`'s config to `scale` (see the module docstring)."""
     if scale.name == "paper":
         return []
-    cfg = load_config(REPO / cell.config)
+    cfg = load_config_dict(_config(cell.config), source=cell.config)
     m, mem, optim = cfg.model, cfg.model.memory, cfg.optim
     layers = max(1, m.n_layers // scale.depth) if cell.scale_depth else m.n_layers
     mem_layers = resolve_memory_layers(m)
@@ -191,6 +199,7 @@ class Run:
     overrides: list[str]
     run_dir: Path  # absolute: DUMP/<name>/<scale>
     cells: list[Cell] = field(default_factory=list)
+    test_max_batches: int = 0  # 0: the whole test split
 
     def train_argv(self, absolute: bool = False) -> list[str]:
         config = str(REPO / self.config) if absolute else self.config
@@ -199,9 +208,10 @@ class Run:
                 f"train.exp_name={self.run_dir.parent.name}", f"train.exp_id={self.run_dir.name}", "--no-test"]
 
     def evaluate_argv(self, absolute: bool = False) -> list[str]:
-        precision = load_config(REPO / self.config, self.overrides).train.precision
+        precision = _config(self.config, tuple(self.overrides))["train"]["precision"]
         where = str(self.run_dir) if absolute else _shown(self.run_dir)
-        return ["--checkpoint", f"{where}/best.pt", "--split", "test", "--precision", precision,
+        limit = ["--max-batches", str(self.test_max_batches)] if self.test_max_batches else []
+        return ["--checkpoint", f"{where}/best.pt", "--split", "test", "--precision", precision, *limit,
                 "--json", f"{where}/test.json"]
 
     def commands(self) -> list[str]:
@@ -239,12 +249,13 @@ def git_commit() -> str:
 
 def _identity(cell: Cell, overrides: list[str]) -> str:
     """A hash of everything that defines the run but its name."""
-    raw = to_dict(load_config(REPO / cell.config, overrides))
+    raw = copy.deepcopy(_config(cell.config, tuple(overrides)))
     raw["train"].pop("exp_name")
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
 
 
-def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list[str] = ()) -> tuple[list[Run], list[str]]:
+def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list[str] = (),
+         test_max_batches: int = 0) -> tuple[list[Run], list[str]]:
     """The runs of `table` at `scale` in `dump`, and one line per cell that cannot be scaled.
 
     Cells whose configs resolve to the same run share it; the run is named after the first of them in
@@ -271,7 +282,7 @@ def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list
             wanted.setdefault(identity, (cell, overrides))
     dump = Path(dump).resolve()
     return [Run(members[i][0].name, cell.config, overrides, dump / members[i][0].name / scale.name,
-                [c for c in members[i] if c.table != "baseline" or c is NO_MEMORY])
+                [c for c in members[i] if c.table != "baseline" or c is NO_MEMORY], test_max_batches)
             for i, (cell, overrides) in wanted.items()], skipped
 
 
@@ -348,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", help="processed data directory (default: the scale's, else the config's)")
     parser.add_argument("--set", nargs="+", default=[], metavar="key.sub=value", help="overrides for every run")
     parser.add_argument("--only", nargs="+", default=[], metavar="CELL", help="run only these cells")
+    parser.add_argument("--test-max-batches", type=int, default=0, help="evaluate on this many test batches (0: all)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands")
     slurm = parser.add_argument_group("SLURM (submitit job array)")
     slurm.add_argument("--slurm", action="store_true", help="submit a job array instead of running here")
@@ -361,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     extra = [*([f"data.path={args.data}"] if args.data else []), *args.set]
     try:
-        runs, skipped = plan(args.table, SCALES[args.scale], Path(args.dump), extra, args.only)
+        runs, skipped = plan(args.table, SCALES[args.scale], Path(args.dump), extra, args.only, args.test_max_batches)
     except (ConfigError, ValueError) as e:
         print(f"reproduce: error: {e}", file=sys.stderr)
         return 2
