@@ -89,9 +89,12 @@ def test_report_tables_directions_and_figures(runs_dir, tmp_path):
     assert row(report, t4, "Usage (%)")[:2] == ["30.0 (19.6)", "99.5 (100.0)"]
     assert row(report, t4, "Speed (words/s)")[:2] == ["1,500 (35,000)", "4,200 (35,800)"]
     t1 = "Table 1: test perplexity"
-    assert row(report, t1, "12 layers")[1] == "200.0 (15.6)" and row(report, t1, "24 layers")[0] == "210.0 (16.0)"
+    assert row(report, t1, "12 (ours 3) layers")[1] == "200.0 (15.6)"
+    assert row(report, t1, "24 (ours 6) layers")[0] == "210.0 (16.0)"
     assert row(report, t1, "16 layers")[3] == "-"  # a cell the paper does not have
+    assert "| dim 1024 (ours 128), N=0 |" in report
     assert row(report, "Figure 6", "1 heads")[:3] == ["262.0", "·", "258.0"]
+    assert "| k=8 (ours 2) | k=16 | k=32 (ours 8) | k=64 |" in report
     assert re.search(r"\| 16k \(ours 256\) no BN \|", report)  # the column says our size
 
     verdicts = {d.split(" (")[0]: v for d, v, _ in directions(find_runs([runs_dir]))}

@@ -151,10 +151,18 @@ def _stats(run: RunData | None) -> tuple:
 
 def table1_md(runs: list[RunData]) -> str:
     cells = by_cell(runs, "table1")
-    header = ["", *(f"dim {d}, N={n}" for d, ns in ((1024, range(4)), (1600, range(2))) for n in ns)]
+    ours = {}  # paper's (layers) and (dim) -> ours, where a run says
+    for (layers, dim, _), run in cells.items():
+        ours[("layers", layers)], ours[("dim", dim)] = run.config["model"]["n_layers"], run.config["model"]["dim"]
+
+    def label(kind: str, value: int) -> str:
+        theirs = ours.get((kind, value))
+        return f"{value}" + (f" (ours {theirs})" if theirs is not None and theirs != value else "")
+
+    header = ["", *(f"dim {label('dim', d)}, N={n}" for d, ns in ((1024, range(4)), (1600, range(2))) for n in ns)]
     rows = []
     for layers in (12, 16, 24):
-        row = [f"{layers} layers"]
+        row = [f"{label('layers', layers)} layers"]
         for dim, ns in ((1024, range(4)), (1600, range(2))):
             for n in ns:
                 paper = PAPER["table1"].get((layers, dim, n))
@@ -212,10 +220,12 @@ def table4_md(runs: list[RunData]) -> str:
 
 def figure6_md(runs: list[RunData]) -> str:
     cells = by_cell(runs, "figure6")
+    ours = {k: r.config["model"]["memory"]["knn"] for (_, k), r in cells.items()}
+    header = ["", *(f"k={k}" + (f" (ours {ours[k]})" if ours.get(k, k) != k else "") for k in KNNS)]
     out = []
     for i, metric in ((0, "Perplexity"), (1, "Usage (%)")):
         rows = [[f"{h} heads", *(_num(_stats(cells.get((h, k)))[i]) for k in KNNS)] for h in HEADS]
-        out.append(f"{metric}:\n\n" + _md_table(["", *(f"k={k}" for k in KNNS)], rows))
+        out.append(f"{metric}:\n\n" + _md_table(header, rows))
     return "\n\n".join(out)
 
 
