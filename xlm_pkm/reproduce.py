@@ -126,8 +126,7 @@ TABLES: dict[str, list[Cell]] = {
                              for n in KEYS for norm in ("none", "batchnorm")],
     "table3": [NO_MEMORY] + [Cell("table3", f"table3_position{p}", f"{ABLATIONS}/table3_position{p}.yaml",
                                   (("position", p),)) for p in range(1, 7)],
-    # The paper trains flat keys up to 384² slots and times them up to 1024²; training them beyond
-    # 384² is left to --only.
+    # The paper trains flat keys up to 384² slots only; benchmarks/inference_speed.py times them beyond.
     "table4": [Cell("table4", f"table4_keys{n}_{kind}",
                     f"{ABLATIONS}/table4_keys{n}_flat.yaml" if kind == "flat" else
                     f"{ABLATIONS}/table2_keys{n}_batchnorm.yaml", (("n_keys", n), ("key_type", kind)))
