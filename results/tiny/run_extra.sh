@@ -7,6 +7,9 @@ cd "$(dirname "$0")/../.."
 export OMP_NUM_THREADS=1
 R="scripts/reproduce.sh"
 COMMON=(--scale tiny --dump dumped/reproduce --set train.num_threads=1)
-$R table2 "${COMMON[@]}" --only table2_keys512_none
-$R table3 "${COMMON[@]}" --only table3_position4 table3_position3
-$R table4 "${COMMON[@]}" --only table4_keys384_flat table4_keys384_product
+{
+  $R table2 "${COMMON[@]}" --only table2_keys512_none
+  $R table3 "${COMMON[@]}" --only table3_position4 table3_position3
+} > dumped/reproduce/stream_extra_a.log 2>&1 &
+$R table4 "${COMMON[@]}" --only table4_keys384_flat table4_keys384_product > dumped/reproduce/stream_extra_b.log 2>&1 &
+wait
