@@ -115,8 +115,12 @@ def test_directions_that_do_not_hold_say_so(tmp_path):
     make_run(root, "no_memory", [("baseline", {})], 240.0)
     make_run(root, "pos5", [("table3", {"position": 5})], 250.0, 99.0, 0.5)
     make_run(root, "pos1", [("table3", {"position": 1})], 249.0, 100.0, 2.0)
+    make_run(root, "flat", [("table4", {"n_keys": 128, "key_type": "flat"})], 250.0, 100.0, 0.9, 900.0, n_keys=16)
+    make_run(root, "product", [("table4", {"n_keys": 128, "key_type": "product"})], 251.0, 100.0, 0.6, 1800.0,
+             n_keys=16)
     verdicts = [v for _, v, _ in directions(find_runs([root]))]
-    assert verdicts == ["does not hold", "not run", "not run", "not run", "does not hold", "not run"]
+    assert verdicts == ["does not hold", "not run", "not run", "partly: usage does not, speed holds",
+                        "does not hold", "not run"]
     out = tmp_path / "out"
     write_report(find_runs([root]), out)
     assert not (out / "figure6.png").exists() and "figure6.png" not in (out / "report.md").read_text()
