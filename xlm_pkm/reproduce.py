@@ -170,7 +170,7 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
            f"model.memory.n_keys={n_keys}", f"model.memory.k_dim={mem.k_dim // scale.width}",
            f"model.memory.knn={knn}",
            f"data.batch_size={scale.batch_size or cfg.data.batch_size}", f"data.bptt={bptt}",
-           f"optim.lr={optim.lr * scale.lr_mult:g}", f"optim.mem_values_lr={optim.mem_values_lr * scale.lr_mult:g}",
+           f"optim.lr={optim.lr * scale.lr_mult:g}", f"optim.values_lr={optim.values_lr * scale.lr_mult:g}",
            f"optim.warmup_steps={scale.warmup_steps or optim.warmup_steps}",
            f"train.max_steps={scale.max_steps or cfg.train.max_steps}",
            f"train.log_every={max(1, (scale.eval_every or cfg.train.eval_every) // 4)}",
