@@ -67,6 +67,10 @@ REPO = Path(__file__).resolve().parent.parent
 PAPER, ABLATIONS = "configs/paper", "configs/ablations"
 
 
+class UnscalableCell(ValueError):
+    """A cell that a scale cannot shrink (its memories would collide, or k would exceed n_keys)."""
+
+
 @dataclass(frozen=True)
 class Scale:
     name: str
@@ -141,7 +145,10 @@ CANONICAL_ORDER = ("table1", "table2", "table3", "table4", "figure6")
 @functools.lru_cache(maxsize=None)
 def _config(path: str, overrides: tuple[str, ...] = ()) -> dict:
     """The resolved config of a repository config file, as a dict (cached: plan() resolves every cell)."""
-    return to_dict(load_config(REPO / path, list(overrides)))
+    try:
+        return to_dict(load_config(REPO / path, list(overrides)))
+    except ConfigError as e:
+        raise ConfigError(f"{path}: {e}") from None
 
 
 def _half_up(x: float) -> int:
@@ -158,11 +165,11 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
     mem_layers = resolve_memory_layers(m)
     scaled_layers = sorted({min(layers, max(1, _half_up(l * layers / m.n_layers))) for l in mem_layers})
     if len(scaled_layers) != len(mem_layers):
-        raise ConfigError(f"{cell.config}: memories at layers {mem_layers} of {m.n_layers} collide at scale "
+        raise UnscalableCell(f"{cell.config}: memories at layers {mem_layers} of {m.n_layers} collide at scale "
                           f"{scale.name} ({layers} layers)")
     n_keys, knn = max(1, mem.n_keys // scale.keys), max(1, mem.knn // scale.knn)
     if mem_layers and mem.key_type == "product" and knn > n_keys:
-        raise ConfigError(f"{cell.config}: knn {knn} > n_keys {n_keys} at scale {scale.name}")
+        raise UnscalableCell(f"{cell.config}: knn {knn} > n_keys {n_keys} at scale {scale.name}")
     bptt = scale.bptt or cfg.data.bptt
     out = [f"model.dim={m.dim // scale.width}", f"model.n_heads={max(1, m.n_heads // scale.width)}",
            f"model.n_layers={layers}", f"model.mem_layers=[{','.join(map(str, scaled_layers))}]",
@@ -271,7 +278,7 @@ def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list
     for cell in dict.fromkeys([*BASELINES, *(c for t in CANONICAL_ORDER for c in TABLES[t])]):
         try:
             overrides = [*scale_overrides(cell, scale), *extra]
-        except ConfigError as e:
+        except UnscalableCell as e:
             if cell in TABLES[table]:
                 skipped.append(str(e))
             continue
