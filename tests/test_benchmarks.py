@@ -69,9 +69,10 @@ def test_inference_speed_without_data(tmp_path):
 
 
 def test_training_speed(tiny_data_dir, tmp_path):
+    # 9 layers: configs/paper/l12_d1024_m1.yaml lists its memory layer, 9
     result = run_benchmark("training_speed", tmp_path / "training.json", "--device", "cpu",
                            "--data", str(tiny_data_dir), "--precisions", "fp32", "bf16", "--warmup", "1",
-                           "--override", "model.n_layers=2", "model.memory.n_keys=16", *TINY_MODEL)
+                           "--override", "model.n_layers=9", "model.memory.n_keys=16", *TINY_MODEL)
     assert result["machine"]["device"] == "cpu"
     rows = result["rows"]
     assert sorted((r["precision"], r["memories"], str(r["values"])) for r in rows) == [

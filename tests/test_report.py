@@ -1,0 +1,174 @@
+"""The reproduction report on synthetic run directories: tables hold the runs' numbers beside the
+paper's, the directions are judged from them, every figure is written; introspection against the
+memory's own slot statistics."""
+
+import json
+import re
+
+import pytest
+import torch
+import yaml
+
+from xlm_pkm import checkpoint
+from xlm_pkm.config import Config, to_dict
+from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.introspect import detokenize, slot_contexts
+from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.report import PAPER, directions, find_runs, load_run, main, write_report
+
+
+def make_run(root, name, cells, ppl, usage=None, kl=None, words_per_sec=1000.0, n_keys=8, heads=4, knn=2,
+             layers=6, dim=16, valid=((10, 900.0), (20, 500.0))):
+    """A run directory as the trainer, evaluate.py --json and the harness leave it (no checkpoint)."""
+    path = root / name / "tiny"
+    path.mkdir(parents=True)
+    cfg = Config()
+    cfg.model.n_layers, cfg.model.dim = layers, dim
+    cfg.model.mem_layers = [] if usage is None else [layers - 1]
+    cfg.model.memory.n_keys, cfg.model.memory.heads, cfg.model.memory.knn = n_keys, heads, knn
+    (path / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    events = [{"event": "train", "step": 5, "loss": 7.0, "time": 100.0}]
+    events += [{"event": "valid", "step": s, "ppl": p, "time": 100.0 + 6 * s} for s, p in valid]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    memories = [] if usage is None else [{"layer": layers - 1, "usage": usage, "kl": kl}]
+    (path / "test.json").write_text(json.dumps({"split": "test", "ppl": ppl, "words_per_sec": words_per_sec,
+                                                "memories": memories}))
+    (path / "reproduce.json").write_text(json.dumps({"scale": "tiny", "cells": [
+        {"table": t, "cell": f"{t}_{i}", "key": key} for i, (t, key) in enumerate(cells)]}))
+    return path
+
+
+@pytest.fixture
+def runs_dir(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "no_memory", [("baseline", {})], 300.0)
+    make_run(root, "base", [("table2", {"n_keys": 512, "batchnorm": True}), ("table3", {"position": 5}),
+                            ("table4", {"n_keys": 512, "key_type": "product"}), ("figure6", {"heads": 4, "knn": 32})],
+             250.0, usage=99.0, kl=0.5, n_keys=64, knn=8)
+    make_run(root, "k128_none", [("table2", {"n_keys": 128, "batchnorm": False})], 270.0, 97.5, 0.25, n_keys=16)
+    make_run(root, "k128_bn", [("table2", {"n_keys": 128, "batchnorm": True}),
+                               ("table4", {"n_keys": 128, "key_type": "product"})], 268.0, 99.5, 0.21, 4200.0, n_keys=16)
+    make_run(root, "k1024_none", [("table2", {"n_keys": 1024, "batchnorm": False})], 240.0, 40.0, 1.5, n_keys=128)
+    make_run(root, "k1024_bn", [("table2", {"n_keys": 1024, "batchnorm": True})], 235.0, 70.0, 0.9, n_keys=128)
+    make_run(root, "flat128", [("table4", {"n_keys": 128, "key_type": "flat"})], 280.0, 30.0, 2.0, 1500.0, n_keys=16)
+    make_run(root, "pos1", [("table3", {"position": 1})], 260.0, 100.0, 2.1)
+    make_run(root, "h1k8", [("figure6", {"heads": 1, "knn": 8})], 262.0, 60.0, 1.0, heads=1, knn=2, n_keys=64)
+    make_run(root, "h4k8", [("figure6", {"heads": 4, "knn": 8})], 255.0, 90.0, 0.7, knn=2, n_keys=64)
+    make_run(root, "h1k32", [("figure6", {"heads": 1, "knn": 32})], 258.0, 85.0, 0.8, heads=1, knn=8, n_keys=64)
+    make_run(root, "l12m1", [("table1", {"layers": 12, "dim": 1024, "memories": 1})], 200.0, 98.0, 0.6, 3000.0,
+             layers=3, dim=128)
+    make_run(root, "l24m0", [("table1", {"layers": 24, "dim": 1024, "memories": 0})], 210.0, None, None, 1800.0,
+             layers=6, dim=128)
+    return root
+
+
+def row(report: str, heading: str, label: str) -> list[str]:
+    """The cells of the row starting with `label` in the table under `heading`."""
+    section = report.split(f"## {heading}")[1].split("\n## ")[0]
+    line = next(li for li in section.splitlines() if li.startswith(f"| {label} |"))
+    return [c.strip() for c in line.strip("|").split("|")][1:]
+
+
+def test_report_tables_directions_and_figures(runs_dir, tmp_path):
+    bench = tmp_path / "bench.json"
+    bench.write_text(json.dumps({"settings": {"dtype": "fp32"}, "table4": {"rows": [
+        {"slots": 16384, "key_type": "product", "words_per_s": 1524}, {"slots": 16384, "key_type": "flat", "words_per_s": 604},
+        {"slots": 65536, "key_type": "product", "words_per_s": 1960}]}}))
+    out = tmp_path / "out"
+    assert main([str(runs_dir), "--out", str(out), "--bench", str(bench)]) == 0
+    report = (out / "report.md").read_text()
+
+    t2 = "Table 2: memory size, with and without query BatchNorm"
+    assert row(report, t2, "Perplexity")[:2] == ["270.0 (22.8)", "268.0 (23.0)"]
+    assert row(report, t2, "Usage (%)")[10:] == ["40.0 (25.8)", "70.0 (80.3)"]
+    assert row(report, t2, "KL")[6:8] == ["· (1.20)", "0.50 (0.68)"]  # 512² without BN: not run
+    assert "Without memory (§4.5): 300.0 (23.0)" in report
+    assert row(report, "Table 3: memory position", "Perplexity")[0] == "260.0 (21.5)"
+    assert row(report, "Table 3: memory position", "Perplexity")[4] == "250.0 (19.8)"
+    t4 = "Table 4: product keys vs flat keys"
+    assert row(report, t4, "Usage (%)")[:2] == ["30.0 (19.6)", "99.5 (100.0)"]
+    assert row(report, t4, "Speed (words/s)")[:2] == ["1,500 (35,000)", "4,200 (35,800)"]
+    t1 = "Table 1: test perplexity"
+    assert row(report, t1, "12 (ours 3) layers")[1] == "200.0 (15.6)"
+    assert row(report, t1, "24 (ours 6) layers")[0] == "210.0 (16.0)"
+    assert row(report, t1, "16 layers")[3] == "-"  # a cell the paper does not have
+    assert "| dim 1024 (ours 128), N=0 |" in report
+    assert row(report, "Figure 6", "1 heads")[:3] == ["262.0", "·", "258.0"]
+    assert "| k=8 (ours 2) | k=16 | k=32 (ours 8) | k=64 |" in report
+    assert re.search(r"\| 16k \(ours 256\) no BN \|", report)  # the column says our size
+
+    verdicts = {d.split(" (")[0]: v for d, v, _ in directions(find_runs([runs_dir]))}
+    assert verdicts == {
+        "A memory beats the same model without it at equal steps": "holds",  # 250 < 300
+        "A shallower model with a memory beats a deeper one without, and is faster": "holds",  # 200 < 210, faster
+        "BatchNorm raises usage, the more so as the memory grows": "holds",  # gaps +2.0 then +30.0
+        "Product keys use more of the memory than flat keys, and run faster": "holds",
+        "A memory in an upper-middle layer": "holds",  # 250 < 260
+        "More memory heads and a larger k raise usage": "holds",  # 60 -> 90, 60 -> 85
+    }
+    for name in ("learning_curves.png", "figure4.png", "table2.png", "figure6.png", "figure7.png"):
+        assert (out / name).stat().st_size > 1000 and f"]({name})" in report
+
+
+def test_directions_that_do_not_hold_say_so(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, "no_memory", [("baseline", {})], 240.0)
+    make_run(root, "pos5", [("table3", {"position": 5})], 250.0, 99.0, 0.5)
+    make_run(root, "pos1", [("table3", {"position": 1})], 249.0, 100.0, 2.0)
+    make_run(root, "flat", [("table4", {"n_keys": 128, "key_type": "flat"})], 250.0, 100.0, 0.9, 900.0, n_keys=16)
+    make_run(root, "product", [("table4", {"n_keys": 128, "key_type": "product"})], 251.0, 100.0, 0.6, 1800.0,
+             n_keys=16)
+    verdicts = [v for _, v, _ in directions(find_runs([root]))]
+    assert verdicts == ["does not hold", "not run", "not run", "partly: usage does not, speed holds",
+                        "does not hold", "not run"]
+    out = tmp_path / "out"
+    write_report(find_runs([root]), out)
+    assert not (out / "figure6.png").exists() and "figure6.png" not in (out / "report.md").read_text()
+
+
+def test_bad_run_directory_is_one_line(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "config.yaml").write_text("model: {}\n")
+    with pytest.raises(ValueError, match=r"run: not a readable run directory"):
+        load_run(tmp_path / "run")
+    assert main([str(tmp_path / "missing"), "--out", str(tmp_path / "o")]) == 2
+    assert "missing: not a run directory" in capsys.readouterr().err
+
+
+def test_detokenize_merges_bpe_then_moses():
+    from sacremoses import MosesDetokenizer
+
+    assert detokenize(["the", "to@@", "ken@@", "izer", "'s", "output", "."], MosesDetokenizer("en")) \
+        == "the tokenizer's output."
+
+
+def test_slot_contexts_match_the_memory_statistics(tiny_data_dir, tmp_path):
+    """The most used slots and their weights equal what the memory's own statistics count over the
+    same batches; reads are per position, summed over heads (at most `heads`)."""
+    cfg = Config()
+    cfg.data.path, cfg.data.batch_size, cfg.data.bptt = str(tiny_data_dir), 4, 16
+    m = cfg.model
+    m.dim, m.n_layers, m.n_heads, m.max_len, m.mem_layers = 16, 2, 2, 16, [2]
+    m.memory.n_keys, m.memory.k_dim, m.memory.heads, m.memory.knn, m.memory.query_norm = 8, 8, 2, 3, "batchnorm"
+    stream = TokenStream(tiny_data_dir, "test", 4, 16, train=False)
+    m.vocab_size = len(stream.dictionary)
+    torch.manual_seed(0)
+    model = TransformerLM(m)
+    checkpoint.save_atomic({"config": to_dict(cfg), "model": model.state_dict(), "step": 0}, tmp_path / "best.pt")
+
+    found = slot_contexts(tmp_path / "best.pt", top_slots=3, per_slot=2, max_batches=3)
+
+    model.eval()
+    model.set_memory_stats(True)
+    with torch.no_grad():
+        for _, (x, _) in zip(range(3), stream):
+            model(x)
+    (layer, memory), = model.memories()
+    expected = memory.slot_weights()
+    assert [f["layer"] for f in found] == [2] and found[0]["tokens"] == 3 * 4 * 16
+    slots = found[0]["slots"]
+    assert [s["slot"] for s in slots] == expected.topk(3).indices.tolist()
+    assert [s["weight"] for s in slots] == pytest.approx(expected.topk(3).values.tolist(), abs=1e-3)
+    for s in slots:
+        assert 1 <= len(s["reads"]) <= 2
+        assert all(0 < r["weight"] <= 2 + 1e-6 and "@@" not in r["context"] + r["token"] for r in s["reads"])

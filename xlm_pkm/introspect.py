@@ -1,0 +1,92 @@
+"""What a trained memory stores: for its most used slots, the contexts that read them most strongly.
+
+    found = slot_contexts("dumped/run/best.pt", split="test", top_slots=8, per_slot=3)
+    # [{"layer": 5, "slots": [{"slot": 1234, "weight": 88.1, "reads": [{"weight": 0.93,
+    #     "context": "the return value of", "token": "len", "next": "("}, ...]}, ...]}]
+
+Two passes over the first `max_batches` batches of the split, in eval mode: the first sums every
+slot's read weight (its usage, as evaluate.py counts it) to pick the most used slots, the second
+keeps, for each of them, the positions that read it with the largest weight (summed over heads).
+Contexts are detokenised: BPE pieces merged ('@@ ' removed), then Moses' detokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from sacremoses import MosesDetokenizer
+
+from xlm_pkm import checkpoint
+from xlm_pkm.config import load_config_dict
+from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.model.transformer import TransformerLM
+
+
+def detokenize(pieces: list[str], detokenizer: MosesDetokenizer) -> str:
+    """BPE pieces -> text: 'to@@ ken' -> 'token', then Moses detokenisation."""
+    words = " ".join(pieces).replace("@@ ", "").removesuffix("@@").split()
+    return detokenizer.detokenize(words)
+
+
+def _memory_inputs(model: TransformerLM, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
+    """{layer: (B, T, dim) input of that layer's memory} for one forward of tokens (B, T)."""
+    captured, hooks = {}, []
+    for layer, memory in model.memories():
+        hooks.append(memory.register_forward_pre_hook(
+            lambda module, args, layer=layer: captured.__setitem__(layer, args[0].detach())))
+    try:
+        model(tokens)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured
+
+
+@torch.no_grad()
+def slot_contexts(path: str | Path, split: str = "test", top_slots: int = 8, per_slot: int = 3,
+                  max_batches: int = 20, window: int = 12, data_dir: str | None = None) -> list[dict]:
+    """For each memory of the checkpoint at `path`: its `top_slots` most used slots on `split`, each
+    with the `per_slot` reads of largest weight and their text (see the module docstring)."""
+    state = checkpoint.load(path)
+    cfg = load_config_dict(state["config"], source=str(path))
+    model = TransformerLM(cfg.model)
+    checkpoint.load_model_state(model, state["model"], path)
+    model.eval()
+    stream = TokenStream(data_dir or cfg.data.path, split, cfg.data.eval_batch_size or cfg.data.batch_size,
+                         cfg.data.bptt, train=False)
+    batches = [x for i, (x, _) in zip(range(max_batches), stream)]  # (B, T) each
+    memories = dict(model.memories())
+
+    usage = {layer: torch.zeros(m.n_slots, dtype=torch.float64) for layer, m in memories.items()}
+    for x in batches:
+        for layer, inputs in _memory_inputs(model, x).items():
+            weights, indices = memories[layer].lookup(inputs.reshape(-1, inputs.shape[-1]))  # (N, H, K) each
+            usage[layer].index_add_(0, indices.flatten(), weights.flatten().double())
+
+    top = {layer: u.topk(min(top_slots, int((u > 0).sum()))).indices for layer, u in usage.items()}
+    best = {layer: [[] for _ in t] for layer, t in top.items()}  # per top slot: [(weight, batch, row, pos)]
+    for b, x in enumerate(batches):
+        B, T = x.shape
+        for layer, inputs in _memory_inputs(model, x).items():
+            weights, indices = memories[layer].lookup(inputs.reshape(-1, inputs.shape[-1]))  # (N, H, K) each
+            for s, slot in enumerate(top[layer].tolist()):
+                per_position = (weights * (indices == slot)).sum(dim=(1, 2))  # (N,) summed over heads
+                w, n = per_position.topk(min(per_slot, per_position.numel()))
+                best[layer][s] += [(float(wi), b, ni // T, ni % T) for wi, ni in zip(w.tolist(), n.tolist()) if wi > 0]
+
+    detokenizer, words = MosesDetokenizer(lang="en"), stream.dictionary
+    out = []
+    for layer, slots in top.items():
+        found = []
+        for s, slot in enumerate(slots.tolist()):
+            reads = []
+            for w, b, row, pos in sorted(best[layer][s], reverse=True)[:per_slot]:
+                seq = batches[b][row].tolist()
+                left = [words[i] for i in seq[max(0, pos - window):pos]]
+                reads.append({"weight": round(w, 4), "context": detokenize(left, detokenizer),
+                              "token": words[seq[pos]].removesuffix("@@"),
+                              "next": words[seq[pos + 1]].removesuffix("@@") if pos + 1 < len(seq) else ""})
+            found.append({"slot": slot, "weight": round(float(usage[layer][slot]), 3), "reads": reads})
+        out.append({"layer": layer, "tokens": sum(x.numel() for x in batches), "slots": found})
+    return out
