@@ -1,0 +1,123 @@
+"""All-attention (Sukhbaatar et al. 2019, arXiv 1907.01470): context attention with relative positions,
+a cache of previous blocks, an adaptive span and, optionally, persistent vectors in the same softmax.
+
+    positions = RelativePositions(head_dim=64, max_span=8192)          # ONE table for all layers
+    attn = AllAttention(512, 8, positions, n_persistent=1024, dropout=0.3,
+                        span=AdaptiveSpan(8, 8192, ramp=32, loss_coeff=1e-7))
+    y = attn(x, cache)                     # x (B, M, D) the block, cache (B, C, D) -> y (B, M, D)
+    cache = attn.next_cache(cache, x)      # the layer's last input hidden states, detached
+
+With n_persistent = 0 this is the attention of the adaptive-span transformer (the paper's baseline,
+which keeps its FFN). The layer of either model is post-norm: x ← LayerNorm(x + AllAttention(x)),
+no dropout on the residual branch; the all-attention network has no FFN after it.
+
+Per head h (head dim d_h, queries q from the block, keys/values projected without bias from
+[cache; block]), a query attends to the previous tokens at offsets x = 0..L-1 (x = 0: the token just
+before it; not itself) and to its head's N persistent vectors:
+
+    context logit    (q·k_x + q·p_x) / √d_h        p_x: column x of the shared d_h × S table
+    persistent logit q·(√d_h·u_n) / √d_h = q·u_n   no position term
+    a = softmax over [context; persistent]
+    with a span: context part × m(x) (adaptive_span.py), persistent part × 1, a ← a / (Σa + 1e-8)
+    output = dropout(a_ctx)·v + dropout(a_pers)·(√N·u'_n)
+
+The stored persistent keys u ~ N(0, 1/d_h) and values u' ~ N(0, 1/N) are used scaled by √d_h and √N,
+so the vectors in use start at unit variance. L = S without an adaptive span, else the span in use
+(keys further back have mask 0 and are trimmed); the cache holds the last `cache_length()` inputs.
+A query whose window holds no token (a stream's first token without a cache) sees only the
+persistent vectors, or outputs 0 without them.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xlm_pkm.model.adaptive_span import AdaptiveSpan
+
+
+class RelativePositions(nn.Module):
+    """The learned key-side relative position embeddings, d_h × S, N(0, 1); shared by every head and
+    every layer (build one and pass it to each layer)."""
+
+    def __init__(self, head_dim: int, max_span: int):
+        super().__init__()
+        self.table = nn.Parameter(torch.randn(head_dim, max_span))  # (d_h, S): column x for offset x
+
+
+class AllAttention(nn.Module):
+    def __init__(self, dim: int, n_heads: int, positions: RelativePositions, n_persistent: int = 0,
+                 dropout: float = 0.0, span: AdaptiveSpan | None = None):
+        super().__init__()
+        if dim % n_heads:
+            raise ValueError(f"model.dim ({dim}) must be divisible by model.n_heads ({n_heads})")
+        self.n_heads, self.head_dim = n_heads, dim // n_heads
+        if positions.table.shape[0] != self.head_dim:
+            raise ValueError(f"relative position table has {positions.table.shape[0]} rows, heads have "
+                             f"{self.head_dim} dimensions")
+        self.max_span = positions.table.shape[1]
+        if span is not None and span.max_span != self.max_span:
+            raise ValueError(f"adaptive span max {span.max_span} != relative position table span {self.max_span}")
+        self.positions, self.span = positions, span
+        self.query, self.key, self.value, self.out = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.n_persistent = n_persistent
+        if n_persistent:  # stored u, u'; used √d_h·u, √N·u'
+            self.persistent_keys = nn.Parameter(torch.randn(n_heads, n_persistent, self.head_dim) / math.sqrt(self.head_dim))
+            self.persistent_values = nn.Parameter(torch.randn(n_heads, n_persistent, self.head_dim) / math.sqrt(n_persistent))
+        self.dropout = nn.Dropout(dropout)
+
+    def window(self) -> int:
+        """L: the offsets a query can see (the adaptive span in use, else S)."""
+        return self.span.span_in_use() if self.span is not None else self.max_span
+
+    def cache_length(self) -> int:
+        """Input hidden states to keep for the next block."""
+        return self.span.cache_length() if self.span is not None else self.max_span
+
+    def next_cache(self, cache: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The last cache_length() rows of [cache; x], detached: (B, C', D)."""
+        return torch.cat([cache, x], 1)[:, -self.cache_length():].detach()
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        B, T, _ = t.shape
+        return t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
+
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """x: (B, M, D) the current block; cache: (B, C, D) the preceding inputs (C may be 0) -> (B, M, D).
+        pad_mask is not supported (streams have no padding)."""
+        if pad_mask is not None:
+            raise ValueError("all-attention layers read contiguous streams: padding is not supported")
+        B, M, D = x.shape
+        L = self.window()
+        cache = cache[:, max(cache.shape[1] - L, 0):]  # keys further back than L are never seen
+        C = cache.shape[1]
+        h = torch.cat([cache, x], 1)  # (B, C + M, D)
+        q, k, v = self._heads(self.query(x)), self._heads(self.key(h)), self._heads(self.value(h))
+        # offset of key j from query i: the query sits at position C + i of h; valid keys are 0..L-1 back
+        i = torch.arange(M, device=x.device)[:, None]
+        j = torch.arange(C + M, device=x.device)[None, :]
+        offset = C + i - j - 1  # (M, C + M)
+        valid = (offset >= 0) & (offset < L)
+        offset = offset.clamp(0, L - 1)
+        pos = q @ self.positions.table[:, :L]  # (B, H, M, L): q·p_x for every offset x
+        pos = pos.gather(-1, offset.expand(B, self.n_heads, M, C + M))  # (B, H, M, C + M)
+        logits = (q @ k.transpose(-1, -2) + pos) / math.sqrt(self.head_dim)  # (B, H, M, C + M)
+        logits = logits.masked_fill(~valid, torch.finfo(logits.dtype).min)
+        if self.n_persistent:
+            pers = q @ self.persistent_keys.transpose(-1, -2)  # (B, H, M, N): q·(√d_h u)/√d_h = q·u
+            logits = torch.cat([logits, pers], -1)  # (B, H, M, C + M + N)
+        weights = F.softmax(logits.float(), -1).to(q.dtype)
+        context_mask = valid.to(q.dtype)  # (M, C + M): a row with no valid key must not spread over invalid ones
+        if self.span is not None:
+            context_mask = context_mask * self.span.mask(L).to(q.dtype)[:, offset]  # (H, M, C + M)
+        weights = torch.cat([weights[..., : C + M] * context_mask, weights[..., C + M:]], -1)
+        if self.span is not None:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-8)
+        weights = self.dropout(weights)
+        y = weights[..., : C + M] @ v  # (B, H, M, d_h)
+        if self.n_persistent:
+            y = y + weights[..., C + M:] @ (self.persistent_values * math.sqrt(self.n_persistent))
+        return self.out(y.transpose(1, 2).reshape(B, M, D))
