@@ -118,3 +118,32 @@ def test_span_gradient_and_persistent_gradients_flow():
     attn(torch.randn(2, 8, D), torch.randn(2, 8, D)).sum().backward()
     assert attn.span.z.grad.abs().sum() > 0
     assert attn.persistent_keys.grad.abs().sum() > 0 and attn.positions.table.grad.abs().sum() > 0
+
+
+def test_stream_attention_stack_in_blocks_equals_whole():
+    """Two post-norm all-attention layers (x <- LN(x + attn(x))): the second layer's cache holds the
+    first layer's outputs, so block-by-block equals one pass over the whole sequence."""
+    from xlm_pkm.model.stream_attention import StreamAttention
+
+    torch.manual_seed(0)
+    positions = RelativePositions(DH, 32)
+    layers = [StreamAttention(AllAttention(D, H, positions, 4, span=AdaptiveSpan(H, 32, 4, 0.0))) for _ in range(2)]
+    norms = [torch.nn.LayerNorm(D) for _ in layers]
+    with torch.no_grad():
+        for layer in layers:
+            layer.attention.span.z.fill_(1.0)
+
+    def run(x):
+        for layer, norm in zip(layers, norms):
+            x = norm(x + layer(x))
+        return x
+
+    x = torch.randn(3, 80, D)
+    with torch.no_grad():
+        whole = run(x)
+        for layer in layers:
+            layer.past = None
+        blocks = torch.cat([run(x[:, s:s + 16]) for s in range(0, 80, 16)], 1)
+    torch.testing.assert_close(blocks, whole, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="the attention cache holds 3 streams, this batch has 2"):
+        run(x[:2, :16])
