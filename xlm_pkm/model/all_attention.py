@@ -50,7 +50,7 @@ class RelativePositions(nn.Module):
 
 class AllAttention(nn.Module):
     def __init__(self, dim: int, n_heads: int, positions: RelativePositions, n_persistent: int = 0,
-                 dropout: float = 0.0, span: AdaptiveSpan | None = None):
+                 dropout: float = 0.0, span: AdaptiveSpan | None = None, adaptive_cache: bool = True):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"model.dim ({dim}) must be divisible by model.n_heads ({n_heads})")
@@ -61,7 +61,7 @@ class AllAttention(nn.Module):
         self.max_span = positions.table.shape[1]
         if span is not None and span.max_span != self.max_span:
             raise ValueError(f"adaptive span max {span.max_span} != relative position table span {self.max_span}")
-        self.positions, self.span = positions, span
+        self.positions, self.span, self.adaptive_cache = positions, span, adaptive_cache
         self.query, self.key, self.value, self.out = (nn.Linear(dim, dim, bias=False) for _ in range(4))
         self.n_persistent = n_persistent
         if n_persistent:  # stored u, u'; used √d_h·u, √N·u'
@@ -74,8 +74,9 @@ class AllAttention(nn.Module):
         return self.span.span_in_use() if self.span is not None else self.max_span
 
     def cache_length(self) -> int:
-        """Input hidden states to keep for the next block."""
-        return self.span.cache_length() if self.span is not None else self.max_span
+        """Input hidden states to keep for the next block: S, or with an adaptive span and adaptive_cache
+        (the authors' --adapt-span-cache) min(S, span in use + 64)."""
+        return self.span.cache_length() if self.span is not None and self.adaptive_cache else self.max_span
 
     def next_cache(self, cache: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The last cache_length() rows of [cache; x], detached: (B, C', D)."""
