@@ -66,7 +66,8 @@ def measure(entries: list[tuple[Path, list[str]]], args, vocab: int, words_per_t
         has_memory, mem = bool(model.memories()), cfg.model.memory
         tps = round(speeds[i])
         rows.append({"layers": cfg.model.n_layers, "dim": cfg.model.dim, "memories": len(model.memories()),
-                     "n_keys": mem.n_keys if has_memory else None, "slots": mem.n_keys**2 if has_memory else None,
+                     "n_keys": mem.n_keys if has_memory else None,
+                     "slots": model.memories()[0][1].n_slots if has_memory else None,
                      "key_type": mem.key_type if has_memory else None, "params": model.param_counts()["total"],
                      "tokens_per_s": tps, "words_per_s": round(tps * words_per_token) if words_per_token else None})
         print(" ".join(f"{k}={v}" for k, v in rows[-1].items()), flush=True)

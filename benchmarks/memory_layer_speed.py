@@ -34,7 +34,7 @@ DIM, HEADS, KNN, K_DIM = 512, 4, 32, 512
 def train_step(module, x, sparse: bool | None = None):
     def step():
         if sparse is not None:  # one ProductKeyMemory measured with both kinds of value gradient
-            module.sparse = sparse
+            module.sparse_values = sparse
         for p in module.parameters():
             p.grad = None
         module(x).float().sum().backward()

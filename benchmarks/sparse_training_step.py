@@ -61,8 +61,8 @@ def layer_step(name: str, n_keys: int, batch: int, bptt: int):
         layer = PKM(DIM, heads=4, num_keys=n_keys, topk=32, dim_head=256)
         optimizers = [torch.optim.Adam(layer.parameters(), lr=1e-3)]
     else:
-        layer = ProductKeyMemory(DIM, DIM, n_keys=n_keys, k_dim=512, heads=4, knn=32, query_norm="layernorm",
-                                 sparse=True)
+        layer = ProductKeyMemory(DIM, DIM, n_keys=n_keys, k_dim=512, heads=4, knn=32, query_norm="layernorm")
+        layer.sparse_values = True
         values = [layer.values.weight]
         others = [p for p in layer.parameters() if p is not layer.values.weight]
         optimizers = [LazyAdam(values, lr=1e-3), torch.optim.Adam(others, lr=2.5e-4)]

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from xlm_pkm.model.memory import ProductKeyMemory
+from xlm_pkm.model import memory as memory_module
 from xlm_pkm.model.value_read import read_values, resolve_backend
 
 pytest.importorskip("triton")
@@ -104,26 +105,30 @@ def test_fused_read_of_an_empty_batch():
 
 
 def test_memory_layer_with_fused_read_matches_torch_read():
-    torch.manual_seed(0)
-    memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, sparse=True, value_read="torch").to(DEVICE)
     x = torch.randn(3, 5, 16, device=DEVICE)
     results = {}
     for backend in ("torch", "triton"):
-        memory.value_read = backend
-        memory.zero_grad(set_to_none=True)
+        torch.manual_seed(0)
+        memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read=backend).to(DEVICE)
+        memory.sparse_values = True
+        assert memory.read_backend == backend
         y = memory(x)
         (y**2).sum().backward()
-        results[backend] = y, memory.values.weight.grad.to_dense(), memory.keys.grad, memory.query_net[0].weight.grad
+        results[backend] = (y, memory.values.weight.grad.to_dense(), memory.keys.weight.grad,
+                            memory.query_net[0].weight.grad)
     for a, b in zip(results["torch"], results["triton"]):
         torch.testing.assert_close(b, a)
 
 
-def test_compiled_memory_layer_runs_the_kernels_eagerly():
+def test_compiled_memory_layer_runs_the_kernels_eagerly(monkeypatch):
     torch.manual_seed(0)
     memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read="triton").to(DEVICE).eval()
     x = torch.randn(2, 5, 16, device=DEVICE)
     with torch.no_grad():
-        torch.testing.assert_close(torch.compile(memory)(x), memory(x))
+        expected = memory(x)
+        for name in ("choose_backend", "resolve_backend"):  # chosen at build/move time, not in the forward
+            monkeypatch.setattr(memory_module, name, None)
+        torch.testing.assert_close(torch.compile(memory)(x), expected)
 
 
 def test_backend_choice(monkeypatch):
@@ -132,9 +137,19 @@ def test_backend_choice(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(ValueError, match="value_read=triton needs Triton and a CUDA device"):
         resolve_backend("triton", torch.device("cpu"))
-    with pytest.raises(ValueError, match="value_read must be one of auto, torch, triton"):
-        ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read="cuda")
 
+
+def test_backend_is_chosen_when_the_layer_is_built_or_moved(monkeypatch):
+    """value_read=triton built where Triton cannot run: forward says why; moved (here: the interpreter
+    turned on, then .float()), the layer chooses again and runs the kernels."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read="triton")
+    assert memory.read_backend is None
+    with pytest.raises(ValueError, match="value_read=triton needs Triton and a CUDA device"):
+        memory(torch.randn(4, 16))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert memory.float().read_backend == "triton"
+    assert ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4).read_backend == "torch"  # auto on CPU
 
 
 def test_kernels_compile_for_gpus_without_register_spills():

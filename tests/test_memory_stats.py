@@ -11,18 +11,17 @@ from xlm_pkm.model.memory_stats import SlotStats
 
 def test_hand_computed_example():
     stats = SlotStats(4)
-    indices = torch.tensor([[0, 1], [0, 2], [3, 3]])
-    weights = torch.tensor([[0.75, 0.25], [0.5, 0.5], [0.9, 0.1]])
-    stats.add(indices, weights, keep=torch.tensor([True, True, False]))  # the third row is padding
-    # summed weights z' = [1.25, 0.25, 0.5, 0] -> z = [0.625, 0.125, 0.25, 0]; counts [2, 1, 1, 0] -> [.5, .25, .25, 0]
+    stats.add(torch.tensor([[0, 1], [0, 2]]), torch.tensor([[0.75, 0.25], [0.5, 0.5]]))
+    stats.add(torch.tensor([[2]]), torch.tensor([[0.0]]))  # a hit of weight 0: counted, weight unchanged
+    # summed weights z' = [1.25, 0.25, 0.5, 0] -> z = [0.625, 0.125, 0.25, 0]; counts [2, 1, 2, 0] -> [.4, .2, .4, 0]
     assert stats.weights.tolist() == [1.25, 0.25, 0.5, 0.0]
-    assert stats.counts.tolist() == [2.0, 1.0, 1.0, 0.0]
+    assert stats.counts.tolist() == [2.0, 1.0, 2.0, 0.0]
     s = stats.summary()
     assert s["usage"] == 75.0 and s["usage_count"] == 75.0
     # log 4 + .625 ln .625 + .125 ln .125 + .25 ln .25 = 1.3862944 - 0.2937525 - 0.2599302 - 0.3465736
     assert s["kl"] == pytest.approx(0.4860381, abs=1e-6)
-    # log 4 + .5 ln .5 + 2 * .25 ln .25 = 0.5 ln 2
-    assert s["kl_count"] == pytest.approx(0.5 * math.log(2), abs=1e-9)
+    # log 4 + 2 * .4 ln .4 + .2 ln .2
+    assert s["kl_count"] == pytest.approx(math.log(4) + 0.8 * math.log(0.4) + 0.2 * math.log(0.2), abs=1e-9)
     # sorted z: .625 (>= 50%), .625 + .25 = .875 (< 90%), + .125 = 1
     assert (s["slots_50"], s["slots_90"], s["slots_99"]) == (1, 3, 3)
 
@@ -35,22 +34,23 @@ def test_uniform_reads_have_zero_kl_and_full_usage():
     assert (s["slots_50"], s["slots_90"], s["slots_99"]) == (3, 6, 6)
 
 
-def test_memory_accumulates_only_in_eval_with_track_stats_and_excludes_padding():
+def test_memory_accumulates_only_in_eval_with_track_stats():
     torch.manual_seed(0)
     memory = ProductKeyMemory(8, 4, n_keys=6, k_dim=4, heads=3, knn=5)
     x = torch.randn(2, 5, 8)
-    pad = torch.zeros(2, 5, dtype=torch.bool)
-    pad[0, 3:] = True  # 8 real tokens
-    memory(x, pad)  # off by default
+    memory(x)  # off by default
     memory.track_stats = True
-    memory(x, pad)  # training mode: not accumulated
+    memory(x)  # training mode: not accumulated
     assert not memory.slot_weights().any()
     memory.eval()
-    memory(x, pad)
-    memory(x[1:], pad[1:])
-    # every real token gives weight 1 per head: (8 + 5 real tokens) * 3 heads
-    assert memory.slot_weights().sum().item() == pytest.approx(13 * 3)
-    assert memory.slot_stats.counts.sum().item() == 13 * 3 * 5
+    memory(x)
+    memory(x[1:])
+    # every token gives weight 1 per head: (10 + 5 tokens) * 3 heads
+    assert memory.slot_weights().sum().item() == pytest.approx(15 * 3)
+    assert memory.slot_stats.counts.sum().item() == 15 * 3 * 5
+    weights, indices = memory.lookup(torch.cat([x, x[1:]]))  # the reads, recomputed
+    expected = torch.zeros(36, dtype=torch.float64).index_add_(0, indices.flatten(), weights.double().flatten())
+    torch.testing.assert_close(memory.slot_weights(), expected)
     assert set(memory.stats()) == {"usage", "kl", "usage_count", "kl_count", "slots_50", "slots_90", "slots_99"}
     assert not any("stat" in key for key in memory.state_dict())
     memory.reset_stats()

@@ -133,7 +133,7 @@ def test_clip_grad_norm_counts_sparse_and_dense_gradients():
 
 def test_sparse_memory_under_bf16_autocast():
     memory = ProductKeyMemory(16, 16, n_keys=8, k_dim=8, heads=2, knn=4)
-    memory.sparse = True
+    memory.sparse_values = True
     x = torch.randn(2, 5, 16, requires_grad=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = memory(x)

@@ -113,9 +113,16 @@ def check_vocabulary(state: dict, fingerprint: str, vocab_path: str | Path, sour
                          f"(fingerprint {saved}, the data's is {fingerprint})")
 
 
+def migrate_model_state(state: dict, own: dict) -> dict:
+    """Model weights saved by earlier versions under today's names (memory keys: `.keys` became
+    `.keys.weight` when key searches became modules)."""
+    return {(f"{k}.weight" if k not in own and f"{k}.weight" in own else k): v for k, v in state.items()}
+
+
 def load_model_state(model: nn.Module, state: dict, source: str | Path) -> None:
     """Loads weights after checking that every parameter and buffer exists with the same shape."""
     own = model.state_dict()
+    state = migrate_model_state(state, own)
     missing = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
     mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"

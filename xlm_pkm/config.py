@@ -30,21 +30,24 @@ class ConfigError(ValueError):
 class MemoryConfig:
     """A Product Key Memory layer (paper §3). Options beyond the paper are off by default."""
 
-    n_keys: int = 512  # sub-keys per half: |K| = n_keys ** 2 slots
-    k_dim: int = 512  # query / key dimension (two halves of k_dim / 2)
-    heads: int = 4  # memory heads; each has its own query net and sub-keys, values are shared
+    n_keys: int = 512  # sub-keys per half: |K| = n_keys ** 2 slots (flat: n_keys ** 2 full keys)
+    k_dim: int = 512  # query / key dimension (product: two halves of k_dim / 2)
+    heads: int = 4  # memory heads; each has its own query and keys, the value table is shared
     knn: int = 32  # keys selected per head
-    key_type: str = "product"  # product | flat (exhaustive search over |K| full keys, Table 4)
-    query_norm: str = "batchnorm"  # batchnorm | layernorm | none (Table 2)
-    query_hidden: list[int] = field(default_factory=list)  # hidden sizes of the query MLP
+    # product | flat (exhaustive search over |K| full keys, Table 4) | any class in model/keys.py
+    key_type: str = field(default="product", metadata={"choices": "xlm_pkm.model.keys:KEY_SEARCHES"})
+    # batchnorm (paper, §4.5; training statistics span the batch) | layernorm (per head, causal) | none
+    query_norm: Literal["batchnorm", "layernorm", "none"] = "batchnorm"
+    query_hidden: list[int] = field(default_factory=list)  # hidden sizes of the query MLP (ReLU)
     input_dropout: float = 0.0
     query_dropout: float = 0.0
     value_dropout: float = 0.0
-    gated: bool = False  # Memory+ output gating: proj(silu(W x) * read) (Berges et al. 2024)
-    qk_norm: bool = False  # L2-normalise queries and sub-keys before scoring
-    temperature: float = 1.0  # softmax(scores / temperature) over the selected keys
+    gated: bool = False  # Memory+ output gating: W_o(silu(W_g x) * read) (Berges et al. 2024)
+    qk_norm: bool = False  # L2-normalise queries and keys (product: each half) before scoring
+    temperature: float = 1.0  # softmax(scores / temperature) over the selected keys; 1: the paper
     share_values: bool = False  # all memory layers of the model read one value table
-    value_read: str = "auto"  # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton
+    # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/value_read.py)
+    value_read: Literal["auto", "torch", "triton"] = "auto"
 
 
 @dataclass
@@ -60,9 +63,14 @@ class ModelConfig:
     attention_dropout: float = 0.0
     max_len: int = 512  # learned positional embeddings
     pre_norm: bool = False  # False: post-norm, as XLM
+    # the sublayer types of every layer, in order (model/blocks.py); a memory layer's "ffn" gives way
+    # to the memory (mem_mode replace), or the memory follows the others (add)
+    sublayers: list[str] = field(default_factory=lambda: ["attention", "ffn"],
+                                 metadata={"choices": "xlm_pkm.model.blocks:SUBLAYERS"})
     n_memories: int = 0  # interspersed at regular intervals (see transformer.memory_layers)
     mem_layers: list[int] = field(default_factory=list)  # explicit 1-indexed layers (wins over n_memories)
-    mem_mode: str = "replace"  # replace: memory instead of the FFN | add: x + memory(x) after the FFN
+    # replace: memory instead of the FFN | add: x + memory(x) after the FFN
+    mem_mode: Literal["replace", "add"] = "replace"
     memory: MemoryConfig = field(default_factory=MemoryConfig)
 
 
@@ -78,15 +86,19 @@ class DataConfig:
 class OptimConfig:
     """Adam with the inverse square-root schedule (Vaswani et al.); memory values in their own group."""
 
+    optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim:DENSE_OPTIMIZERS"})
     lr: float = 2.5e-4
-    beta1: float = 0.9
-    beta2: float = 0.98
+    beta1: float = 0.9  # adam
+    beta2: float = 0.98  # adam
     eps: float = 1e-8
-    weight_decay: float = 0.0
-    schedule: Literal["inverse_sqrt", "constant"] = "inverse_sqrt"
+    weight_decay: float = 0.0  # adam
+    # inverse_sqrt: linear warmup then lr·sqrt(warmup/step); linear_warmup: linear warmup then constant
+    schedule: Literal["inverse_sqrt", "linear_warmup", "constant"] = "inverse_sqrt"
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
-    clip_grad_norm: float = 0.0  # per parameter group; 0: off
+    clip_grad_norm: float = 0.0  # 0: off
+    clip_scope: Literal["group", "global"] = "group"  # one norm per optimizer group (XLM), or over all
+    clip_per_tensor: float = 0.0  # adagrad: each tensor's step scaled to this gradient norm (all-attention)
     accumulate: int = 1  # forward/backward passes per optimizer step
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
     # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim.py).
@@ -133,6 +145,7 @@ POSITIVE = ("model.dim", "model.n_layers", "model.n_heads", "model.max_len", "mo
             "train.eval_every", "train.max_nonfinite", "train.collective_timeout_minutes")
 NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.eval_batch_size",
                 "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
+                "optim.clip_per_tensor",
                 "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
                 "train.num_threads")
 PROBABILITIES = ("model.dropout", "model.attention_dropout", "model.memory.input_dropout",
@@ -264,9 +277,15 @@ def save_config(cfg: Config, path: str | Path) -> None:
     write_atomic(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False).encode())
 
 
-def validate(cfg: Config) -> Config:
-    """Checks the value rules above on a built Config; returns it."""
-    for key, value in _leaves(cfg, ""):
+def validate(cfg, prefix: str = ""):
+    """Checks the value rules above on a built Config, or on one section of it (e.g. a MemoryConfig
+    with prefix "model.memory."), whose keys are named from `prefix`; returns it."""
+    for key, field_, value in _leaves(cfg, prefix):
+        choices = _allowed(field_)
+        names = value if isinstance(value, list) else [value]
+        if choices is not None and any(name not in choices or isinstance(name, bool) for name in names):
+            each = "each one of" if isinstance(value, list) else "one of"
+            raise ConfigError(f"{key}: expected {each} {' | '.join(map(str, choices))}, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}: must be a finite number, got {value}")
         if key in POSITIVE and not _all(value, lambda v: v > 0):
@@ -275,7 +294,7 @@ def validate(cfg: Config) -> Config:
             raise ConfigError(f"{key}: must be >= 0, got {value}")
         if key in PROBABILITIES + BETAS and not 0 <= value < 1:
             raise ConfigError(f"{key}: must be in [0, 1), got {value}")
-    if not re.fullmatch(DEVICES, cfg.train.device):
+    if isinstance(cfg, Config) and not re.fullmatch(DEVICES, cfg.train.device):
         raise ConfigError(f"train.device: expected auto, cpu, cuda or cuda:N, got {cfg.train.device!r}")
     return cfg
 
@@ -285,12 +304,24 @@ def _all(value, test) -> bool:
 
 
 def _leaves(cfg, prefix: str):
+    """(dotted key, field, value) of every non-section field, sections recursively."""
+    hints = typing.get_type_hints(type(cfg))
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         if dataclasses.is_dataclass(value):
             yield from _leaves(value, f"{prefix}{f.name}.")
         else:
-            yield prefix + f.name, value
+            yield prefix + f.name, (f, hints[f.name]), value
+
+
+def _allowed(field_: tuple) -> list | None:
+    """The values a field may take: its Literal's, or the names in its registry; None if any."""
+    f, tp = field_
+    if "choices" in f.metadata:
+        return _choices(f.metadata["choices"])
+    if typing.get_origin(tp) is list:
+        (tp,) = typing.get_args(tp)
+    return list(typing.get_args(tp)) if typing.get_origin(tp) is Literal else None
 
 
 def _choices(spec: str) -> list[str]:
@@ -311,9 +342,6 @@ def _build(cls, raw: dict, prefix: str):
             hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
             raise ConfigError(f"unknown config key {prefix}{key}{hint}")
         kwargs[key] = _coerce(hints[key], value, prefix + key)
-        spec = fields[key].metadata.get("choices")
-        if spec and kwargs[key] not in _choices(spec):
-            raise ConfigError(f"{prefix}{key}: expected one of {' | '.join(_choices(spec))}, got {value!r}")
     return cls(**kwargs)
 
 
@@ -321,10 +349,9 @@ def _coerce(tp, value, key: str):
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key + ".")
     origin = typing.get_origin(tp)
-    if origin is Literal:
-        allowed = typing.get_args(tp)
-        if value not in allowed or isinstance(value, bool):
-            raise ConfigError(f"{key}: expected one of {' | '.join(map(str, allowed))}, got {value!r}")
+    if origin is Literal:  # which of its values: checked by validate
+        if isinstance(value, (list, dict)):
+            raise ConfigError(f"{key}: expected one of {' | '.join(map(str, typing.get_args(tp)))}, got {value!r}")
         return value
     if origin is list:
         (item_tp,) = typing.get_args(tp)

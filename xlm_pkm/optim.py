@@ -1,8 +1,14 @@
 """Optimizers of a run (paper §4.3): one Adam for the dense parameters on the inverse square-root
 schedule, and one for the memory values at a constant, higher learning rate.
 
-Each group has its own optimizer, learning-rate rule and gradient clipping. The values' optimizer is
-chosen by name (`optim.values_optimizer`) from VALUE_OPTIMIZERS, and it decides whether the value
+Each group has its own optimizer, learning-rate rule and gradient clipping (per group, or one global
+norm with `optim.clip_scope=global`). Both optimizers are chosen by name. The dense one
+(`optim.optimizer`) from DENSE_OPTIMIZERS:
+
+    adam       torch AdamW (the paper, XLM)
+    adagrad    Adagrad with per-tensor step clipping (xlm_pkm/adagrad.py; the all-attention paper)
+
+The values' one (`optim.values_optimizer`) from VALUE_OPTIMIZERS; it decides whether the value
 gradients are sparse (one row per slot read, see model/value_read.py):
 
     adam       torch AdamW on a dense gradient: every row's moments decay every step (the paper, XLM)
@@ -11,7 +17,7 @@ gradients are sparse (one row per slot read, see model/value_read.py):
     adagrad    torch Adagrad on a sparse gradient: equal to dense Adagrad (unread rows do not move)
     sgd        torch SGD on a sparse gradient: equal to dense SGD (no momentum)
 
-A new value optimizer is one `VALUE_OPTIMIZERS.register(name)` entry here.
+A new optimizer is one `register(name)` entry here.
 """
 
 from __future__ import annotations
@@ -23,9 +29,16 @@ from typing import Callable
 import torch
 from torch import nn
 
+from xlm_pkm.adagrad import ClippedAdagrad
 from xlm_pkm.config import ConfigError, OptimConfig
 from xlm_pkm.lazy_adam import LazyAdam
 from xlm_pkm.registry import Registry
+
+DENSE_OPTIMIZERS = Registry("dense optimizer")
+DENSE_OPTIMIZERS.register("adam")(lambda params, cfg: torch.optim.AdamW(
+    params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay))
+DENSE_OPTIMIZERS.register("adagrad")(lambda params, cfg: ClippedAdagrad(
+    params, lr=cfg.lr, eps=cfg.eps, clip=cfg.clip_per_tensor))
 
 
 @dataclass(frozen=True)
@@ -67,12 +80,14 @@ def scheduled_lr(step: int, cfg: OptimConfig) -> float:
     """Dense learning rate at optimizer step `step` (1-based).
 
     inverse_sqrt (Vaswani et al.): linear warmup from warmup_init_lr to lr over warmup_steps,
-    then lr * sqrt(warmup_steps / step). constant: lr.
+    then lr * sqrt(warmup_steps / step). linear_warmup: the same warmup, then lr. constant: lr.
     """
     if cfg.schedule == "constant":
         return cfg.lr
     if step < cfg.warmup_steps:
         return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
+    if cfg.schedule == "linear_warmup":
+        return cfg.lr
     return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)
 
 
@@ -108,20 +123,19 @@ class Optimizers:
     """The optimizer groups of a model: 'dense' and, when the model has memories, 'values'."""
 
     def __init__(self, model: nn.Module, cfg: OptimConfig):
+        if cfg.clip_per_tensor and cfg.optimizer != "adagrad":
+            raise ConfigError(f"optim.clip_per_tensor is Adagrad's (optim.optimizer=adagrad), "
+                              f"got optim.optimizer={cfg.optimizer}")
         values = list(model.memory_value_parameters())
         value_ids = {id(p) for p in values}
         dense = [p for p in model.parameters() if p.requires_grad and id(p) not in value_ids]
-        betas, eps = (cfg.beta1, cfg.beta2), cfg.eps
-        self.groups = [
-            OptimGroup(
-                "dense", dense,
-                torch.optim.AdamW(dense, lr=cfg.lr, betas=betas, eps=eps, weight_decay=cfg.weight_decay),
-                lambda step: scheduled_lr(step, cfg), cfg.clip_grad_norm,
-            )
-        ]
+        self.global_clip = cfg.clip_grad_norm if cfg.clip_scope == "global" else 0.0
+        group_clip = 0.0 if self.global_clip else cfg.clip_grad_norm
+        self.groups = [OptimGroup("dense", dense, DENSE_OPTIMIZERS[cfg.optimizer](dense, cfg),
+                                  lambda step: scheduled_lr(step, cfg), group_clip)]
         if values:
             self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
-                                          lambda step: cfg.values_lr, cfg.clip_grad_norm))
+                                          lambda step: cfg.values_lr, group_clip))
 
     def set_step(self, step: int) -> dict[str, float]:
         """Sets each group's learning rate for optimizer step `step`; returns them by group name."""
@@ -133,11 +147,14 @@ class Optimizers:
         return lrs
 
     def unscale_and_clip(self, scaler: torch.amp.GradScaler) -> dict[str, torch.Tensor]:
-        """Unscales the gradients (fp16) and clips each group to its norm; returns pre-clip norms."""
+        """Unscales the gradients (fp16) and clips each group to its norm, or all of them to one global
+        norm; returns the pre-clip norms by group (and "global")."""
         norms = {}
         for g in self.groups:
             scaler.unscale_(g.optimizer)
             norms[g.name] = clip_grad_norm(g.params, g.clip)
+        if self.global_clip:
+            norms["global"] = clip_grad_norm([p for g in self.groups for p in g.params], self.global_clip)
         return norms
 
     def step(self, scaler: torch.amp.GradScaler) -> None:

@@ -32,18 +32,13 @@ class SlotStats:
         self.weights: torch.Tensor | None = None  # (n_slots,) float64
         self.counts: torch.Tensor | None = None  # (n_slots,) float64
 
-    def add(self, indices: torch.Tensor, weights: torch.Tensor, keep: torch.Tensor | None = None) -> None:
-        """indices, weights: (N, ...) selected slots and their weights; keep: (N,) bool, False at padding."""
+    def add(self, indices: torch.Tensor, weights: torch.Tensor) -> None:
+        """indices, weights: (N, ...) selected slots and their weights."""
         if self.weights is None:
             self.weights = torch.zeros(self.n_slots, dtype=torch.float64, device=indices.device)
             self.counts = torch.zeros(self.n_slots, dtype=torch.float64, device=indices.device)
-        hits = torch.ones_like(weights, dtype=torch.float64)
-        weights = weights.detach().double()
-        if keep is not None:
-            mask = keep.reshape(-1, *[1] * (weights.dim() - 1)).to(torch.float64)  # (N, 1, ...)
-            weights, hits = weights * mask, hits * mask
-        self.weights.index_add_(0, indices.reshape(-1), weights.reshape(-1))
-        self.counts.index_add_(0, indices.reshape(-1), hits.reshape(-1))
+        self.weights.index_add_(0, indices.reshape(-1), weights.detach().double().reshape(-1))
+        self.counts.index_add_(0, indices.reshape(-1), torch.ones_like(weights, dtype=torch.float64).reshape(-1))
 
     def summary(self) -> dict[str, float]:
         """usage, kl, usage_count, kl_count, slots_50, slots_90, slots_99 (see the module docstring)."""

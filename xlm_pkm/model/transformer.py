@@ -3,11 +3,14 @@ Product Key Memory in some layers.
 
     model = TransformerLM(cfg.model)       # cfg.model.vocab_size set from the data
     logits = model(tokens)                 # (B, T) int64 -> (B, T, vocab)
+    cache = model.new_cache()              # incremental decoding (eval mode): feed the prompt, then
+    logits = model(tokens, cache)          # one token at a time; each forward sees what came before
 
-Block l (1-indexed) is self-attention, then the feed-forward sublayers: [FFN], or [PKM] when l is a
-memory layer with mem_mode "replace", or [FFN, PKM] with mem_mode "add". Every sublayer f has its
-own LayerNorm and residual: post-norm (XLM) x = LN(x + drop(f(x))), pre-norm x = x + drop(f(LN(x))).
-Post-norm also normalises the embeddings (XLM's layer_norm_emb); pre-norm ends with a final LayerNorm.
+Each layer is a Block of sublayers (blocks.py), chosen by name (blocks.SUBLAYERS): cfg.sublayers
+(["attention", "ffn"] by default), in a memory layer with the FFN replaced by the memory
+(mem_mode "replace") or followed by it ("add"). Every sublayer has its own LayerNorm and residual:
+post-norm (XLM) x = LN(x + drop(f(x))), pre-norm x = x + drop(f(LN(x))). Post-norm also normalises
+the embeddings (XLM's layer_norm_emb); pre-norm ends with a final LayerNorm.
 
 Init: token and position embeddings N(0, dim^-0.5) as XLM; linear layers PyTorch's default;
 the output projection is tied to the token embeddings (no bias).
@@ -28,7 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from xlm_pkm.config import ModelConfig
-from xlm_pkm.model.memory import ProductKeyMemory, value_table
+from xlm_pkm.model.attention import KVCache
+from xlm_pkm.model.blocks import SUBLAYERS, Block, shared_state
+from xlm_pkm.model.memory import ProductKeyMemory
 
 logger = logging.getLogger(__name__)
 
@@ -43,8 +48,6 @@ def memory_layers(n_layers: int, n_memories: int) -> list[int]:
 
 def resolve_memory_layers(cfg: ModelConfig) -> list[int]:
     """cfg.mem_layers when given (validated), else memory_layers(cfg.n_layers, cfg.n_memories)."""
-    if cfg.mem_mode not in ("replace", "add"):
-        raise ValueError(f"model.mem_mode must be replace or add, got {cfg.mem_mode!r}")
     if not cfg.mem_layers:
         return memory_layers(cfg.n_layers, cfg.n_memories)
     bad = [layer for layer in cfg.mem_layers if not 1 <= layer <= cfg.n_layers]
@@ -53,48 +56,16 @@ def resolve_memory_layers(cfg: ModelConfig) -> list[int]:
     return sorted(cfg.mem_layers)
 
 
-class SelfAttention(nn.Module):
-    def __init__(self, dim: int, n_heads: int, attention_dropout: float):
-        super().__init__()
-        if dim % n_heads:
-            raise ValueError(f"model.dim ({dim}) must be divisible by model.n_heads ({n_heads})")
-        self.n_heads, self.attention_dropout = n_heads, attention_dropout
-        self.qkv = nn.Linear(dim, 3 * dim)
-        self.out = nn.Linear(dim, dim)
-
-    def forward(self, x: torch.Tensor, pad_mask=None) -> torch.Tensor:
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)  # (B, T, nh, hd) each
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
-                                           dropout_p=self.attention_dropout if self.training else 0.0)  # (B, nh, T, hd)
-        return self.out(y.transpose(1, 2).reshape(B, T, D))
-
-
-class FeedForward(nn.Module):
-    def __init__(self, dim: int, hidden: int):
-        super().__init__()
-        self.fc1, self.fc2 = nn.Linear(dim, hidden), nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor, pad_mask=None) -> torch.Tensor:
-        return self.fc2(F.gelu(self.fc1(x)))
-
-
-class Block(nn.Module):
-    """Self-attention then the feed-forward sublayers (FFN and/or memory), each with norm and residual."""
-
-    def __init__(self, sublayers: list[nn.Module], dim: int, dropout: float, pre_norm: bool):
-        super().__init__()
-        self.sublayers = nn.ModuleList(sublayers)
-        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in sublayers)
-        self.dropout, self.pre_norm = nn.Dropout(dropout), pre_norm
-
-    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        for f, norm in zip(self.sublayers, self.norms):
-            if self.pre_norm:
-                x = x + self.dropout(f(norm(x), pad_mask))
-            else:
-                x = norm(x + self.dropout(f(x, pad_mask)))
-        return x
+def layer_sublayers(cfg: ModelConfig, mem_layers: list[int], layer: int) -> list[str]:
+    """The sublayer names of 1-indexed `layer`: cfg.sublayers, where a memory layer's "ffn" becomes the
+    memory (mem_mode replace), or the memory comes last (add, or no "ffn" to replace)."""
+    names = list(cfg.sublayers)
+    if layer in mem_layers:
+        if cfg.mem_mode == "replace" and "ffn" in names:
+            names[names.index("ffn")] = "memory"
+        else:
+            names.append("memory")
+    return names
 
 
 class TransformerLM(nn.Module):
@@ -105,7 +76,7 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.mem_layers = resolve_memory_layers(cfg)
         logger.info("memories at layers %s (%s), of %d layers", self.mem_layers, cfg.mem_mode, cfg.n_layers)
-        D, mcfg = cfg.dim, cfg.memory
+        D = cfg.dim
         self.tok_emb = nn.Embedding(cfg.vocab_size, D)
         self.pos_emb = nn.Embedding(cfg.max_len, D)
         for emb in (self.tok_emb, self.pos_emb):
@@ -113,28 +84,30 @@ class TransformerLM(nn.Module):
         self.emb_norm = nn.Identity() if cfg.pre_norm else nn.LayerNorm(D)
         self.dropout = nn.Dropout(cfg.dropout)
 
-        shared = value_table(mcfg.n_keys**2, D) if mcfg.share_values and self.mem_layers else None
-        blocks = []
-        for layer in range(1, cfg.n_layers + 1):
-            sublayers = [SelfAttention(D, cfg.n_heads, cfg.attention_dropout)]
-            if layer not in self.mem_layers or cfg.mem_mode == "add":
-                sublayers.append(FeedForward(D, cfg.ffn_dim or 4 * D))
-            if layer in self.mem_layers:
-                sublayers.append(ProductKeyMemory.from_config(mcfg, D, D, values=shared))
-            blocks.append(Block(sublayers, D, cfg.dropout, cfg.pre_norm))
-        self.blocks = nn.ModuleList(blocks)
+        self.plan = [layer_sublayers(cfg, self.mem_layers, layer) for layer in range(1, cfg.n_layers + 1)]
+        shared = shared_state(cfg, self.plan)
+        self.blocks = nn.ModuleList(Block([SUBLAYERS[name](cfg, layer, shared) for name in names], D, cfg.dropout,
+                                          cfg.pre_norm) for layer, names in enumerate(self.plan, 1))
         self.final_norm = nn.LayerNorm(D) if cfg.pre_norm else nn.Identity()
 
-    def forward(self, tokens: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens: (B, T) int64; pad_mask: (B, T) bool, True at padding (optional) -> logits (B, T, vocab)."""
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """tokens: (B, T) int64 -> logits (B, T, vocab). With a cache (new_cache()), tokens are the T
+        positions after the cache.offset ones already fed, and the cache is extended by them."""
         T = tokens.shape[1]
-        if T > self.cfg.max_len:
-            raise ValueError(f"sequence length {T} exceeds model.max_len={self.cfg.max_len}")
-        positions = torch.arange(T, device=tokens.device)
+        start = cache.offset if cache is not None else 0
+        if start + T > self.cfg.max_len:
+            raise ValueError(f"sequence length {start + T} exceeds model.max_len={self.cfg.max_len}")
+        positions = torch.arange(start, start + T, device=tokens.device)
         x = self.dropout(self.emb_norm(self.tok_emb(tokens) + self.pos_emb(positions)))  # (B, T, D)
         for block in self.blocks:
-            x = block(x, pad_mask)
+            x = block(x, cache)
+        if cache is not None:
+            cache.offset += T
         return F.linear(self.final_norm(x), self.tok_emb.weight)  # (B, T, vocab), tied output
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for forward(tokens, cache): generating n tokens costs n one-token forwards."""
+        return KVCache()
 
     def memories(self) -> list[tuple[int, ProductKeyMemory]]:
         """[(1-indexed layer, memory)] in layer order."""
@@ -142,33 +115,35 @@ class TransformerLM(nn.Module):
                 for f in block.sublayers if isinstance(f, ProductKeyMemory)]
 
     def memory_value_parameters(self) -> list[nn.Parameter]:
-        """The value tables' parameters, each once (also when shared); every other parameter is dense."""
-        unique = {id(m.values.weight): m.values.weight for _, m in self.memories()}
-        return list(unique.values())
+        """The value tables' parameters (marked is_memory_value), each once (also when shared); every other
+        parameter is dense."""
+        return [p for p in self.parameters() if getattr(p, "is_memory_value", False)]
 
     def set_sparse_values(self, flag: bool) -> None:
-        """Value tables get sparse gradients (one row per slot read) when True."""
+        """Sparse value-table gradients (one row per slot read; for LazyAdam) in every memory, or dense."""
         for _, m in self.memories():
-            m.sparse = flag
+            m.sparse_values = flag
 
     def param_counts(self) -> dict[str, int]:
+        """total = dense + memory_values; then the dense parameters of each sublayer type (summed over
+        layers; norms and embeddings in none of them)."""
         total = sum(p.numel() for p in self.parameters())
         values = sum(p.numel() for p in self.memory_value_parameters())
-        return {"total": total, "dense": total - values, "memory_values": values}
+        counts = {"total": total, "dense": total - values, "memory_values": values}
+        for names, block in zip(self.plan, self.blocks):
+            for name, f in zip(names, block.sublayers):
+                dense = sum(p.numel() for p in f.parameters() if not getattr(p, "is_memory_value", False))
+                counts[name] = counts.get(name, 0) + dense
+        return counts
 
     def dense_flops_per_token(self, seq_len: int) -> float:
-        """Training FLOPs per token (forward + backward; forward alone is 1/3 of it):
-
-            6 · (dense params − position embeddings)    matmuls; the tied token embedding counts once,
-                                                         as the output projection; memory keys count
-                                                         as the search (one multiply-add per key weight)
-          + 6 · Σ_memories heads · knn · dim             the weighted value reads
-          + 12 · n_layers · seq_len · dim                attention scores and mixing (PaLM's convention,
-                                                         full, not causally halved, T × T)
+        """Training FLOPs per token (forward + backward; forward alone is 1/3 of it): each block's
+        sublayers report theirs (blocks.py: 6 per dense weight, attention's 12 · seq_len · dim, the
+        memories' search and value reads), plus 6 per weight of the norms and the token embedding
+        (counted once, as the tied output projection). Position embeddings are a lookup: not counted.
         """
-        params = self.param_counts()["dense"] - self.pos_emb.weight.numel()
-        reads = sum(m.heads * m.knn * m.output_dim for _, m in self.memories())
-        return 6.0 * (params + reads) + 12.0 * self.cfg.n_layers * seq_len * self.cfg.dim
+        outside = sum(p.numel() for m in (self.tok_emb, self.emb_norm, self.final_norm) for p in m.parameters())
+        return 6.0 * outside + sum(block.flops_per_token(seq_len) for block in self.blocks)
 
     def set_memory_stats(self, enabled: bool) -> None:
         """Turn per-slot statistics of every memory on (from zero) or off (kept for reading); eval mode only."""

@@ -5,7 +5,7 @@ them in float32, so no (N, L, dim) tensor is formed and each table row is read o
 
 Backward:
   - weights: grad_w[n, l] = grad_out[n] · table[idx[n, l]], one program per (token, block of lookups);
-  - table: the lookups are sorted by slot (value_read.group_by_slot, the same grouping as the
+  - table: the lookups are sorted by slot (slot_groups.group_by_slot, the same grouping as the
     reference path), and one program per (distinct slot, block of columns) sums w · grad_out over its
     own run of lookups. Every output row has exactly one writer: no atomics, so no contention on hot
     slots and a deterministic result. The rows come out as the sparse gradient directly, or are
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from xlm_pkm.model.value_read import group_by_slot, table_gradient
+from xlm_pkm.model.slot_groups import group_by_slot, table_gradient
 
 
 @triton.jit

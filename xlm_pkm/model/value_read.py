@@ -1,8 +1,9 @@
 """The memory's value read, out[n] = Σ_l w[n, l] · values[idx[n, l]], with a dense or sparse table gradient.
 
-Two implementations, chosen by `backend` (MemoryConfig.value_read):
-  - "torch", the reference and the default on CPU: `nn.EmbeddingBag`, with the sparse gradient below;
-  - "triton", the default on CUDA when Triton is installed: fused kernels (triton_value_read.py).
+Two backends: "torch", the reference and the default on CPU: `nn.EmbeddingBag`, with the sparse
+gradient below; "triton", the default on CUDA when Triton is installed: fused kernels
+(triton_value_read.py). MemoryConfig.value_read ("auto", "torch" or "triton") is resolved to one of
+them by `choose_backend` when a memory is built or moved to a device, never in its forward.
 
 Dense gradient: a (n_slots, dim) tensor. Sparse gradient: one row per *distinct* slot read in the
 step, so its size (and an optimizer step on it) does not grow with the table.
@@ -27,26 +28,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from xlm_pkm.model.slot_groups import group_by_slot, table_gradient
 from xlm_pkm.precision import at_least_float32
 
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")  # used internally only
-
-BACKENDS = ("auto", "torch", "triton")
-
-
-def group_by_slot(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """indices: (N, L) -> slots (U,) the distinct slots ascending, order (N*L,) the flat lookups
-    n*L + l grouped by slot (stable), row_starts (U + 1,) where each slot's run begins in `order`."""
-    slots_read, order = torch.sort(indices.reshape(-1), stable=True)  # (N*L,)
-    slots, counts = torch.unique_consecutive(slots_read, return_counts=True)  # (U,)
-    return slots, order, F.pad(torch.cumsum(counts, 0), (1, 0))
-
-
-def table_gradient(slots: torch.Tensor, rows: torch.Tensor, shape: torch.Size, sparse: bool) -> torch.Tensor:
-    """The table's gradient from its distinct rows (U, dim): sparse COO (coalesced), or dense."""
-    if sparse:
-        return torch.sparse_coo_tensor(slots.unsqueeze(0), rows, shape, is_coalesced=True, check_invariants=False)
-    return rows.new_zeros(shape).index_copy_(0, slots, rows)
 
 
 class _AttachSparseTableGrad(torch.autograd.Function):
@@ -80,17 +65,18 @@ def triton_usable(device: torch.device) -> bool:
     return triton_installed() and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
 
 
-def check_backend(backend: str) -> None:
-    if backend not in BACKENDS:
-        raise ValueError(f"memory value_read must be one of {', '.join(BACKENDS)}, got {backend!r}")
-
-
-def resolve_backend(backend: str, device: torch.device) -> str:
-    """"auto" -> "triton" on CUDA when Triton is installed, else "torch"; checks an explicit choice."""
-    check_backend(backend)
-    if backend == "auto":
+def choose_backend(value_read: str, device: torch.device) -> str | None:
+    """"auto" -> "triton" on CUDA when Triton is installed, else "torch"; "torch" -> "torch";
+    "triton" -> "triton" where its kernels run, else None (resolve_backend says why)."""
+    if value_read == "auto":
         return "triton" if device.type == "cuda" and triton_usable(device) else "torch"
-    if backend == "triton" and not triton_usable(device):
+    return None if value_read == "triton" and not triton_usable(device) else value_read
+
+
+def resolve_backend(value_read: str, device: torch.device) -> str:
+    """choose_backend, raising where the chosen backend cannot run."""
+    backend = choose_backend(value_read, device)
+    if backend is None:
         raise ValueError(f"memory value_read=triton needs Triton and a CUDA device (tensors are on {device}; "
                          f"TRITON_INTERPRET=1 runs the kernels on CPU, slowly, for testing)")
     return backend
@@ -99,8 +85,8 @@ def resolve_backend(backend: str, device: torch.device) -> str:
 def read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool,
                 backend: str = "torch") -> torch.Tensor:
     """table: (n_slots, dim); indices, weights: (N, L) -> (N, dim) weighted sums of the rows read, in the
-    table's dtype. backend: "torch", "triton" or "auto" (see the module docstring)."""
-    if resolve_backend(backend, table.device) == "triton":
+    table's dtype. backend: "torch" or "triton" (a resolved choice, see the module docstring)."""
+    if backend == "triton":
         from xlm_pkm.model.triton_value_read import fused_read_values  # imports Triton only when used
         return fused_read_values(table, indices, weights, sparse)
     weights = weights.to(table.dtype)
