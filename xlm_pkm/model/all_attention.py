@@ -86,11 +86,8 @@ class AllAttention(nn.Module):
         B, T, _ = t.shape
         return t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
 
-    def forward(self, x: torch.Tensor, cache: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """x: (B, M, D) the current block; cache: (B, C, D) the preceding inputs (C may be 0) -> (B, M, D).
-        pad_mask is not supported (streams have no padding)."""
-        if pad_mask is not None:
-            raise ValueError("all-attention layers read contiguous streams: padding is not supported")
+    def forward(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
+        """x: (B, M, D) the current block; cache: (B, C, D) the preceding inputs (C may be 0) -> (B, M, D)."""
         B, M, D = x.shape
         L = self.window()
         cache = cache[:, max(cache.shape[1] - L, 0):]  # keys further back than L are never seen
