@@ -16,7 +16,9 @@ Tokens, as the authors' loader sees the space-separated files their scripts writ
     other than the newline, in byte order, each written as its decimal value ("101 5723046", as
     prep_enwik8.py writes bytes); valid/test bytes absent from train become `<unk>` (counted).
     enwik8 holds 205 distinct byte values (newline included; a third-party count, not verified
-    here), so our vocabulary is 4 + 204 = 208 where the authors' is 204 + `<eos>` = 205.
+    here). The authors' vocabulary is train's symbols + `<eos>`, and their loader fails on a valid/
+    test symbol absent from train, so all 205 occur in train: theirs is 204 + `<eos>` = 205 symbols,
+    ours 4 + 204 = 208 tokens.
   * DIR/{train,valid,test}.000.bin (shard.py) and DIR/meta.json with "unit": "byte", which tells
     evaluation to report bits per character: every token but the leading `<s>` is one byte.
 Every file is written under a temporary name and renamed.
