@@ -147,3 +147,46 @@ def test_stream_attention_stack_in_blocks_equals_whole():
     torch.testing.assert_close(blocks, whole, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="the attention cache holds 3 streams, this batch has 2"):
         run(x[:2, :16])
+
+
+def _persistent_ffn(attn, x, heads):
+    """Eq. 9 for the given heads, straight from the stored vectors: (B, M, len(heads), d_h)."""
+    q = attn.query(x).view(*x.shape[:2], H, DH)[:, :, heads]  # (B, M, h, d_h)
+    keys, values = math.sqrt(DH) * attn.persistent_keys, math.sqrt(attn.n_persistent) * attn.persistent_values
+    a = torch.softmax(torch.einsum("bmhd,hnd->bmhn", q, keys) / math.sqrt(DH), -1)
+    return torch.einsum("bmhn,hnd->bmhd", a, values)
+
+
+def _context_only(attn, x, cache):
+    """The same weights without persistent vectors and with an identity output: per-head context reads."""
+    ctx = AllAttention(D, H, attn.positions, 0, span=attn.span)
+    ctx.load_state_dict({k: v for k, v in attn.state_dict().items() if not k.startswith("persistent")}, strict=False)
+    with torch.no_grad():
+        ctx.out.weight.copy_(torch.eye(D))
+    return ctx.eval()(x, cache).view(*x.shape[:2], H, DH)
+
+
+@pytest.mark.parametrize("z", [None, [0.1, 0.4]])
+def test_split_mixing_is_context_attention_plus_softmax_ffn(z):
+    torch.manual_seed(1)
+    span = None if z is None else AdaptiveSpan(H, 64, 4, 0.0)
+    if span is not None:
+        with torch.no_grad():
+            span.z.copy_(torch.tensor(z))
+    attn = AllAttention(D, H, RelativePositions(DH, 64), 6, span=span, mixing="split").eval()
+    x, cache = torch.randn(2, 5, D), torch.randn(2, 9, D)
+    with torch.no_grad():
+        expected = attn.out((_context_only(attn, x, cache) + _persistent_ffn(attn, x, [0, 1])).reshape(2, 5, D))
+        torch.testing.assert_close(attn(x, cache), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_head_split_mixing_halves_the_heads():
+    torch.manual_seed(2)
+    attn = AllAttention(D, H, RelativePositions(DH, 16), 6, mixing="head_split").eval()
+    assert attn.persistent_keys.shape == (1, 6, DH)  # only the persistent head holds vectors
+    x, cache = torch.randn(2, 5, D), torch.randn(2, 9, D)
+    with torch.no_grad():
+        heads = torch.cat([_context_only(attn, x, cache)[:, :, :1], _persistent_ffn(attn, x, [1])], 2)
+        torch.testing.assert_close(attn(x, cache), attn.out(heads.reshape(2, 5, D)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="persistent mixing 'head_split' needs"):
+        AllAttention(D, H, RelativePositions(DH, 16), 0, mixing="head_split")

@@ -60,6 +60,7 @@ def open_spans(model, z=1.0):
 
 
 @pytest.mark.parametrize("kw", [{}, dict(sublayers=["span_attention", "ffn"], persistent_vectors=0),
+                                dict(persistent_mixing="head_split"),
                                 dict(mem_layers=[2], memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4,
                                                                          query_norm="layernorm"))])
 def test_blocks_with_cache_equal_whole_sequence(kw):
@@ -141,6 +142,9 @@ def test_flops_follow_the_span_in_use():
     ("model.family=other", "model.family"),
     ("model.span.ramp=0", "model.span.ramp"),
     ("model.persistent_vectors=-1", "model.persistent_vectors"),
+    ("model.persistent_mixing=both", "model.persistent_mixing"),
+    ("model.family=transformer", "model.sublayers: all_attention needs model.family=all_attention"),
+    ("model.adaptive_cutoffs=[20,10]", "model.adaptive_cutoffs: must increase strictly"),
 ])
 def test_config_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):

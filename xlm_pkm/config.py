@@ -92,6 +92,9 @@ class ModelConfig:
     # `dropout` on the input embeddings and the last hidden state only.
     family: Literal["transformer", "all_attention"] = "transformer"
     persistent_vectors: int = 0  # N key/value vectors per head in each all_attention sublayer
+    # joint: one softmax over context and persistent vectors (the paper's model); split / head_split:
+    # the paper's attn-split and head-split ablations (model/all_attention.py)
+    persistent_mixing: Literal["joint", "split", "head_split"] = "joint"
     span: SpanConfig = field(default_factory=SpanConfig)
     # tied adaptive input + adaptive softmax over a frequency-sorted vocabulary (family all_attention):
     # cluster boundaries (ids), e.g. [20000, 40000, 200000]; empty: a full softmax

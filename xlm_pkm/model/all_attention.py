@@ -26,6 +26,11 @@ so the vectors in use start at unit variance. L = S without an adaptive span, el
 (keys further back have mask 0 and are trimmed); the cache holds the last `cache_length()` inputs.
 A query whose window holds no token (a stream's first token without a cache) sees only the
 persistent vectors, or outputs 0 without them.
+
+The paper's ablations (§5.4), by `mixing`: "joint" (all-attn, the model), "split" (attn-split: a
+softmax over the context, span-masked and renormalised alone, and another over the persistent
+vectors, outputs summed), "head_split" (the first H//2 heads see only the context, the others only
+their persistent vectors; only those heads hold persistent vectors, hence fewer parameters).
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from torch import nn
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 
 
+MIXINGS = ("joint", "split", "head_split")
+
+
 class RelativePositions(nn.Module):
     """The learned key-side relative position embeddings, d_h × S, N(0, 1); shared by every head and
     every layer (build one and pass it to each layer)."""
@@ -50,7 +58,8 @@ class RelativePositions(nn.Module):
 
 class AllAttention(nn.Module):
     def __init__(self, dim: int, n_heads: int, positions: RelativePositions, n_persistent: int = 0,
-                 dropout: float = 0.0, span: AdaptiveSpan | None = None, adaptive_cache: bool = True):
+                 dropout: float = 0.0, span: AdaptiveSpan | None = None, adaptive_cache: bool = True,
+                 mixing: str = "joint"):
         super().__init__()
         if dim % n_heads:
             raise ValueError(f"model.dim ({dim}) must be divisible by model.n_heads ({n_heads})")
@@ -63,10 +72,17 @@ class AllAttention(nn.Module):
             raise ValueError(f"adaptive span max {span.max_span} != relative position table span {self.max_span}")
         self.positions, self.span, self.adaptive_cache = positions, span, adaptive_cache
         self.query, self.key, self.value, self.out = (nn.Linear(dim, dim, bias=False) for _ in range(4))
-        self.n_persistent = n_persistent
+        if mixing not in MIXINGS or (mixing == "head_split" and (n_heads < 2 or not n_persistent)):
+            raise ValueError(f"persistent mixing {mixing!r} needs one of {', '.join(MIXINGS)} (head_split: 2 heads "
+                             f"and persistent vectors or more), got {n_heads} heads, {n_persistent} vectors")
+        self.n_persistent, self.mixing = n_persistent, mixing
+        # heads 0..H_c-1 see the context, the last H_p heads have persistent vectors (head_split: halves)
+        self.context_heads = n_heads // 2 if mixing == "head_split" else n_heads
+        self.persistent_heads = (n_heads - n_heads // 2 if mixing == "head_split" else n_heads) if n_persistent else 0
         if n_persistent:  # stored u, u'; used √d_h·u, √N·u'
-            self.persistent_keys = nn.Parameter(torch.randn(n_heads, n_persistent, self.head_dim) / math.sqrt(self.head_dim))
-            self.persistent_values = nn.Parameter(torch.randn(n_heads, n_persistent, self.head_dim) / math.sqrt(n_persistent))
+            shape = (self.persistent_heads, n_persistent, self.head_dim)
+            self.persistent_keys = nn.Parameter(torch.randn(shape) / math.sqrt(self.head_dim))
+            self.persistent_values = nn.Parameter(torch.randn(shape) / math.sqrt(n_persistent))
         self.dropout = nn.Dropout(dropout)
 
     def window(self) -> int:
@@ -104,18 +120,28 @@ class AllAttention(nn.Module):
         pos = pos.gather(-1, offset.expand(B, self.n_heads, M, C + M))  # (B, H, M, C + M)
         logits = (q @ k.transpose(-1, -2) + pos) / math.sqrt(self.head_dim)  # (B, H, M, C + M)
         logits = logits.masked_fill(~valid, torch.finfo(logits.dtype).min)
-        if self.n_persistent:
-            pers = q @ self.persistent_keys.transpose(-1, -2)  # (B, H, M, N): q·(√d_h u)/√d_h = q·u
-            logits = torch.cat([logits, pers], -1)  # (B, H, M, C + M + N)
-        weights = F.softmax(logits.float(), -1).to(q.dtype)
         context_mask = valid.to(q.dtype)  # (M, C + M): a row with no valid key must not spread over invalid ones
         if self.span is not None:
             context_mask = context_mask * self.span.mask(L).to(q.dtype)[:, offset]  # (H, M, C + M)
-        weights = torch.cat([weights[..., : C + M] * context_mask, weights[..., C + M:]], -1)
-        if self.span is not None:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-8)
-        weights = self.dropout(weights)
-        y = weights[..., : C + M] @ v  # (B, H, M, d_h)
-        if self.n_persistent:
-            y = y + weights[..., C + M:] @ (self.persistent_values * math.sqrt(self.n_persistent))
+        Hp = self.persistent_heads
+        pers = None
+        if self.n_persistent:  # the last Hp heads: (B, Hp, M, N), q·(√d_h u)/√d_h = q·u
+            pers = q[:, self.n_heads - Hp:] @ self.persistent_keys.transpose(-1, -2)
+        if self.mixing == "joint" and pers is not None:  # one softmax over [context; persistent]
+            weights = F.softmax(torch.cat([logits, pers], -1).float(), -1).to(q.dtype)
+            context, persistent = weights[..., : C + M] * context_mask, weights[..., C + M:]
+            if self.span is not None:
+                total = context.sum(-1, keepdim=True) + persistent.sum(-1, keepdim=True) + 1e-8
+                context, persistent = context / total, persistent / total
+        else:  # context alone (and, split / head_split, the persistent vectors in their own softmax)
+            context = F.softmax(logits.float(), -1).to(q.dtype) * context_mask
+            if self.span is not None:
+                context = context / (context.sum(-1, keepdim=True) + 1e-8)
+            persistent = None if pers is None else F.softmax(pers.float(), -1).to(q.dtype)
+        if self.context_heads < self.n_heads:  # head_split: the persistent heads see no context
+            context = context * (torch.arange(self.n_heads, device=x.device) < self.context_heads).to(q.dtype)[:, None, None]
+        y = self.dropout(context) @ v  # (B, H, M, d_h)
+        if persistent is not None:
+            read = self.dropout(persistent) @ (self.persistent_values * math.sqrt(self.n_persistent))  # (B, Hp, M, d_h)
+            y = torch.cat([y[:, : self.n_heads - Hp], y[:, self.n_heads - Hp:] + read], 1)
         return self.out(y.transpose(1, 2).reshape(B, M, D))

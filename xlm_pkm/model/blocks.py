@@ -60,7 +60,7 @@ def _stream_attention(cfg: ModelConfig, shared: dict, n_persistent: int) -> Stre
     s = cfg.span
     span = AdaptiveSpan(cfg.n_heads, s.max_span, s.ramp, s.loss_coeff) if s.adaptive else None
     return StreamAttention(AllAttention(cfg.dim, cfg.n_heads, shared["positions"], n_persistent,
-                                        cfg.attention_dropout, span, s.adaptive_cache))
+                                        cfg.attention_dropout, span, s.adaptive_cache, cfg.persistent_mixing))
 
 
 @SUBLAYERS.register("all_attention")
