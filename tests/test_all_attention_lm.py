@@ -149,3 +149,22 @@ def test_flops_follow_the_span_in_use():
 def test_config_errors_name_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_config(CONFIGS / "enwik8_small.yaml", [override])
+
+
+def test_evaluation_keeps_its_own_stream_state():
+    """model.eval() starts evaluation streams from a zero cache (any batch size); model.train() returns to
+    the training streams' cache as they were."""
+    model = tiny()
+    open_spans(model, 0.5)
+    tokens = torch.randint(0, 40, (2, 32))
+    with torch.no_grad():
+        model.train()
+        model(tokens[:, :16])
+        training_state = [t.clone() for t in model.stream_state()]
+        model.eval()
+        assert all(t is None for t in model.stream_state())
+        fresh = model(tokens[:1, 16:])  # another batch size: evaluation streams
+        model.train()
+        torch.testing.assert_close(model.stream_state(), training_state, rtol=0, atol=0)
+        model.eval()
+        torch.testing.assert_close(model(tokens[:1, 16:]), fresh, rtol=0, atol=0)  # a new pass, fresh again

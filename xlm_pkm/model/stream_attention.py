@@ -8,7 +8,9 @@
 Each forward attends over [past; x] and then keeps the last cache_length() rows of [past; x]
 (all_attention.py). A stream's first block sees a zero cache of cache_length() rows, as the
 authors' trainer starts. The batch (streams) must stay the same between blocks: a different batch
-size raises, so training and evaluation keep separate states (TransformerLM.stream_state()).
+size raises. Training and evaluation streams differ, so the layer keeps one past per mode: `past`
+is the current mode's, and switching from training to evaluation (model.eval()) starts the
+evaluation streams from a zero cache while the training streams' past waits for model.train().
 """
 
 from __future__ import annotations
@@ -23,7 +25,20 @@ class StreamAttention(nn.Module):
     def __init__(self, attention: AllAttention):
         super().__init__()
         self.attention = attention
-        self.past: torch.Tensor | None = None  # (B, C, D)
+        self.pasts: dict[bool, torch.Tensor | None] = {True: None, False: None}  # by self.training: (B, C, D)
+
+    @property
+    def past(self) -> torch.Tensor | None:
+        return self.pasts[self.training]
+
+    @past.setter
+    def past(self, value: torch.Tensor | None) -> None:
+        self.pasts[self.training] = value
+
+    def train(self, mode: bool = True) -> "StreamAttention":
+        if self.training and not mode:
+            self.pasts[False] = None  # an evaluation pass reads new streams
+        return super().train(mode)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, _, D = x.shape

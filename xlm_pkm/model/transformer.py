@@ -27,7 +27,7 @@ streams continue each other:
     loss = model.token_nll(x, y).mean() + model.span_loss()   # span loss in training only
     loss.backward(); optimizer.step(); model.clamp_spans()
     state = model.stream_state()           # save with the data position; reset_stream_state() for
-    model.load_stream_state(state)         # new streams (evaluation keeps its own state)
+    model.load_stream_state(state)         # new streams; model.eval() starts evaluation streams afresh
 
 Memory placement (`memory_layers`): with L layers and N memories, the top memory sits at
 T = L - floor(L/4), leaving a quarter of the layers above it to process what was read (Table 3:
@@ -157,8 +157,10 @@ class TransformerLM(nn.Module):
         return [f for block in self.blocks for f in block.sublayers if isinstance(f, StreamAttention)]
 
     def stream_state(self) -> list[torch.Tensor | None]:
-        """Each stream layer's cache (B, C, D), detached; None before its first block. Save it with the
-        data position to resume exactly; keep one per set of streams (training, evaluation)."""
+        """Each stream layer's cache (B, C, D) for the current mode's streams (training or evaluation:
+        model.eval() starts evaluation streams afresh, model.train() returns to the training ones),
+        detached; None before the first block. Save the training one with the data position to resume
+        exactly."""
         return [f.past for f in self.stream_layers()]
 
     def load_stream_state(self, state: list[torch.Tensor | None]) -> None:
@@ -169,9 +171,9 @@ class TransformerLM(nn.Module):
             f.past = None if past is None else past.to(next(self.parameters()).device)
 
     def reset_stream_state(self) -> None:
-        """New streams: every stream layer starts again from a zero cache."""
+        """New streams, in training and evaluation: every stream layer starts again from a zero cache."""
         for f in self.stream_layers():
-            f.past = None
+            f.pasts = {True: None, False: None}
 
     def spans(self) -> list[AdaptiveSpan]:
         """The adaptive spans of the stream layers, in layer order."""
