@@ -105,3 +105,17 @@ def test_download_script_on_a_local_stand_in(name, enwik8_like, tmp_path):
                    env=env, check=True, capture_output=True)
     meta = json.loads((data / "processed" / "meta.json").read_text())
     assert meta["split"] == name and (data / "processed" / "test.000.bin").is_file()
+
+
+def test_jsonl_corpus_is_its_documents_text(tiny_corpus, tmp_path):
+    from xlm_pkm.data.corpus import Reader
+
+    out = tmp_path / "out"
+    meta = preprocess_bytes(tiny_corpus, out, "fractions", held_out_fraction=0.01)
+    text = "\n\n".join(Reader(tiny_corpus)).encode("utf-8")
+    assert sum(meta["bytes"].values()) == len(text)
+    words = Dictionary.load(out / "vocab").words
+    test_ids = read_shard(out / "test.000.bin").tokens[1:]
+    tail = text[-meta["bytes"]["test"]:]
+    decoded = bytes(10 if i == 1 else int(words[i]) for i in test_ids[: len(tail)])
+    assert decoded == tail

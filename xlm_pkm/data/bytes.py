@@ -3,6 +3,10 @@
     python -m xlm_pkm.data.bytes --input FILE --output DIR [--split enwik8|text8|fractions]
         [--held-out-bytes N] [--held-out-fraction F]
 
+FILE is read as raw bytes (enwik8 is not all valid UTF-8), except a JSONL corpus (`*.jsonl`, maybe
+compressed, e.g. the bundled data/sample/python-docs.jsonl.xz): its documents' UTF-8 text, joined
+by blank lines.
+
 Splits (H = --held-out-bytes, 5,000,000 by default, as the authors' prep_enwik8.py / prep_text8.py):
   enwik8     train = bytes[:-2H], valid = bytes[-2H:-H], test = bytes[-H:]  (100M -> 90M / 5M / 5M)
   text8      the same cut, then each part stripped of leading/trailing whitespace (text8 starts
@@ -35,6 +39,7 @@ from typing import Literal
 
 import numpy as np
 
+from .corpus import CorpusError, Reader, input_format
 from .dictionary import Dictionary
 from .shard import ShardError, token_dtype, write_shard
 
@@ -93,9 +98,14 @@ def preprocess_bytes(input_path: str | Path, output: str | Path, mode: SplitMode
     """Split, write DIR/vocab, the three shards and DIR/meta.json; returns the meta dict."""
     input_path, out = Path(input_path), Path(output)
     try:
-        data = input_path.read_bytes()
+        if input_format(input_path) == "jsonl":
+            data = "\n\n".join(Reader(input_path)).encode("utf-8")
+        else:
+            data = input_path.read_bytes()
     except OSError as e:
         raise ByteDataError(f"cannot read: {e.strerror}") from None
+    except CorpusError as e:
+        raise ByteDataError(str(e)) from None
     parts = split_bytes(data, mode, held_out_bytes, held_out_fraction)
     dictionary = byte_dictionary(parts["train"])
     out.mkdir(parents=True, exist_ok=True)
