@@ -168,3 +168,14 @@ def test_evaluation_keeps_its_own_stream_state():
         torch.testing.assert_close(model.stream_state(), training_state, rtol=0, atol=0)
         model.eval()
         torch.testing.assert_close(model(tokens[:1, 16:]), fresh, rtol=0, atol=0)  # a new pass, fresh again
+
+
+def test_adaptive_softmax_lm_nll_matches_its_log_probabilities():
+    model = tiny(vocab_size=60, adaptive_cutoffs=[10, 30], adaptive_factor=2, dropout=0.1).eval()
+    tokens, targets = torch.randint(0, 60, (2, 12)), torch.randint(0, 60, (2, 12))
+    with torch.no_grad():
+        nll = model.token_nll(tokens, targets)
+        model.reset_stream_state()
+        logp = model(tokens)
+    torch.testing.assert_close(logp.logsumexp(-1), torch.zeros(2, 12), atol=1e-5, rtol=0)
+    torch.testing.assert_close(nll, -logp.gather(-1, targets[..., None]).squeeze(-1), atol=1e-5, rtol=1e-5)
