@@ -66,7 +66,7 @@ def test_layer_sublayers_from_config():
     model = tiny(sublayers=["attention", "attention", "ffn"], mem_layers=[3])
     assert [type(f).__name__ for f in model.blocks[2].sublayers] == ["SelfAttention", "SelfAttention",
                                                                      "ProductKeyMemory"]
-    assert sorted(SUBLAYERS) == ["attention", "ffn", "memory"]
+    assert sorted(SUBLAYERS) == ["all_attention", "attention", "ffn", "memory", "span_attention"]
     with pytest.raises(KeyError, match="unknown block sublayer 'moe'"):
         tiny(sublayers=["attention", "moe"])
 

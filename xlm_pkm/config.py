@@ -51,6 +51,18 @@ class MemoryConfig:
 
 
 @dataclass
+class SpanConfig:
+    """Relative-position context attention with a stream cache (Sukhbaatar et al. 2019): the
+    all_attention and span_attention sublayers (model/all_attention.py, model/adaptive_span.py)."""
+
+    max_span: int = 8192  # S: the previous tokens a query can see; relative position table d_h x S
+    adaptive: bool = True  # learn each head's span (z in [0, 1], soft mask with a ramp of R); else all S
+    ramp: int = 32  # R
+    loss_coeff: float = 1e-7  # span loss: loss_coeff · S · mean z per layer, summed over layers (training)
+    adaptive_cache: bool = True  # cache min(S, span in use + 64) inputs (--adapt-span-cache), else S
+
+
+@dataclass
 class ModelConfig:
     """A causal transformer LM (paper §4.3), with memories replacing or following some FFNs."""
 
@@ -72,6 +84,22 @@ class ModelConfig:
     # replace: memory instead of the FFN | add: x + memory(x) after the FFN
     mem_mode: Literal["replace", "add"] = "replace"
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    # transformer: XLM's LM (learned absolute positions up to max_len, embedding LayerNorm when post-norm,
+    # output tied to the token embeddings, dropout on embeddings and residual branches).
+    # all_attention: the all-attention paper's LM, for the all_attention / span_attention sublayers:
+    # no absolute positions (relative ones in the attention, streams of any length through the cache),
+    # no embedding norm, N(0, 1) embeddings, an output Linear with bias (or the tied adaptive softmax),
+    # `dropout` on the input embeddings and the last hidden state only.
+    family: Literal["transformer", "all_attention"] = "transformer"
+    persistent_vectors: int = 0  # N key/value vectors per head in each all_attention sublayer
+    # joint: one softmax over context and persistent vectors (the paper's model); split / head_split:
+    # the paper's attn-split and head-split ablations (model/all_attention.py)
+    persistent_mixing: Literal["joint", "split", "head_split"] = "joint"
+    span: SpanConfig = field(default_factory=SpanConfig)
+    # tied adaptive input + adaptive softmax over a frequency-sorted vocabulary (family all_attention):
+    # cluster boundaries (ids), e.g. [20000, 40000, 200000]; empty: a full softmax
+    adaptive_cutoffs: list[int] = field(default_factory=list)
+    adaptive_factor: int = 4  # cluster c's embedding dimension: dim / factor^c
 
 
 @dataclass
@@ -142,8 +170,10 @@ POSITIVE = ("model.dim", "model.n_layers", "model.n_heads", "model.max_len", "mo
             "model.memory.k_dim", "model.memory.heads", "model.memory.knn", "model.memory.temperature",
             "model.memory.query_hidden", "data.batch_size", "data.bptt", "optim.lr", "optim.eps",
             "optim.accumulate", "optim.values_lr", "optim.values_eps", "train.max_steps", "train.log_every",
-            "train.eval_every", "train.max_nonfinite", "train.collective_timeout_minutes")
+            "train.eval_every", "train.max_nonfinite", "train.collective_timeout_minutes",
+            "model.span.max_span", "model.span.ramp", "model.adaptive_cutoffs", "model.adaptive_factor")
 NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.eval_batch_size",
+                "model.persistent_vectors", "model.span.loss_coeff",
                 "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
                 "optim.clip_per_tensor",
                 "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
@@ -296,7 +326,25 @@ def validate(cfg, prefix: str = ""):
             raise ConfigError(f"{key}: must be in [0, 1), got {value}")
     if isinstance(cfg, Config) and not re.fullmatch(DEVICES, cfg.train.device):
         raise ConfigError(f"train.device: expected auto, cpu, cuda or cuda:N, got {cfg.train.device!r}")
+    if isinstance(cfg, Config):
+        _check_family(cfg.model)
     return cfg
+
+
+CONTEXT_SUBLAYERS = ("all_attention", "span_attention")  # relative positions and a stream cache
+
+
+def _check_family(m: ModelConfig) -> None:
+    """The all-attention family's sublayers and adaptive input/softmax go with model.family=all_attention."""
+    context = [name for name in m.sublayers if name in CONTEXT_SUBLAYERS]
+    if context and m.family != "all_attention":
+        raise ConfigError(f"model.sublayers: {context[0]} needs model.family=all_attention (relative positions, "
+                          f"stream cache), got model.family={m.family}")
+    if m.adaptive_cutoffs and m.family != "all_attention":
+        raise ConfigError(f"model.adaptive_cutoffs: the adaptive input/softmax needs model.family=all_attention, "
+                          f"got model.family={m.family}")
+    if any(b <= a for a, b in zip(m.adaptive_cutoffs, m.adaptive_cutoffs[1:])):
+        raise ConfigError(f"model.adaptive_cutoffs: must increase strictly, got {m.adaptive_cutoffs}")
 
 
 def _all(value, test) -> bool:

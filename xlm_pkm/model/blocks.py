@@ -5,7 +5,8 @@ placement choose them per layer (transformer.layer_sublayers), this registry bui
 
 Every sublayer maps (B, T, dim) to (B, T, dim) and reports `flops_per_token(seq_len)`, its training
 FLOPs (forward + backward) per token; one that attends to past positions sets `uses_cache = True`
-and takes forward(x, cache) (attention.KVCache). `shared` holds what several layers share, built
+and takes forward(x, cache) (attention.KVCache); all_attention and span_attention
+(stream_attention.py) instead keep their own cache of the stream between forwards. `shared` holds what several layers share, built
 before every layer (shared_state). A Block wraps a layer's sublayers, each with its own LayerNorm
 and residual. A new block type is its module, its builder registered here, and a config naming it.
 """
@@ -16,10 +17,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.config import ModelConfig
+from xlm_pkm.config import CONTEXT_SUBLAYERS, ModelConfig
+from xlm_pkm.model.adaptive_span import AdaptiveSpan
+from xlm_pkm.model.all_attention import AllAttention, RelativePositions
 from xlm_pkm.model.attention import KVCache, SelfAttention
 from xlm_pkm.model.keys import KEY_SEARCHES
 from xlm_pkm.model.memory import ProductKeyMemory, value_table
+from xlm_pkm.model.stream_attention import StreamAttention
 from xlm_pkm.registry import Registry
 
 SUBLAYERS = Registry("block sublayer")
@@ -52,12 +56,36 @@ def memory(cfg: ModelConfig, layer: int, shared: dict) -> nn.Module:
     return ProductKeyMemory(cfg.dim, cfg.dim, cfg.memory, values=shared.get("values"))
 
 
+def _stream_attention(cfg: ModelConfig, shared: dict, n_persistent: int) -> StreamAttention:
+    s = cfg.span
+    span = AdaptiveSpan(cfg.n_heads, s.max_span, s.ramp, s.loss_coeff) if s.adaptive else None
+    return StreamAttention(AllAttention(cfg.dim, cfg.n_heads, shared["positions"], n_persistent,
+                                        cfg.attention_dropout, span, s.adaptive_cache, cfg.persistent_mixing))
+
+
+@SUBLAYERS.register("all_attention")
+def all_attention(cfg: ModelConfig, layer: int, shared: dict) -> nn.Module:
+    """Context attention and model.persistent_vectors persistent vectors per head in one softmax
+    (Sukhbaatar et al. 2019): the all-attention network's only sublayer."""
+    return _stream_attention(cfg, shared, cfg.persistent_vectors)
+
+
+@SUBLAYERS.register("span_attention")
+def span_attention(cfg: ModelConfig, layer: int, shared: dict) -> nn.Module:
+    """The same context attention without persistent vectors: the adaptive-span transformer's, before its FFN."""
+    return _stream_attention(cfg, shared, 0)
+
+
 def shared_state(cfg: ModelConfig, plan: list[list[str]]) -> dict:
     """What the sublayers of `plan` (each layer's sublayer names) share: with memory.share_values, one
-    value table for every memory, sized by the key search."""
+    value table for every memory, sized by the key search; for the context attentions, the relative
+    position table (d_h x max_span)."""
+    shared = {}
     if cfg.memory.share_values and any("memory" in names for names in plan):
-        return {"values": value_table(KEY_SEARCHES[cfg.memory.key_type].slots(cfg.memory), cfg.dim)}
-    return {}
+        shared["values"] = value_table(KEY_SEARCHES[cfg.memory.key_type].slots(cfg.memory), cfg.dim)
+    if any(name in CONTEXT_SUBLAYERS for names in plan for name in names):
+        shared["positions"] = RelativePositions(cfg.dim // cfg.n_heads, cfg.span.max_span)
+    return shared
 
 
 class Block(nn.Module):

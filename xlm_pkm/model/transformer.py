@@ -15,6 +15,20 @@ the embeddings (XLM's layer_norm_emb); pre-norm ends with a final LayerNorm.
 Init: token and position embeddings N(0, dim^-0.5) as XLM; linear layers PyTorch's default;
 the output projection is tied to the token embeddings (no bias).
 
+Family all_attention (cfg.family; Sukhbaatar et al. 2019), for the all_attention / span_attention
+sublayers: no absolute positions (one relative table shared by those sublayers) and no max_len,
+N(0, 1) token embeddings without a norm, an output Linear with bias or, with cfg.adaptive_cutoffs,
+the tied adaptive input/softmax (adaptive_io.py); cfg.dropout on the embeddings and the last
+hidden state only. The all-attention network is sublayers [all_attention] (post-norm
+x = LN(x + AllAttn(x)), no FFN); the adaptive-span transformer is [span_attention, ffn]. Those
+sublayers keep a cache of their stream between forwards, so consecutive blocks of the same B
+streams continue each other:
+
+    loss = model.token_nll(x, y).mean() + model.span_loss()   # span loss in training only
+    loss.backward(); optimizer.step(); model.clamp_spans()
+    state = model.stream_state()           # save with the data position; reset_stream_state() for
+    model.load_stream_state(state)         # new streams; model.eval() starts evaluation streams afresh
+
 Memory placement (`memory_layers`): with L layers and N memories, the top memory sits at
 T = L - floor(L/4), leaving a quarter of the layers above it to process what was read (Table 3:
 best at an intermediate layer, worst right before the softmax), and the others evenly below it:
@@ -31,9 +45,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from xlm_pkm.config import ModelConfig
+from xlm_pkm.model.adaptive_io import AdaptiveEmbedding, AdaptiveLogSoftmax
+from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.attention import KVCache
 from xlm_pkm.model.blocks import SUBLAYERS, Block, shared_state
 from xlm_pkm.model.memory import ProductKeyMemory
+from xlm_pkm.model.stream_attention import StreamAttention
 
 logger = logging.getLogger(__name__)
 
@@ -76,34 +93,100 @@ class TransformerLM(nn.Module):
         self.cfg = cfg
         self.mem_layers = resolve_memory_layers(cfg)
         logger.info("memories at layers %s (%s), of %d layers", self.mem_layers, cfg.mem_mode, cfg.n_layers)
-        D = cfg.dim
-        self.tok_emb = nn.Embedding(cfg.vocab_size, D)
-        self.pos_emb = nn.Embedding(cfg.max_len, D)
-        for emb in (self.tok_emb, self.pos_emb):
-            nn.init.normal_(emb.weight, mean=0.0, std=D**-0.5)
-        self.emb_norm = nn.Identity() if cfg.pre_norm else nn.LayerNorm(D)
+        D, V, xlm = cfg.dim, cfg.vocab_size, cfg.family == "transformer"
+        if cfg.adaptive_cutoffs:
+            self.tok_emb = AdaptiveEmbedding(V, D, cfg.adaptive_cutoffs, cfg.adaptive_factor)
+            self.output = AdaptiveLogSoftmax(self.tok_emb)  # tied to the adaptive input
+        else:
+            self.tok_emb = nn.Embedding(V, D)
+            self.output = None if xlm else nn.Linear(D, V)  # None: tied to tok_emb
+        self.pos_emb = nn.Embedding(cfg.max_len, D) if xlm else None
+        if xlm:
+            for emb in (self.tok_emb, self.pos_emb):
+                nn.init.normal_(emb.weight, mean=0.0, std=D**-0.5)
+        self.emb_norm = nn.LayerNorm(D) if xlm and not cfg.pre_norm else nn.Identity()
         self.dropout = nn.Dropout(cfg.dropout)
 
         self.plan = [layer_sublayers(cfg, self.mem_layers, layer) for layer in range(1, cfg.n_layers + 1)]
         shared = shared_state(cfg, self.plan)
-        self.blocks = nn.ModuleList(Block([SUBLAYERS[name](cfg, layer, shared) for name in names], D, cfg.dropout,
+        residual_dropout = cfg.dropout if xlm else 0.0
+        self.blocks = nn.ModuleList(Block([SUBLAYERS[name](cfg, layer, shared) for name in names], D, residual_dropout,
                                           cfg.pre_norm) for layer, names in enumerate(self.plan, 1))
         self.final_norm = nn.LayerNorm(D) if cfg.pre_norm else nn.Identity()
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        """tokens: (B, T) int64 -> logits (B, T, vocab). With a cache (new_cache()), tokens are the T
-        positions after the cache.offset ones already fed, and the cache is extended by them."""
+    def hidden(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """tokens (B, T) int64 -> the last hidden states (B, T, D), before the output layer."""
         T = tokens.shape[1]
         start = cache.offset if cache is not None else 0
-        if start + T > self.cfg.max_len:
-            raise ValueError(f"sequence length {start + T} exceeds model.max_len={self.cfg.max_len}")
-        positions = torch.arange(start, start + T, device=tokens.device)
-        x = self.dropout(self.emb_norm(self.tok_emb(tokens) + self.pos_emb(positions)))  # (B, T, D)
+        x = self.tok_emb(tokens)  # (B, T, D)
+        if self.pos_emb is not None:
+            if start + T > self.cfg.max_len:
+                raise ValueError(f"sequence length {start + T} exceeds model.max_len={self.cfg.max_len}")
+            x = self.emb_norm(x + self.pos_emb(torch.arange(start, start + T, device=tokens.device)))
+        x = self.dropout(x)
         for block in self.blocks:
             x = block(x, cache)
         if cache is not None:
             cache.offset += T
-        return F.linear(self.final_norm(x), self.tok_emb.weight)  # (B, T, vocab), tied output
+        x = self.final_norm(x)
+        return x if self.pos_emb is not None else self.dropout(x)
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        """tokens: (B, T) int64 -> logits (B, T, vocab) (with adaptive_cutoffs: log-probabilities, which
+        are logits too). With a cache (new_cache()), tokens are the T positions after the cache.offset
+        ones already fed, and the cache is extended by them. All-attention sublayers also carry their
+        stream cache from one forward to the next (stream_state())."""
+        h = self.hidden(tokens, cache)
+        if self.output is None:
+            return F.linear(h, self.tok_emb.weight)  # (B, T, vocab), tied output
+        if isinstance(self.output, AdaptiveLogSoftmax):
+            return self.output.log_prob(h.flatten(0, 1)).view(*h.shape[:2], -1)
+        return self.output(h)
+
+    def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """(B, T) tokens and targets -> (B, T) float32 negative log-likelihoods; with the adaptive softmax,
+        without building the (B, T, vocab) log-probabilities."""
+        if isinstance(self.output, AdaptiveLogSoftmax):
+            h = self.hidden(tokens)
+            return self.output(h.flatten(0, 1), targets.flatten()).view(targets.shape)
+        logits = self(tokens)
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
+
+    def stream_layers(self) -> list[StreamAttention]:
+        """The sublayers that carry a stream cache (all_attention, span_attention), in layer order."""
+        return [f for block in self.blocks for f in block.sublayers if isinstance(f, StreamAttention)]
+
+    def stream_state(self) -> list[torch.Tensor | None]:
+        """Each stream layer's cache (B, C, D) for the current mode's streams (training or evaluation:
+        model.eval() starts evaluation streams afresh, model.train() returns to the training ones),
+        detached; None before the first block. Save the training one with the data position to resume
+        exactly."""
+        return [f.past for f in self.stream_layers()]
+
+    def load_stream_state(self, state: list[torch.Tensor | None]) -> None:
+        layers = self.stream_layers()
+        if len(state) != len(layers):
+            raise ValueError(f"stream state has {len(state)} caches, the model has {len(layers)} stream layers")
+        for f, past in zip(layers, state):
+            f.past = None if past is None else past.to(next(self.parameters()).device)
+
+    def reset_stream_state(self) -> None:
+        """New streams, in training and evaluation: every stream layer starts again from a zero cache."""
+        for f in self.stream_layers():
+            f.pasts = {True: None, False: None}
+
+    def spans(self) -> list[AdaptiveSpan]:
+        """The adaptive spans of the stream layers, in layer order."""
+        return [f.attention.span for f in self.stream_layers() if f.attention.span is not None]
+
+    def span_loss(self) -> torch.Tensor:
+        """Σ_layers coeff · S · mean z: add to the training loss (not to evaluation's)."""
+        return sum((span.span_loss() for span in self.spans()), torch.zeros((), device=next(self.parameters()).device))
+
+    def clamp_spans(self) -> None:
+        """Keep every span ratio in [0, 1]: call after each optimizer update."""
+        for span in self.spans():
+            span.clamp_()
 
     def new_cache(self) -> KVCache:
         """An empty key/value cache for forward(tokens, cache): generating n tokens costs n one-token forwards."""
@@ -126,23 +209,28 @@ class TransformerLM(nn.Module):
 
     def param_counts(self) -> dict[str, int]:
         """total = dense + memory_values; then the dense parameters of each sublayer type (summed over
-        layers; norms and embeddings in none of them)."""
+        layers, a shared one such as the relative position table counted once, at its first user;
+        norms and embeddings in none of them)."""
         total = sum(p.numel() for p in self.parameters())
         values = sum(p.numel() for p in self.memory_value_parameters())
         counts = {"total": total, "dense": total - values, "memory_values": values}
+        seen: set[int] = set()
         for names, block in zip(self.plan, self.blocks):
             for name, f in zip(names, block.sublayers):
-                dense = sum(p.numel() for p in f.parameters() if not getattr(p, "is_memory_value", False))
-                counts[name] = counts.get(name, 0) + dense
+                params = [p for p in f.parameters() if not getattr(p, "is_memory_value", False) and id(p) not in seen]
+                seen.update(id(p) for p in params)
+                counts[name] = counts.get(name, 0) + sum(p.numel() for p in params)
         return counts
 
     def dense_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token (forward + backward; forward alone is 1/3 of it): each block's
         sublayers report theirs (blocks.py: 6 per dense weight, attention's 12 · seq_len · dim, the
-        memories' search and value reads), plus 6 per weight of the norms and the token embedding
-        (counted once, as the tied output projection). Position embeddings are a lookup: not counted.
+        memories' search and value reads, the stream attentions' at their current span), plus 6 per
+        weight of the norms and the output projection (the tied token embedding counted once, as the
+        output; the adaptive softmax counted whole, an upper bound). Embeddings are lookups: not counted.
         """
-        outside = sum(p.numel() for m in (self.tok_emb, self.emb_norm, self.final_norm) for p in m.parameters())
+        output = self.tok_emb if self.output is None else self.output
+        outside = sum(p.numel() for m in (output, self.emb_norm, self.final_norm) for p in m.parameters())
         return 6.0 * outside + sum(block.flops_per_token(seq_len) for block in self.blocks)
 
     def set_memory_stats(self, enabled: bool) -> None:

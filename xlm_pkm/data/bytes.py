@@ -1,0 +1,144 @@
+"""Character-level (byte) data: one token per byte, no Moses, no BPE; the enwik8 and text8 splits.
+
+    python -m xlm_pkm.data.bytes --input FILE --output DIR [--split enwik8|text8|fractions]
+        [--held-out-bytes N] [--held-out-fraction F]
+
+FILE is read as raw bytes (enwik8 is not all valid UTF-8), except a JSONL corpus (`*.jsonl`, maybe
+compressed, e.g. the bundled data/sample/python-docs.jsonl.xz): its documents' UTF-8 text, joined
+by blank lines.
+
+Splits (H = --held-out-bytes, 5,000,000 by default, as the authors' prep_enwik8.py / prep_text8.py):
+  enwik8     train = bytes[:-2H], valid = bytes[-2H:-H], test = bytes[-H:]  (100M -> 90M / 5M / 5M)
+  text8      the same cut, then each part stripped of leading/trailing whitespace (text8 starts
+             with a space), as prep_text8.py does (text8 is ASCII: characters are bytes)
+  fractions  any file: the last 2F of it held out, F each for valid and test (F = --held-out-fraction)
+
+Tokens, as the authors' loader sees the space-separated files their scripts write:
+  * each split is ONE document: `<s>`, then its bytes, a newline byte becoming `</s>` (the
+    authors' `<eos>` after every line), and a final `</s>` when the split does not end in a newline;
+  * DIR/vocab: the 4 specials (dictionary.py), then one token per byte value present in TRAIN
+    other than the newline, in byte order, each written as its decimal value ("101 5723046", as
+    prep_enwik8.py writes bytes); valid/test bytes absent from train become `<unk>` (counted).
+    enwik8 holds 205 distinct byte values (newline included; a third-party count, not verified
+    here). The authors' vocabulary is train's symbols + `<eos>`, and their loader fails on a valid/
+    test symbol absent from train, so all 205 occur in train: theirs is 204 + `<eos>` = 205 symbols,
+    ours 4 + 204 = 208 tokens.
+  * DIR/{train,valid,test}.000.bin (shard.py) and DIR/meta.json with "unit": "byte", which tells
+    evaluation to report bits per character: every token but the leading `<s>` is one byte.
+Every file is written under a temporary name and renamed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from .corpus import CorpusError, Reader, input_format
+from .dictionary import Dictionary
+from .shard import ShardError, token_dtype, write_shard
+
+SPLITS = ("train", "valid", "test")
+NEWLINE = 10
+HELD_OUT_BYTES = 5_000_000
+SplitMode = Literal["enwik8", "text8", "fractions"]
+
+
+class ByteDataError(ValueError):
+    """The input cannot be split or written as asked."""
+
+
+def split_bytes(data: bytes, mode: SplitMode, held_out_bytes: int = HELD_OUT_BYTES,
+                held_out_fraction: float = 0.05) -> dict[str, bytes]:
+    """{train, valid, test} parts of `data` as the authors' scripts cut them (see the module doc)."""
+    if mode == "fractions":
+        if not 0 < held_out_fraction < 0.5:
+            raise ByteDataError(f"--held-out-fraction must be in (0, 0.5), got {held_out_fraction}")
+        held_out_bytes = int(len(data) * held_out_fraction)
+    elif mode not in ("enwik8", "text8"):
+        raise ByteDataError(f"unknown split {mode!r} (known: enwik8, text8, fractions)")
+    if held_out_bytes < 1 or len(data) <= 2 * held_out_bytes:
+        raise ByteDataError(f"{len(data)} bytes cannot hold a train split and 2 x {held_out_bytes} held-out bytes")
+    parts = {"train": data[: -2 * held_out_bytes], "valid": data[-2 * held_out_bytes: -held_out_bytes],
+             "test": data[-held_out_bytes:]}
+    if mode == "text8":
+        parts = {name: part.strip() for name, part in parts.items()}
+    return parts
+
+
+def byte_dictionary(train: bytes) -> Dictionary:
+    """The specials, then each byte value present in `train` but the newline, as decimal strings."""
+    present = np.flatnonzero(np.bincount(np.frombuffer(train, np.uint8), minlength=256))
+    return Dictionary([str(b) for b in present if b != NEWLINE])
+
+
+def byte_ids(part: bytes, dictionary: Dictionary) -> np.ndarray:
+    """`<s>`, the part's ids (newline -> `</s>`, unseen bytes -> `<unk>`), a closing `</s>` if needed."""
+    table = np.full(256, dictionary.unk, np.int64)
+    for b in range(256):
+        table[b] = dictionary.eos if b == NEWLINE else dictionary.index(str(b))
+    ids = table[np.frombuffer(part, np.uint8)]
+    closing = [] if part.endswith(b"\n") else [dictionary.eos]
+    return np.concatenate([[dictionary.bos], ids, closing]).astype(token_dtype(len(dictionary)))
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def preprocess_bytes(input_path: str | Path, output: str | Path, mode: SplitMode = "enwik8",
+                     held_out_bytes: int = HELD_OUT_BYTES, held_out_fraction: float = 0.05) -> dict:
+    """Split, write DIR/vocab, the three shards and DIR/meta.json; returns the meta dict."""
+    input_path, out = Path(input_path), Path(output)
+    try:
+        if input_format(input_path) == "jsonl":
+            data = "\n\n".join(Reader(input_path)).encode("utf-8")
+        else:
+            data = input_path.read_bytes()
+    except OSError as e:
+        raise ByteDataError(f"cannot read: {e.strerror}") from None
+    except CorpusError as e:
+        raise ByteDataError(str(e)) from None
+    parts = split_bytes(data, mode, held_out_bytes, held_out_fraction)
+    dictionary = byte_dictionary(parts["train"])
+    out.mkdir(parents=True, exist_ok=True)
+    counts = np.bincount(np.frombuffer(parts["train"], np.uint8), minlength=256)
+    _write_text(out / "vocab", "".join(f"{w} {counts[int(w)]}\n" for w in dictionary.words[4:]))
+    meta = {"input": str(input_path), "unit": "byte", "split": mode, "vocab_size": len(dictionary),
+            "fingerprint": dictionary.fingerprint(), "bytes": {}, "unknown_bytes": {}}
+    for name in SPLITS:
+        ids = byte_ids(parts[name], dictionary)
+        write_shard(out / f"{name}.000.bin", [ids], ids.dtype, dictionary.fingerprint())
+        meta["bytes"][name] = len(parts[name])
+        meta["unknown_bytes"][name] = int((ids == dictionary.unk).sum())
+    _write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.data.bytes", description=__doc__.split("\n")[0])
+    parser.add_argument("--input", required=True, help="the raw file (e.g. the unzipped enwik8 or text8)")
+    parser.add_argument("--output", required=True, help="output directory")
+    parser.add_argument("--split", default="enwik8", choices=["enwik8", "text8", "fractions"],
+                        help="how train/valid/test are cut (default enwik8: the last 2 x 5M bytes held out)")
+    parser.add_argument("--held-out-bytes", type=int, default=HELD_OUT_BYTES,
+                        help=f"bytes each of valid and test (enwik8, text8; default {HELD_OUT_BYTES})")
+    parser.add_argument("--held-out-fraction", type=float, default=0.05,
+                        help="fraction of the file each of valid and test (fractions; default 0.05)")
+    args = parser.parse_args(argv)
+    try:
+        meta = preprocess_bytes(args.input, args.output, args.split, args.held_out_bytes, args.held_out_fraction)
+    except (ByteDataError, ShardError) as e:
+        sys.exit(f"error: {args.input}: {e}")
+    print(json.dumps(meta))
+
+
+if __name__ == "__main__":
+    main()
