@@ -174,7 +174,7 @@ def test_adaptive_softmax_lm_nll_matches_its_log_probabilities():
     model = tiny(vocab_size=60, adaptive_cutoffs=[10, 30], adaptive_factor=2, dropout=0.1).eval()
     tokens, targets = torch.randint(0, 60, (2, 12)), torch.randint(0, 60, (2, 12))
     with torch.no_grad():
-        nll = model.token_nll(tokens, targets)
+        nll = model(tokens, targets=targets)
         model.reset_stream_state()
         logp = model(tokens)
     torch.testing.assert_close(logp.logsumexp(-1), torch.zeros(2, 12), atol=1e-5, rtol=0)

@@ -102,3 +102,14 @@ def test_resume_is_exact(tiny_data_dir, train):
 def test_too_small_split_is_refused(tiny_data_dir):
     with pytest.raises(ValueError, match="too few"):
         TokenStream(tiny_data_dir, "test", batch_size=4000, bptt=32)
+
+
+def test_unshuffled_training_streams_continue_from_one_batch_to_the_next(tiny_data_dir):
+    """shuffle=False (models that carry a cache across batches): row b of batch k + 1 continues row b of
+    batch k within an epoch."""
+    stream = TokenStream(tiny_data_dir, "train", batch_size=3, bptt=16, seed=2, shuffle=False)
+    batches = list(islice(stream, len(stream)))
+    for (x0, y0), (x1, _) in zip(batches, batches[1:]):
+        assert torch.equal(y0[:, -1], x1[:, 0])
+    shuffled = list(islice(TokenStream(tiny_data_dir, "train", batch_size=3, bptt=16, seed=2), len(stream)))
+    assert sorted(map(lambda b: b[0].sum().item(), shuffled)) == sorted(map(lambda b: b[0].sum().item(), batches))

@@ -14,7 +14,7 @@ from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.introspect import detokenize, slot_contexts
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.report import PAPER, directions, find_runs, load_run, main, write_report
+from xlm_pkm.report import directions, find_runs, load_run, main, write_report
 
 
 def make_run(root, name, cells, ppl, usage=None, kl=None, words_per_sec=1000.0, n_keys=8, heads=4, knn=2,

@@ -22,7 +22,7 @@ def build_stream(cfg: Config, split: str, env: DistEnv, data_path: str | None = 
     data, train = cfg.data, split == "train"
     batch_size = batch_size or (data.batch_size if train else data.eval_batch_size or data.batch_size)
     return TokenStream(data_path or data.path, split, batch_size, bptt or data.bptt, env.rank, env.world_size,
-                       seed=cfg.train.seed, train=train)
+                       seed=cfg.train.seed, train=train, shuffle=data.shuffle_blocks)
 
 
 def set_vocab_size(cfg: Config, vocab_size: int) -> None:

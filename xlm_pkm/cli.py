@@ -49,7 +49,8 @@ def _collective_failure(error: BaseException) -> CollectiveError | None:
 
 
 def format_result(result: dict) -> str:
-    lines = [f"{result['split']} ppl {result['ppl']:.2f} over {result['tokens']:,} tokens "
+    measure = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
+    lines = [f"{result['split']} {measure} over {result['tokens']:,} tokens "
              f"({result['tokens_per_sec']:,.0f} tokens/s, {result['words_per_sec']:,.0f} words/s)"]
     for m in result["memories"]:
         lines.append(f"  memory at layer {m['layer']}: usage {m['usage']:.1f}% (by count {m['usage_count']:.1f}%), "

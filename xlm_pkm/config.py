@@ -108,6 +108,7 @@ class DataConfig:
     batch_size: int = 32  # sequences per rank per forward
     bptt: int = 256  # tokens per sequence
     eval_batch_size: int = 0  # 0: same as batch_size
+    shuffle_blocks: bool = True  # read an epoch's bptt blocks in a seeded shuffled order (XLM); false: in order
 
 
 @dataclass
@@ -327,19 +328,23 @@ def validate(cfg, prefix: str = ""):
     if isinstance(cfg, Config) and not re.fullmatch(DEVICES, cfg.train.device):
         raise ConfigError(f"train.device: expected auto, cpu, cuda or cuda:N, got {cfg.train.device!r}")
     if isinstance(cfg, Config):
-        _check_family(cfg.model)
+        _check_family(cfg.model, cfg.data.shuffle_blocks)
     return cfg
 
 
 CONTEXT_SUBLAYERS = ("all_attention", "span_attention")  # relative positions and a stream cache
 
 
-def _check_family(m: ModelConfig) -> None:
-    """The all-attention family's sublayers and adaptive input/softmax go with model.family=all_attention."""
+def _check_family(m: ModelConfig, shuffle_blocks: bool) -> None:
+    """The all-attention family's sublayers and adaptive input/softmax go with model.family=all_attention;
+    its stream cache needs the blocks in order."""
     context = [name for name in m.sublayers if name in CONTEXT_SUBLAYERS]
     if context and m.family != "all_attention":
         raise ConfigError(f"model.sublayers: {context[0]} needs model.family=all_attention (relative positions, "
                           f"stream cache), got model.family={m.family}")
+    if context and shuffle_blocks:
+        raise ConfigError(f"data.shuffle_blocks: {context[0]} carries its cache from one batch to the next, so the "
+                          f"blocks must be read in order (data.shuffle_blocks=false)")
     if m.adaptive_cutoffs and m.family != "all_attention":
         raise ConfigError(f"model.adaptive_cutoffs: the adaptive input/softmax needs model.family=all_attention, "
                           f"got model.family={m.family}")

@@ -6,7 +6,6 @@ import math
 import time
 
 import torch
-import torch.nn.functional as F
 
 from xlm_pkm import checkpoint
 from xlm_pkm.build import build_stream
@@ -27,7 +26,8 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
     """One pass over `stream` (a TokenStream with train=False); sums over all ranks.
 
     Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
-    memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%).
+    memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%);
+    on character-level data (meta.json "unit": "byte") also bpc = loss / ln 2.
     A word is a token that does not end in '@@' (specials excluded).
     """
     was_training = model.training
@@ -42,8 +42,8 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
         if max_batches and i >= max_batches:
             break
         with autocast(precision, device):
-            logits = model(x.to(device, non_blocking=True))  # (B, T, V)
-        loss_sum += F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="sum")
+            nll = model(x.to(device, non_blocking=True), targets=y.to(device, non_blocking=True))  # (B, T)
+        loss_sum += nll.double().sum()
         tokens += y.numel()
         words += int(word_end[y].sum())
     synchronize(device)
@@ -59,7 +59,9 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
         memories.append({"layer": layer, **memory.stats()})
     model.set_memory_stats(False)
     model.train(was_training)
+    per_unit = {"bpc": loss / math.log(2)} if stream.unit == "byte" else {}  # each token is a character
     return {
+        **per_unit,
         "ppl": math.exp(min(loss, 100.0)),
         "loss": loss,
         "tokens": tokens,

@@ -1,11 +1,12 @@
-"""TrainState: the resumable counters of a run, one rank's RNG states and data cursor.
+"""TrainState: the resumable counters of a run, one rank's RNG states, data cursor and stream caches.
 
     state = TrainState(stream, device)
     saved = state.state_dict()          # plain values; the trainer gathers one per rank
     state.load_state_dict(saved)        # continues exactly where `saved` was taken
 
 The log window (losses summed since the last train log line) is part of it, so that the first line
-logged after a resume averages the same steps as the uninterrupted run's.
+logged after a resume averages the same steps as the uninterrupted run's; so are the caches that
+all-attention layers carry from one batch to the next (model.stream_state()), which differ by rank.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ COUNTERS = ("step", "best_ppl", "nonfinite_streak", "skipped_steps", "log_steps"
 class TrainState:
     stream: TokenStream  # the rank's training stream: its cursor is saved
     device: torch.device
+    model: torch.nn.Module  # its stream caches (all-attention layers) are saved
     step: int = 0  # optimizer steps done
     best_ppl: float = math.inf  # best valid perplexity so far (best.pt)
     nonfinite_streak: int = 0  # consecutive steps skipped for a non-finite loss or gradient
@@ -38,6 +40,7 @@ class TrainState:
             **{name: getattr(self, name) for name in COUNTERS},
             "log_loss_sum": float(self.log_loss_sum),  # host sync, at checkpoints only
             "data": self.stream.state_dict(),
+            "stream_cache": [None if t is None else t.cpu() for t in self.model.stream_state()],
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state(self.device) if cuda else None},
         }
@@ -47,6 +50,7 @@ class TrainState:
             setattr(self, name, state[name])
         self.log_loss_sum = state["log_loss_sum"]
         self.stream.load_state_dict(state["data"])
+        self.model.load_stream_state(state.get("stream_cache") or [None] * len(self.model.stream_layers()))
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         if state["rng"]["cuda"] is not None and self.device.type == "cuda":
@@ -56,5 +60,5 @@ class TrainState:
 def from_earlier_version(checkpoint: dict) -> list[dict]:
     """Per-rank TrainState dicts from a checkpoint written before TrainState existed."""
     counters = {name: checkpoint[name] for name in ("step", "best_ppl", "nonfinite_streak", "skipped_steps")}
-    return [{**counters, "log_loss_sum": 0.0, "log_steps": 0, "data": data, "rng": rng}
+    return [{**counters, "log_loss_sum": 0.0, "log_steps": 0, "data": data, "rng": rng, "stream_cache": []}
             for data, rng in zip(checkpoint["data"], checkpoint["rng"])]

@@ -6,22 +6,25 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
-import torch.nn.functional as F
 
 from xlm_pkm.optim import Optimizers
 from xlm_pkm.precision import autocast
 
 
 def loss_backward(model, x: torch.Tensor, y: torch.Tensor, precision: str, device: torch.device,
-                  scaler: torch.amp.GradScaler, accumulate: int = 1) -> torch.Tensor:
-    """x, y: (B, T). Forward under autocast, float32 cross-entropy, backward of the scaled loss / accumulate;
-    returns the (detached) mean loss of the micro-batch."""
+                  scaler: torch.amp.GradScaler, accumulate: int = 1,
+                  aux_loss: Callable[[], torch.Tensor] | None = None) -> torch.Tensor:
+    """x, y: (B, T). Forward under autocast to the float32 negative log-likelihoods, backward of the scaled
+    (mean NLL + aux_loss()) / accumulate; returns the (detached) mean NLL of the micro-batch.
+    aux_loss: a training-only term (the adaptive spans' loss), not part of the returned loss."""
     with autocast(precision, device):
-        logits = model(x)  # (B, T, V)
-    loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+        nll = model(x, targets=y).mean()  # from (B, T) float32
+    loss = nll if aux_loss is None else nll + aux_loss()
     scaler.scale(loss / accumulate).backward()
-    return loss.detach()
+    return nll.detach()
 
 
 def optimizer_update(optimizers: Optimizers, scaler: torch.amp.GradScaler,

@@ -59,7 +59,7 @@ class Trainer:
         self.forward_model = self._wrap_model()
         torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # dropout differs across ranks
         random.seed(cfg.train.seed * 1000 + self.env.rank)
-        self.state = TrainState(self.train_stream, self.device)
+        self.state = TrainState(self.train_stream, self.device, self.model)
 
         self.run_dir, cfg.train.exp_id = run_directory(cfg.train.dump_path, cfg.train.exp_name, cfg.train.exp_id,
                                                        self.env)  # created only now that the inputs are valid
@@ -161,8 +161,12 @@ class Trainer:
         accumulate = cfg.optim.accumulate
         loss_sum = torch.zeros((), device=self.device)
         tokens = words = 0
+        spans = self.model.span_loss if self.model.spans() else None  # training-only loss term
         for i in range(accumulate):
+            epoch = self.train_stream.epoch
             x, y = next(batches)  # (B, T) each, on the CPU: counting words there needs no device sync
+            if self.train_stream.epoch != epoch:
+                self.model.reset_stream_state()  # new streams (a new offset): caches start from zero
             words += int(self.word_end[y].sum())
             tokens += y.numel()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
@@ -170,11 +174,13 @@ class Trainer:
             sync = nullcontext() if last or not self.env.is_distributed else self.forward_model.no_sync()
             with sync:
                 loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
-                                          accumulate)
+                                          accumulate, spans)
         for p in self.sparse_values:
             all_reduce_sparse_grad_(p, self.env)  # host sync: the row counts of every rank
         loss = loss_sum / accumulate
         norms, scale, skipped = optimizer_update(self.optimizers, self.scaler, loss)  # host sync: finite check
+        if not skipped:
+            self.model.clamp_spans()  # span ratios back into [0, 1]
         state.step += 1
         state.skipped_steps += skipped
         state.nonfinite_streak = state.nonfinite_streak + 1 if skipped and not self.scaler.is_enabled() else 0

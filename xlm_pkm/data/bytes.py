@@ -32,15 +32,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
 
+from xlm_pkm.atomic import write_text
+
 from .corpus import CorpusError, Reader, input_format
 from .dictionary import Dictionary
+from .meta import output_record
 from .shard import ShardError, token_dtype, write_shard
 
 SPLITS = ("train", "valid", "test")
@@ -87,12 +89,6 @@ def byte_ids(part: bytes, dictionary: Dictionary) -> np.ndarray:
     return np.concatenate([[dictionary.bos], ids, closing]).astype(token_dtype(len(dictionary)))
 
 
-def _write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def preprocess_bytes(input_path: str | Path, output: str | Path, mode: SplitMode = "enwik8",
                      held_out_bytes: int = HELD_OUT_BYTES, held_out_fraction: float = 0.05) -> dict:
     """Split, write DIR/vocab, the three shards and DIR/meta.json; returns the meta dict."""
@@ -110,7 +106,7 @@ def preprocess_bytes(input_path: str | Path, output: str | Path, mode: SplitMode
     dictionary = byte_dictionary(parts["train"])
     out.mkdir(parents=True, exist_ok=True)
     counts = np.bincount(np.frombuffer(parts["train"], np.uint8), minlength=256)
-    _write_text(out / "vocab", "".join(f"{w} {counts[int(w)]}\n" for w in dictionary.words[4:]))
+    write_text(out / "vocab", "".join(f"{w} {counts[int(w)]}\n" for w in dictionary.words[4:]))
     meta = {"input": str(input_path), "unit": "byte", "split": mode, "vocab_size": len(dictionary),
             "fingerprint": dictionary.fingerprint(), "bytes": {}, "unknown_bytes": {}}
     for name in SPLITS:
@@ -118,7 +114,8 @@ def preprocess_bytes(input_path: str | Path, output: str | Path, mode: SplitMode
         write_shard(out / f"{name}.000.bin", [ids], ids.dtype, dictionary.fingerprint())
         meta["bytes"][name] = len(parts[name])
         meta["unknown_bytes"][name] = int((ids == dictionary.unk).sum())
-    _write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
+    meta.update(output_record(out, {s: [f"{s}.000.bin"] for s in SPLITS}, ["vocab"], dictionary.fingerprint()))
+    write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
     return meta
 
 

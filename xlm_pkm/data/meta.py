@@ -30,6 +30,17 @@ def file_record(path: Path) -> dict:
     return {"bytes": Path(path).stat().st_size, "blake2b": file_digest(path)}
 
 
+def output_record(out: Path, shards: dict[str, list[str]], other_files: list[str], fingerprint: str) -> dict:
+    """meta.json's "splits" (each split's shards with their token and document counts) and "files"
+    (size and hash of every output) for a preprocessed directory; the preprocessors add the rest."""
+    splits = {}
+    for split, names in shards.items():
+        headers = [read_header(out / name, fingerprint) for name in names]
+        splits[split] = [{"file": name, "tokens": h.n_tokens, "docs": h.n_docs} for name, h in zip(names, headers)]
+    names = other_files + sum(shards.values(), [])
+    return {"splits": splits, "files": {name: file_record(out / name) for name in names}}
+
+
 def load_meta(data_dir: Path) -> dict:
     path = Path(data_dir) / "meta.json"
     try:

@@ -42,10 +42,10 @@ from .corpus import CorpusError, Reader, document_lines
 from .dictionary import Dictionary, DictionaryError
 from .executor import Executor
 from .fastbpe import FastBPEError, bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
-from .meta import file_record, verify_outputs
+from .meta import output_record, verify_outputs
 from .moses import tokenize_line
 from .plan import MB, Chunk, Plan, PlanError, input_identity, make_plan, scan_file
-from .shard import ShardError, ShardWriter, is_complete, read_header, token_dtype
+from .shard import ShardError, ShardWriter, is_complete, token_dtype
 
 SPLITS = ("train", "valid", "test")
 HELD_OUT = ("valid", "test")
@@ -288,18 +288,14 @@ def _write_meta(out: Path, plan: Plan, chunks: list[Chunk], dictionary: Dictiona
                 times: dict) -> None:
     """meta.json, written last: statistics, the plan, each split's shards and a record of every output."""
     shards = {"train": [f"train.{c.index:03d}.bin" for c in chunks], **{s: [f"{s}.000.bin"] for s in HELD_OUT}}
-    splits = {}
-    for split, names in shards.items():
-        headers = [read_header(out / name, dictionary.fingerprint()) for name in names]
-        splits[split] = [{"file": name, "tokens": h.n_tokens, "docs": h.n_docs} for name, h in zip(names, headers)]
-    names = ["plan.json", "codes", "vocab"] + sum(shards.values(), [])
+    names = ["plan.json", "codes", "vocab"]
     if keep_intermediate:
         names += [f"{split}.{kind}" for split in SPLITS for kind in ("tok", "bpe")]
     meta = {"inputs": [i[0] for i in plan.inputs], "documents": plan.n_docs, "text_mb": round(plan.n_bytes / MB, 3),
             "replaced_utf8_sequences": sum(s.replaced for s in plan.scans), "chunks": len(chunks),
             "chunk_mb": plan.chunk_mb, "options": plan.options, "vocab_size": len(dictionary),
             "fingerprint": dictionary.fingerprint(), "seconds": {k: round(v, 3) for k, v in times.items()},
-            "plan": _plan_record(plan), "splits": splits, "files": {name: file_record(out / name) for name in names}}
+            "plan": _plan_record(plan), **output_record(out, shards, names, dictionary.fingerprint())}
     write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
 
 

@@ -11,8 +11,9 @@ N - offset - 1 - S*L < S tokens that do not split evenly are dropped (the end of
 
 * train=True: epochs forever; numpy.random.default_rng([seed, e]) draws epoch e's offset in
   [0, bptt) (block boundaries change between epochs), then the order in which its full blocks are
-  read (a permutation, as XLM's stream reader shuffles its bptt blocks). All ranks share the order,
-  so they stay disjoint, and every block of an epoch is read once.
+  read (a permutation, as XLM's stream reader shuffles its bptt blocks; shuffle=False keeps them in
+  order, so each stream is read contiguously across batches, for models that carry a cache). All
+  ranks share the order, so they stay disjoint, and every block of an epoch is read once.
 * train=False: one pass from offset 0, blocks in order; the last block may be shorter (t <= bptt).
   Each new `iter()` starts a new pass (or continues a pass restored by `load_state_dict`).
 
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from .dictionary import Dictionary
-from .meta import check_split
+from .meta import check_split, load_meta
 from .shard import Shard, ShardError, read_shard
 
 OPEN_SHARDS = 64  # memory maps kept open at once
@@ -40,11 +41,12 @@ OPEN_SHARDS = 64  # memory maps kept open at once
 
 class TokenStream:
     def __init__(self, data_dir: str | Path, split: str, batch_size: int, bptt: int, rank: int = 0,
-                 world_size: int = 1, seed: int = 0, train: bool = True):
+                 world_size: int = 1, seed: int = 0, train: bool = True, shuffle: bool = True):
         data_dir = Path(data_dir)
         if not 0 <= rank < world_size or batch_size < 1 or bptt < 1:
             raise ValueError(f"invalid stream: rank {rank} of world_size {world_size}, batch_size {batch_size}, bptt {bptt}")
         shards = check_split(data_dir, split)
+        self.unit = load_meta(data_dir).get("unit", "token")  # "byte" for character-level data
         self.dictionary = Dictionary.load(data_dir / "vocab")
         self.paths = [path for path, _ in shards]
         sizes = [n for _, n in shards]
@@ -53,6 +55,7 @@ class TokenStream:
         self.total = int(self.shard_starts[-1])
         self.split, self.batch_size, self.bptt = split, batch_size, bptt
         self.rank, self.world_size, self.seed, self.train = rank, world_size, seed, train
+        self.shuffle = train and shuffle
         self.epoch = self.step = 0
         self._open: OrderedDict[int, Shard] = OrderedDict()
         min_steps = self._steps(self._stream_len(bptt - 1 if train else 0))
@@ -64,8 +67,9 @@ class TokenStream:
         return int(np.random.default_rng([self.seed, epoch]).integers(self.bptt)) if self.train else 0
 
     def _block_order(self, epoch: int, n_blocks: int) -> np.ndarray:
-        """The order in which the epoch's blocks are read: shuffled for training, in order for evaluation."""
-        if not self.train:
+        """The order in which the epoch's blocks are read: shuffled for training (unless shuffle=False, for
+        models that carry a cache from one block to the next), in order for evaluation."""
+        if not self.shuffle:
             return np.arange(n_blocks)
         rng = np.random.default_rng([self.seed, epoch])
         rng.integers(self.bptt)  # the epoch's offset (_offset) is the generator's first draw
@@ -125,10 +129,10 @@ class TokenStream:
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "batch_size": self.batch_size,
-                "bptt": self.bptt, "world_size": self.world_size, "total_tokens": self.total}
+                "bptt": self.bptt, "world_size": self.world_size, "total_tokens": self.total, "shuffle": int(self.shuffle)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        for key in ("seed", "batch_size", "bptt", "world_size", "total_tokens"):
-            if state.get(key) != self.state_dict()[key]:
+        for key in ("seed", "batch_size", "bptt", "world_size", "total_tokens", "shuffle"):
+            if key in state and state[key] != self.state_dict()[key]:
                 raise ValueError(f"stream state does not match this stream: {key} is {state.get(key)}, expected {self.state_dict()[key]}")
         self.epoch, self.step = int(state["epoch"]), int(state["step"])

@@ -17,14 +17,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 
+from xlm_pkm.atomic import write_text
+
 from .dictionary import SPECIALS, Dictionary
+from .meta import output_record
 from .shard import ShardError, token_dtype, write_shard
 
 SPLITS = ("train", "valid", "test")
@@ -72,18 +74,15 @@ def preprocess_words(paths: dict[str, str | Path], output: str | Path) -> dict:
     words = [(w, c) for w, c in frequency_vocabulary(Path(paths["train"])) if w not in (EOS, *SPECIALS)]
     dictionary = Dictionary([w for w, _ in words])
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "vocab.tmp"
-    tmp.write_text("".join(f"{w} {c}\n" for w, c in words), encoding="utf-8")
-    os.replace(tmp, out / "vocab")
+    write_text(out / "vocab", "".join(f"{w} {c}\n" for w, c in words))
     meta = {"inputs": {s: str(paths[s]) for s in SPLITS}, "unit": "word", "vocab_size": len(dictionary),
             "fingerprint": dictionary.fingerprint(), "tokens": {}, "unknown_tokens": {}}
     for split in SPLITS:
         ids, unknown = word_ids(Path(paths[split]), dictionary)
         write_shard(out / f"{split}.000.bin", [ids], ids.dtype, dictionary.fingerprint())
         meta["tokens"][split], meta["unknown_tokens"][split] = len(ids) - 1, unknown
-    tmp = out / "meta.json.tmp"
-    tmp.write_text(json.dumps(meta, indent=1) + "\n")
-    os.replace(tmp, out / "meta.json")
+    meta.update(output_record(out, {s: [f"{s}.000.bin"] for s in SPLITS}, ["vocab"], dictionary.fingerprint()))
+    write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
     return meta
 
 

@@ -24,7 +24,7 @@ x = LN(x + AllAttn(x)), no FFN); the adaptive-span transformer is [span_attentio
 sublayers keep a cache of their stream between forwards, so consecutive blocks of the same B
 streams continue each other:
 
-    loss = model.token_nll(x, y).mean() + model.span_loss()   # span loss in training only
+    loss = model(x, targets=y).mean() + model.span_loss()   # span loss in training only
     loss.backward(); optimizer.step(); model.clamp_spans()
     state = model.stream_state()           # save with the data position; reset_stream_state() for
     model.load_stream_state(state)         # new streams; model.eval() starts evaluation streams afresh
@@ -131,25 +131,25 @@ class TransformerLM(nn.Module):
         x = self.final_norm(x)
         return x if self.pos_emb is not None else self.dropout(x)
 
-    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
+                targets: torch.Tensor | None = None) -> torch.Tensor:
         """tokens: (B, T) int64 -> logits (B, T, vocab) (with adaptive_cutoffs: log-probabilities, which
-        are logits too). With a cache (new_cache()), tokens are the T positions after the cache.offset
-        ones already fed, and the cache is extended by them. All-attention sublayers also carry their
-        stream cache from one forward to the next (stream_state())."""
-        h = self.hidden(tokens, cache)
-        if self.output is None:
-            return F.linear(h, self.tok_emb.weight)  # (B, T, vocab), tied output
-        if isinstance(self.output, AdaptiveLogSoftmax):
-            return self.output.log_prob(h.flatten(0, 1)).view(*h.shape[:2], -1)
-        return self.output(h)
-
-    def token_nll(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """(B, T) tokens and targets -> (B, T) float32 negative log-likelihoods; with the adaptive softmax,
-        without building the (B, T, vocab) log-probabilities."""
-        if isinstance(self.output, AdaptiveLogSoftmax):
-            h = self.hidden(tokens)
+        are logits too); with targets (B, T): the float32 negative log-likelihood of each target
+        (B, T) instead, without building the (B, T, vocab) log-probabilities of an adaptive softmax.
+        With a cache (new_cache()), tokens are the T positions after the cache.offset ones already fed,
+        and the cache is extended by them. All-attention sublayers also carry their stream cache from
+        one forward to the next (stream_state())."""
+        h = self.hidden(tokens, cache)  # (B, T, D)
+        if targets is not None and isinstance(self.output, AdaptiveLogSoftmax):
             return self.output(h.flatten(0, 1), targets.flatten()).view(targets.shape)
-        logits = self(tokens)
+        if self.output is None:
+            logits = F.linear(h, self.tok_emb.weight)  # (B, T, vocab), tied output
+        elif isinstance(self.output, AdaptiveLogSoftmax):
+            logits = self.output.log_prob(h.flatten(0, 1)).view(*h.shape[:2], -1)
+        else:
+            logits = self.output(h)
+        if targets is None:
+            return logits
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
 
     def stream_layers(self) -> list[StreamAttention]:

@@ -1,0 +1,80 @@
+"""The all-attention family through the trainer and evaluate.py, at character level: exact resume with
+the stream caches in the state, bpc against an independent computation, a product-key memory mixed in."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from xlm_pkm import checkpoint
+from xlm_pkm.cli import evaluate_main
+from xlm_pkm.config import ConfigError, load_config, load_config_dict
+from xlm_pkm.data.bytes import preprocess_bytes
+from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.model.transformer import TransformerLM
+
+ALL_ATTENTION = ["model.family=all_attention", "model.sublayers=[all_attention]", "model.persistent_vectors=8",
+                 "model.span.max_span=32", "model.span.ramp=4", "model.span.loss_coeff=1e-3",
+                 "data.shuffle_blocks=false", "optim.optimizer=adagrad", "optim.lr=0.05", "optim.clip_per_tensor=0.03",
+                 "optim.schedule=linear_warmup"]
+
+
+@pytest.fixture(scope="module")
+def char_data(tiny_corpus, tmp_path_factory):
+    """The tiny corpus at character level (byte shards, meta.json unit "byte")."""
+    out = tmp_path_factory.mktemp("chars") / "tiny"
+    preprocess_bytes(tiny_corpus, out, mode="fractions", held_out_fraction=0.02)
+    return out
+
+
+@pytest.fixture(scope="module")
+def char_overrides(char_data):
+    return [f"data.path={char_data}", *ALL_ATTENTION]
+
+
+def test_resume_with_stream_caches_equals_the_uninterrupted_run(tiny_run, train_losses, char_overrides, tmp_path):
+    full = tiny_run(tmp_path, "train.exp_id=full", *char_overrides)
+    tiny_run(tmp_path, "train.exp_id=cut", "train.max_steps=3", *char_overrides)
+    saved = checkpoint.load(tmp_path / "tiny" / "cut" / "checkpoint.pt")["train_state"][0]["stream_cache"]
+    assert len(saved) == 2 and all(c is not None and c.shape[0] == 4 for c in saved)  # each layer's (B, C, D)
+    resumed = tiny_run(tmp_path, "train.exp_id=cut", *char_overrides)
+    assert train_losses(resumed.run_dir) == train_losses(full.run_dir)  # bit-identical, float32 CPU
+    for name, p in full.model.state_dict().items():
+        assert torch.equal(p, resumed.model.state_dict()[name]), name
+    for a, b in zip(full.model.stream_state(), resumed.model.stream_state()):
+        assert torch.equal(a, b)
+    assert all(0 <= float(z) <= 1 for span in full.model.spans() for z in span.z.detach())  # clamped after updates
+
+
+def test_evaluate_reports_bpc_equal_to_an_independent_computation(tiny_run, char_overrides, char_data, tmp_path):
+    run = tiny_run(tmp_path, "train.exp_id=bpc", "train.max_steps=4", *char_overrides)
+    report = tmp_path / "eval.json"
+    assert evaluate_main(["--checkpoint", str(run.best_path), "--split", "valid", "--json", str(report)]) == 0
+    result = json.loads(report.read_text())
+    state = checkpoint.load(run.best_path)
+    cfg = load_config_dict(state["config"])
+    model = TransformerLM(cfg.model)
+    model.load_state_dict(state["model"])
+    model.eval()
+    nll, tokens = 0.0, 0
+    with torch.no_grad():  # the whole valid split, streams in order, caches carried from block to block
+        for x, y in TokenStream(char_data, "valid", cfg.data.eval_batch_size or cfg.data.batch_size, cfg.data.bptt,
+                                train=False):
+            logp = F.log_softmax(model(x).double(), dim=-1)
+            nll -= logp.gather(-1, y[..., None]).sum().item()
+            tokens += y.numel()
+    assert result["tokens"] == tokens
+    assert math.isclose(result["bpc"], nll / tokens / math.log(2), rel_tol=1e-6)
+
+
+def test_all_attention_with_a_product_key_memory_trains(tiny_run, train_losses, char_overrides, tmp_path):
+    run = tiny_run(tmp_path, "train.exp_id=pkm", "train.max_steps=2", *char_overrides)  # TINY: a memory at layer 2
+    assert [layer for layer, _ in run.model.memories()] == [2]
+    assert sorted(train_losses(run.run_dir)) == [1, 2]
+
+
+def test_shuffled_blocks_are_refused_for_a_model_that_carries_a_cache(char_overrides):
+    with pytest.raises(ConfigError, match="data.shuffle_blocks: all_attention carries its cache"):
+        load_config(None, [*char_overrides, "data.shuffle_blocks=true"])
