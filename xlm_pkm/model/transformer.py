@@ -3,6 +3,8 @@ Product Key Memory in some layers.
 
     model = TransformerLM(cfg.model)       # cfg.model.vocab_size set from the data
     logits = model(tokens)                 # (B, T) int64 -> (B, T, vocab)
+    cache = model.new_cache()              # incremental decoding (eval mode): each call feeds the
+    logits = model(tokens, cache=cache)    # next tokens, at positions after those already cached
 
 Block l (1-indexed) is self-attention, then the feed-forward sublayers: [FFN], or [PKM] when l is a
 memory layer with mem_mode "replace", or [FFN, PKM] with mem_mode "add". Every sublayer f has its
@@ -53,6 +55,21 @@ def resolve_memory_layers(cfg: ModelConfig) -> list[int]:
     return sorted(cfg.mem_layers)
 
 
+class KVCache:
+    """Incremental decoding state: per attention layer, the keys and values of the tokens fed so far
+    [keys, values], each (B, n_heads, T_past, head_dim) ([None, None] before the first call); `length`
+    is T_past, the position of the next token. Memory and FFN sublayers act on each token alone (the memory's BatchNorm on its
+    running statistics, in eval mode), so they need no cache."""
+
+    def __init__(self, n_layers: int):
+        self.layers: list[list[torch.Tensor | None]] = [[None, None] for _ in range(n_layers)]
+
+    @property
+    def length(self) -> int:
+        keys = self.layers[0][0]
+        return 0 if keys is None else keys.shape[2]
+
+
 class SelfAttention(nn.Module):
     def __init__(self, dim: int, n_heads: int, attention_dropout: float):
         super().__init__()
@@ -62,10 +79,19 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(dim, 3 * dim)
         self.out = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, pad_mask=None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad_mask=None, cache: list | None = None) -> torch.Tensor:
+        """cache: this layer's [keys, values] of the earlier tokens (KVCache), extended in place."""
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).unbind(2)  # (B, T, nh, hd) each
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).transpose(1, 3).unbind(2)  # (B, nh, T, hd)
+        past = 0
+        if cache is not None:
+            if cache[0] is not None:
+                past = cache[0].shape[2]
+                k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)  # (B, nh, past + T, hd)
+            cache[:] = [k, v]
+        # query i (position past + i) sees keys 0..past + i
+        mask = None if past == 0 else torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
                                            dropout_p=self.attention_dropout if self.training else 0.0)  # (B, nh, T, hd)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
@@ -88,12 +114,13 @@ class Block(nn.Module):
         self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in sublayers)
         self.dropout, self.pre_norm = nn.Dropout(dropout), pre_norm
 
-    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad_mask: torch.Tensor | None = None, cache: list | None = None) -> torch.Tensor:
         for f, norm in zip(self.sublayers, self.norms):
+            args = (pad_mask, cache) if isinstance(f, SelfAttention) else (pad_mask,)
             if self.pre_norm:
-                x = x + self.dropout(f(norm(x), pad_mask))
+                x = x + self.dropout(f(norm(x), *args))
             else:
-                x = norm(x + self.dropout(f(x, pad_mask)))
+                x = norm(x + self.dropout(f(x, *args)))
         return x
 
 
@@ -125,16 +152,22 @@ class TransformerLM(nn.Module):
         self.blocks = nn.ModuleList(blocks)
         self.final_norm = nn.LayerNorm(D) if cfg.pre_norm else nn.Identity()
 
-    def forward(self, tokens: torch.Tensor, pad_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """tokens: (B, T) int64; pad_mask: (B, T) bool, True at padding (optional) -> logits (B, T, vocab)."""
-        T = tokens.shape[1]
-        if T > self.cfg.max_len:
-            raise ValueError(f"sequence length {T} exceeds model.max_len={self.cfg.max_len}")
-        positions = torch.arange(T, device=tokens.device)
+    def forward(self, tokens: torch.Tensor, pad_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
+        """tokens: (B, T) int64; pad_mask: (B, T) bool, True at padding (optional) -> logits (B, T, vocab).
+        With a cache (new_cache()), tokens follow those fed before: positions start at cache.length."""
+        start, T = (cache.length if cache is not None else 0), tokens.shape[1]
+        if start + T > self.cfg.max_len:
+            raise ValueError(f"sequence length {start + T} exceeds model.max_len={self.cfg.max_len}")
+        positions = torch.arange(start, start + T, device=tokens.device)
         x = self.dropout(self.emb_norm(self.tok_emb(tokens) + self.pos_emb(positions)))  # (B, T, D)
-        for block in self.blocks:
-            x = block(x, pad_mask)
+        for i, block in enumerate(self.blocks):
+            x = block(x, pad_mask, None if cache is None else cache.layers[i])
         return F.linear(self.final_norm(x), self.tok_emb.weight)  # (B, T, vocab), tied output
+
+    def new_cache(self) -> KVCache:
+        """An empty key/value cache for incremental decoding (use in eval mode)."""
+        return KVCache(len(self.blocks))
 
     def memories(self) -> list[tuple[int, ProductKeyMemory]]:
         """[(1-indexed layer, memory)] in layer order."""
