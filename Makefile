@@ -11,10 +11,10 @@ SAMPLE := data/processed/sample
 install: $(VENV)/.installed $(FASTBPE)
 
 # The virtual environment: torch 2.13.0 unless a torch is already importable there, then the rest.
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
-	$(PIP) install -r requirements.txt cython setuptools wheel
+	$(PIP) install -r requirements.txt -r requirements-test.txt cython setuptools wheel
 	$(PIP) install --no-build-isolation fastBPE==0.1.0
 	touch $@
 
