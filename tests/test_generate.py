@@ -1,7 +1,11 @@
 """Generation: the key/value cache against full forwards, the decoders, sampling sets, the text codec, the CLI."""
 
 import io
+import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,6 +18,7 @@ from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.sampling import Sampling, allowed_probs, sample
 from xlm_pkm.text_codec import TextCodec
 
+ROOT = Path(__file__).resolve().parent.parent
 MODELS = {  # name -> model config overrides
     "memory_batchnorm": dict(n_memories=1, memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4)),
     "memory_add_prenorm": dict(n_memories=1, mem_mode="add", pre_norm=True,
@@ -159,3 +164,17 @@ def test_prompt_from_stdin_and_stop_at_line_end(reference_run, monkeypatch, caps
                  "--stop-at-eol"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("import the module") and out.count("\n") == 1
+
+
+def test_generation_speed_benchmark_writes_both_decoders(tmp_path):
+    out = tmp_path / "generation.json"
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "generation_speed.py"), "--device", "cpu", "--seq", "8",
+                    "--min-time", "0.01", "--rounds", "1", "--vocab", "50", "--out", str(out), "--override",
+                    "model.dim=16", "model.n_heads=2", "model.memory.k_dim=8", "model.memory.knn=4"],
+                   check=True, capture_output=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = json.loads(out.read_text())
+    assert result["settings"]["vocab"] == 50 and result["machine"]["device"] == "cpu"
+    assert [(r["model"], r["memories"]) for r in result["rows"]] == [("memory", 1), ("no memory", 0)]
+    for row in result["rows"]:
+        assert row["cached_tokens_per_s"] > 0 and row["uncached_tokens_per_s"] > 0
+        assert row["cached_over_uncached"] == round(row["cached_tokens_per_s"] / row["uncached_tokens_per_s"], 3)
