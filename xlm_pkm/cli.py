@@ -25,7 +25,8 @@ from xlm_pkm.trainer import NonFiniteLossError, Trainer
 
 # configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
 PACKAGED_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
-DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else PACKAGED_CONFIG.parents[2] / "configs" / "default.yaml"
+CHECKOUT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError, NonFiniteError, OutputError,
                RunDirectoryBusy, CollectiveError)
 EXIT_ERROR, EXIT_STOPPED = 2, 75

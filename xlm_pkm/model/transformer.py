@@ -56,10 +56,10 @@ def resolve_memory_layers(cfg: ModelConfig) -> list[int]:
 
 
 class KVCache:
-    """Incremental decoding state: per attention layer, the keys and values of the tokens fed so far
-    [keys, values], each (B, n_heads, T_past, head_dim) ([None, None] before the first call); `length`
-    is T_past, the position of the next token. Memory and FFN sublayers act on each token alone (the memory's BatchNorm on its
-    running statistics, in eval mode), so they need no cache."""
+    """Incremental decoding state: per attention layer, [keys, values] of the tokens fed so far, each
+    (B, n_heads, T_past, head_dim) ([None, None] before the first call); `length` is T_past, the
+    position of the next token. Memory and FFN sublayers act on each token alone (the memory's
+    BatchNorm on its running statistics, in eval mode), so they need no cache."""
 
     def __init__(self, n_layers: int):
         self.layers: list[list[torch.Tensor | None]] = [[None, None] for _ in range(n_layers)]
@@ -82,7 +82,8 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, pad_mask=None, cache: list | None = None) -> torch.Tensor:
         """cache: this layer's [keys, values] of the earlier tokens (KVCache), extended in place."""
         B, T, D = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).transpose(1, 3).unbind(2)  # (B, nh, T, hd)
+        qkv = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads)  # (B, T, 3, nh, hd)
+        q, k, v = qkv.transpose(1, 3).unbind(2)  # (B, nh, T, hd) each
         past = 0
         if cache is not None:
             if cache[0] is not None:
