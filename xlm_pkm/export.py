@@ -62,6 +62,9 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     tmp = checkpoint.temporary_name(out / WEIGHTS)
     try:
         save_model(model, str(tmp), metadata=metadata)  # drops the duplicate names of a shared value table
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as the other files (safetensors creates it private)
         os.replace(tmp, out / WEIGHTS)
     except OSError as e:
         raise checkpoint.OutputError(f"cannot write {out / WEIGHTS}: {e.strerror or e}") from None
