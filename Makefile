@@ -11,10 +11,10 @@ SAMPLE := data/processed/sample
 install: $(VENV)/.installed $(FASTBPE)
 
 # The virtual environment: torch 2.13.0 unless a torch is already importable there, then the rest.
-$(VENV)/.installed: requirements.txt
+$(VENV)/.installed: requirements.txt requirements-test.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
-	$(PIP) install -r requirements.txt cython setuptools wheel
+	$(PIP) install -r requirements.txt -r requirements-test.txt cython setuptools wheel
 	$(PIP) install --no-build-isolation fastBPE==0.1.0
 	touch $@
 
@@ -34,13 +34,14 @@ $(SAMPLE)/.done: install data/sample/python-docs.jsonl.xz
 	touch $@
 
 # The main job: train configs/default.yaml on the bundled corpus (resumes if interrupted; a finished
-# run is not retrained), then evaluate its best checkpoint on the test split.
+# run is not retrained), evaluate its best checkpoint on the test split, and print a sample of its text.
 DEMO_RUN := dumped/default/demo
 
 demo: data
 	$(PY) -m xlm_pkm.data.stats $(SAMPLE)
 	$(PY) train.py --config configs/default.yaml train.exp_id=demo --no-test
 	$(PY) evaluate.py --checkpoint $(DEMO_RUN)/best.pt --split test --json $(DEMO_RUN)/test.json
+	$(PY) generate.py --checkpoint $(DEMO_RUN)/best.pt --max-tokens 80 --top-p 0.9 --seed 0 "The built-in function"
 
 test: install
 	$(PY) -m pytest -q tests
@@ -56,6 +57,7 @@ bench: install data
 	$(PY) benchmarks/inference_speed.py
 	$(PY) benchmarks/training_speed.py
 	$(PY) benchmarks/value_read_bandwidth.py
+	$(PY) benchmarks/generation_speed.py
 
 clean:
 	rm -rf $(VENV) tools $(SAMPLE)

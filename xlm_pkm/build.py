@@ -3,13 +3,18 @@
     stream = build_stream(cfg, "train", env)           # also checks that the split is readable
     model = build_model(cfg, device)                    # seeded: identical on every rank
     optimizers = build_optimizers(model, cfg)           # sets the model's value gradients sparse or not
+    model, cfg, state, data_dir = load_trained("dumped/x/y/best.pt")   # a trained model, vocabulary checked
 """
 
 from __future__ import annotations
 
 import torch
 
-from xlm_pkm.config import Config, ConfigError
+from pathlib import Path
+
+from xlm_pkm import checkpoint
+from xlm_pkm.config import Config, ConfigError, load_config_dict
+from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.distributed import DistEnv
 from xlm_pkm.model.transformer import TransformerLM
@@ -44,3 +49,19 @@ def build_model(cfg: Config, device: torch.device) -> TransformerLM:
 
 def build_optimizers(model: TransformerLM, cfg: Config) -> Optimizers:
     return Optimizers(model, cfg.optim)
+
+
+def load_trained(path: str | Path, data_dir: str | Path | None = None) -> tuple[TransformerLM, Config, dict, Path]:
+    """(model in eval mode on the CPU, config, checkpoint dict, data dir) of a run checkpoint, after
+    checking that the data dir's vocabulary (default: the run's) is the one the model was trained with."""
+    state = checkpoint.load(path)
+    cfg = load_config_dict(state["config"], source=str(path))
+    data_dir = Path(data_dir or cfg.data.path)
+    dictionary = Dictionary.load(data_dir / "vocab")
+    if len(dictionary) != cfg.model.vocab_size:
+        raise ValueError(f"{path}: model has a vocabulary of {cfg.model.vocab_size} tokens, "
+                         f"{data_dir}/vocab has {len(dictionary)}")
+    checkpoint.check_vocabulary(state, dictionary.fingerprint(), data_dir / "vocab", path)
+    model = TransformerLM(cfg.model)
+    checkpoint.load_model_state(model, state["model"], path)
+    return model.eval(), cfg, state, data_dir

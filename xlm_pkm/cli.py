@@ -24,7 +24,10 @@ from xlm_pkm.precision import check_precision, resolve_device
 from xlm_pkm.lock import DirectoryBusy
 from xlm_pkm.trainer import NonFiniteLossError, Trainer
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+# configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
+PACKAGED_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+CHECKOUT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
 USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError, NonFiniteError, OutputError,
                DirectoryBusy, CollectiveError)
 EXIT_ERROR, EXIT_STOPPED = 2, 75

@@ -7,11 +7,8 @@ import time
 
 import torch
 
-from xlm_pkm import checkpoint
-from xlm_pkm.build import build_stream
-from xlm_pkm.config import load_config_dict
+from xlm_pkm.build import build_stream, load_trained
 from xlm_pkm.distributed import DistEnv, all_reduce_sum
-from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.precision import autocast
 
 
@@ -77,15 +74,7 @@ def evaluate_checkpoint(path, split: str = "test", data_dir: str | None = None, 
                         max_batches: int = 0, env: DistEnv = DistEnv()) -> dict:
     """Rebuilds the model saved in a checkpoint and evaluates it on `split` of its (or another) corpus,
     which must have the vocabulary the model was trained with."""
-    state = checkpoint.load(path)
-    cfg = load_config_dict(state["config"], source=str(path))
-    data_dir = data_dir or cfg.data.path
+    model, cfg, state, data_dir = load_trained(path, data_dir)
     stream = build_stream(cfg, split, env, data_dir, batch_size, bptt)
-    if len(stream.dictionary) != cfg.model.vocab_size:
-        raise ValueError(f"{path}: model has a vocabulary of {cfg.model.vocab_size} tokens, "
-                         f"{data_dir}/vocab has {len(stream.dictionary)}")
-    checkpoint.check_vocabulary(state, stream.dictionary.fingerprint(), f"{data_dir}/vocab", path)
-    model = TransformerLM(cfg.model)
-    checkpoint.load_model_state(model, state["model"], path)
     result = evaluate(model.to(device), stream, device, precision, max_batches, env)
     return {"checkpoint": str(path), "split": split, "step": state["step"], **result}

@@ -1,0 +1,8 @@
+"""Sample text from a trained model: python generate.py --checkpoint PATH ["prompt"] [--top-p 0.9] [--seed 0] ..."""
+
+import sys
+
+from xlm_pkm.generation import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""Checkpoint export: safetensors + config.json + codes/vocab, loaded back with the same logits."""
+
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from xlm_pkm import checkpoint
+from xlm_pkm.config import load_config, to_dict
+from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.build import load_trained
+from xlm_pkm.export import export, load_exported, load_model, main
+from xlm_pkm.generation import generate
+from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.sampling import Sampling
+
+SHARED = ["model.dim=32", "model.n_layers=3", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[1,3]",
+          "model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2", "model.memory.knn=4",
+          "model.memory.share_values=true"]
+
+
+def shared_values_checkpoint(tiny_data_dir, path):
+    """A checkpoint of a model whose two memories read one value table (random weights, BatchNorm moved)."""
+    dictionary = Dictionary.load(tiny_data_dir / "vocab")
+    cfg = load_config(None, [f"data.path={tiny_data_dir}", f"model.vocab_size={len(dictionary)}", *SHARED])
+    torch.manual_seed(0)
+    model = TransformerLM(cfg.model)
+    for _, memory in model.memories():
+        memory.query_norm.running_mean.normal_()
+    checkpoint.save_atomic({"config": to_dict(cfg), "model": model.state_dict(), "step": 7,
+                            "vocab_fingerprint": dictionary.fingerprint()}, path)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["trained run", "shared values"])
+def test_export_round_trips_with_the_same_logits(kind, reference_run, tiny_data_dir, tmp_path):
+    if kind == "trained run":
+        path = reference_run().best_path
+        original, _, _, _ = load_trained(path)
+    else:
+        path = tmp_path / "shared.pt"
+        original = shared_values_checkpoint(tiny_data_dir, path).eval()
+    out = export(path, tmp_path / "exported")
+    assert sorted(p.name for p in out.iterdir()) == ["codes", "config.json", "model.safetensors", "vocab"]
+    for name in ("codes", "vocab"):
+        assert (out / name).read_bytes() == (tiny_data_dir / name).read_bytes()
+    assert json.loads((out / "config.json").read_text()) == checkpoint.load(path)["config"]
+    model, dictionary = load_exported(out)
+    assert dictionary.words == Dictionary.load(tiny_data_dir / "vocab").words and not model.training
+    tokens = torch.randint(0, len(dictionary), (2, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens), original(tokens), rtol=0, atol=0)
+    if kind == "shared values":
+        (_, first), (_, second) = model.memories()
+        assert first.values.weight is second.values.weight  # still one table, not two copies
+        with safe_open(str(out / "model.safetensors"), "pt") as f:
+            assert sum(".values.weight" in k for k in f.keys()) == 1
+            assert f.metadata()["step"] == "7"
+
+
+def test_generation_from_the_exported_folder_equals_the_checkpoint(reference_run, tmp_path):
+    path = reference_run().best_path
+    export(path, tmp_path / "exported")
+    (a, codec_a, _), (b, codec_b, _) = load_model(path), load_model(tmp_path / "exported")
+    prompt = codec_a.encode("the function")
+    assert prompt == codec_b.encode("the function")
+    kw = dict(max_tokens=10, sampling=Sampling(top_k=10), seed=1)
+    assert generate(a, prompt, **kw) == generate(b, prompt, **kw)
+
+
+def test_export_errors_are_one_line(reference_run, tmp_path, capsys):
+    path = reference_run().best_path
+    out = export(path, tmp_path / "exported")
+    capsys.readouterr()
+    missing = tmp_path / "missing.pt"
+    assert main([str(missing), str(tmp_path / "x")]) == 2
+    assert capsys.readouterr().err == f"python -m xlm_pkm.export: error: checkpoint not found: {missing}\n"
+    with open(out / "vocab", "a") as f:
+        f.write("extra 1\n")
+    with pytest.raises(ValueError, match="trained with another vocabulary than .*vocab"):
+        load_exported(out)
+    (out / "config.json").unlink()
+    with pytest.raises(FileNotFoundError, match="config.json not found: not a folder written by"):
+        load_exported(out)

@@ -1,0 +1,129 @@
+"""The package: `pip install .` in a fresh virtual environment gives the console commands; the layer
+imports and trains with torch alone (the data, launcher and logging dependencies made unimportable)."""
+
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from xlm_pkm.generation import main as generate_main
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE_FILES = ["pyproject.toml", "requirements.txt", "README.md", "xlm_pkm", "configs"]
+BLOCKED = ["sacremoses", "fastBPE", "tensorboard", "submitit", "yaml", "tqdm", "safetensors", "triton"]
+
+# The README's "The layer on its own" example: a plain PyTorch model, the values in their own optimizer
+# with sparse gradients and lazy Adam.
+LAYER_SNIPPET = """\
+import torch
+from torch import nn
+from xlm_pkm import ProductKeyMemory
+from xlm_pkm.lazy_adam import LazyAdam
+
+memory = ProductKeyMemory(256, 256, n_keys=128, k_dim=128, heads=4, knn=16)  # 128² = 16k slots
+model = nn.Sequential(nn.Embedding(1000, 256), memory, nn.Linear(256, 1000))
+memory.sparse_values = True  # the value table's gradient: one row per slot read, as a sparse tensor
+dense = [p for p in model.parameters() if p is not memory.values.weight]
+optimizers = [torch.optim.Adam(dense, lr=2.5e-4),  # values: their own optimizer, a higher lr (paper §4.3)
+              LazyAdam([memory.values.weight], lr=1e-3)]  # updates only the rows read
+
+tokens = torch.randint(0, 1000, (8, 64))
+logits = model(tokens[:, :-1])  # (8, 63, 1000)
+loss = nn.functional.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+loss.backward()
+for optimizer in optimizers:
+    optimizer.step()
+    optimizer.zero_grad()
+"""
+
+
+def blocking_prelude(names: list[str]) -> str:
+    """Python source that makes `names` unimportable, as if not installed (a None entry in sys.modules
+    makes `import` raise ModuleNotFoundError and importlib.util.find_spec return None)."""
+    return f"import sys\nsys.modules.update(dict.fromkeys({names!r}))\n"
+
+
+def test_the_layer_needs_only_torch():
+    check = textwrap.dedent(f"""\
+        try:
+            import yaml
+        except ModuleNotFoundError:
+            pass
+        else:
+            raise AssertionError("the blocker does not work")
+        {LAYER_SNIPPET.replace(chr(10), chr(10) + "        ")}
+        assert memory.values.weight.grad is None and torch.isfinite(loss)
+        x = torch.randn(5, 256, requires_grad=True)
+        memory.eval()(x).sum().backward()  # BatchNorm on running statistics; sparse value gradient
+        assert x.grad.shape == (5, 256) and memory.values.weight.grad.is_sparse
+        loaded = sorted({{name.split(".")[0] for name, m in sys.modules.items() if m is not None}} & set({BLOCKED!r}))
+        assert not loaded, loaded
+        print("ok")
+        """)
+    out = subprocess.run([sys.executable, "-c", blocking_prelude(BLOCKED) + check], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
+
+
+def test_readme_shows_the_tested_layer_snippet():
+    section = (ROOT / "README.md").read_text().split("## The layer on its own", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert LAYER_SNIPPET in blocks
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> Path:
+    """bin/ of a fresh virtual environment where `pip install --no-deps .` installed a copy of the sources;
+    the dependencies come from this environment's site-packages (a .pth file), so nothing is downloaded."""
+    tmp = tmp_path_factory.mktemp("package")
+    src = tmp / "src"
+    src.mkdir()
+    for name in PACKAGE_FILES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, src / name)
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    python = venv / "bin" / "python"
+    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    Path(site, "shared_dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                    "--no-build-isolation", "--no-input", str(src)], check=True, timeout=120, capture_output=True)
+    return venv / "bin"
+
+
+def run_all(bin_dir: Path, commands: list[list[str]], cwd: Path) -> list[tuple[int, str, str]]:
+    """(exit status, stdout, stderr) of each command of bin_dir, run at the same time."""
+    procs = [subprocess.Popen([str(bin_dir / c[0]), *c[1:]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, cwd=cwd) for c in commands]
+    outputs = [p.communicate(timeout=120) for p in procs]
+    return [(p.returncode, *out) for p, out in zip(procs, outputs)]
+
+
+def test_console_commands_of_the_installed_package(installed, reference_run, tmp_path, capsys):
+    assert {f"xlm-pkm-{c}" for c in ("train", "evaluate", "generate", "preprocess", "export")} <= \
+        {p.name for p in installed.iterdir()}
+    best = reference_run().best_path
+    capsys.readouterr()
+    generate_args = ["--checkpoint", str(best), "--max-tokens", "8", "--greedy", "the module"]
+    where, generated, evaluated, trained, preprocess = run_all(installed, [
+        ["python", "-c", "import xlm_pkm; print(xlm_pkm.__version__, xlm_pkm.__file__)"],
+        ["xlm-pkm-generate", *generate_args],
+        ["xlm-pkm-evaluate", "--checkpoint", str(best), "--split", "valid", "--max-batches", "1", "--device", "cpu"],
+        ["xlm-pkm-train", f"data.path={tmp_path / 'none'}"],  # with the default config installed in the package
+        ["xlm-pkm-preprocess", "--help"]], cwd=tmp_path)
+    version, location = where[1].split()
+    assert version == __import__("xlm_pkm").__version__ and not location.startswith(str(ROOT))
+    assert generated[0] == 0, generated[2]
+    assert generate_main(generate_args) == 0 and generated[1] == capsys.readouterr().out
+    assert evaluated[0] == 0 and evaluated[1].startswith("valid ppl "), evaluated[2]
+    assert trained[0] == 2 and trained[2] == f"train.py: error: data directory not found: {tmp_path / 'none'} " \
+                                              "(run python -m xlm_pkm.data.preprocess)\n"
+    assert preprocess[0] == 0 and "--bpe-codes" in preprocess[1]
