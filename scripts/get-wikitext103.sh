@@ -6,9 +6,10 @@
 # Environment: WT103_URL (default https://wikitext.smerity.com/wikitext-103-v1.zip; the authors' script
 # used https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip), PYTHON.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 data=${1:-data/wikitext103}
-py=${PYTHON:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+py=${PYTHON:-$([ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}
 mkdir -p "$data"
 if [ ! -f "$data/wikitext-103/wiki.train.tokens" ]; then
   curl -fL --retry 3 -o "$data/wikitext-103-v1.zip.tmp" "${WT103_URL:-https://wikitext.smerity.com/wikitext-103-v1.zip}"

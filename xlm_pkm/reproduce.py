@@ -377,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     slurm.add_argument("--array-parallelism", type=int, default=64)
     slurm.add_argument("--folder", default="dumped/reproduce/slurm/%j", help="submitit's logs and pickles")
     args = parser.parse_args(argv)
-    extra = [*([f"data.path={args.data}"] if args.data else []), *args.set]
+    extra = [*([f"data.path={Path(args.data).resolve()}"] if args.data else []), *args.set]  # the caller's relative path
     try:
         runs, skipped = plan(args.table, SCALES[args.scale], Path(args.dump), extra, args.only, args.test_max_batches)
     except (ConfigError, ValueError) as e:
