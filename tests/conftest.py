@@ -52,7 +52,8 @@ TINY = [
     "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[2]",
     "model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2", "model.memory.knn=4",
     "model.memory.query_norm=layernorm",
-    "data.batch_size=4", "data.bptt=16", "optim.lr=3e-3", "optim.warmup_steps=5", "optim.values_lr=1e-2",
+    "data.batch_size=4", "data.eval_batch_size=32", "data.bptt=16",
+    "optim.lr=3e-3", "optim.warmup_steps=5", "optim.values_lr=1e-2",
     "train.device=cpu", "train.log_every=1", "train.eval_every=1000", "train.eval_max_batches=4",
     "train.max_steps=8", "train.exp_name=tiny",
 ]
