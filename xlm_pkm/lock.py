@@ -47,6 +47,8 @@ class DirectoryLock:
             os.close(self.fd)  # drops the flock
             self.fd = None
 
+    __del__ = release  # a holder dropped without release (its constructor failed later) frees the directory
+
     def __enter__(self) -> "DirectoryLock":
         return self
 
