@@ -44,7 +44,7 @@ demo: data
 	$(PY) generate.py --checkpoint $(DEMO_RUN)/best.pt --max-tokens 80 --top-p 0.9 --seed 0 "The built-in function"
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n 2 tests
 
 # Benchmarks (each writes JSON with the machine's description to benchmarks/results/). The model-level
 # ones (inference_speed, training_speed; words/s from the sample) and value_read_bandwidth are sized for a

@@ -86,7 +86,7 @@ class Heartbeat(threading.Thread):
                 return
 
     def silent_ranks(self) -> list[int] | None:
-        """Ranks whose heartbeat does not move over 2.5 intervals (None if the store cannot be read)."""
+        """Other ranks whose heartbeat does not move over 2.5 intervals (None if the store cannot be read)."""
         keys = [f"xlm_pkm/heartbeat/{r}" for r in range(self.env.world_size)]
         try:
             before = [self.store.add(k, 0) for k in keys]
@@ -94,7 +94,7 @@ class Heartbeat(threading.Thread):
             after = [self.store.add(k, 0) for k in keys]
         except Exception:  # noqa: BLE001 - the store lived in a process that is gone
             return None
-        return [r for r, (a, b) in enumerate(zip(before, after)) if a == b]
+        return [r for r, (a, b) in enumerate(zip(before, after)) if a == b and r != self.env.rank]  # not us
 
 
 def describe_failure(env: DistEnv, error: BaseException) -> CollectiveError:
