@@ -15,18 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from sacremoses import MosesDetokenizer
 
-from xlm_pkm import checkpoint
-from xlm_pkm.config import load_config_dict
-from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.build import build_stream, load_trained
+from xlm_pkm.data.moses import detokenize_pieces
+from xlm_pkm.distributed import DistEnv
 from xlm_pkm.model.transformer import TransformerLM
-
-
-def detokenize(pieces: list[str], detokenizer: MosesDetokenizer) -> str:
-    """BPE pieces -> text: 'to@@ ken' -> 'token', then Moses detokenisation."""
-    words = " ".join(pieces).replace("@@ ", "").removesuffix("@@").split()
-    return detokenizer.detokenize(words)
 
 
 def _memory_inputs(model: TransformerLM, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
@@ -48,13 +41,8 @@ def slot_contexts(path: str | Path, split: str = "test", top_slots: int = 8, per
                   max_batches: int = 20, window: int = 12, data_dir: str | None = None) -> list[dict]:
     """For each memory of the checkpoint at `path`: its `top_slots` most used slots on `split`, each
     with the `per_slot` reads of largest weight and their text (see the module docstring)."""
-    state = checkpoint.load(path)
-    cfg = load_config_dict(state["config"], source=str(path))
-    model = TransformerLM(cfg.model)
-    checkpoint.load_model_state(model, state["model"], path)
-    model.eval()
-    stream = TokenStream(data_dir or cfg.data.path, split, cfg.data.eval_batch_size or cfg.data.batch_size,
-                         cfg.data.bptt, train=False)
+    model, cfg, _, data_dir = load_trained(path, data_dir)  # in eval mode, vocabulary checked
+    stream = build_stream(cfg, split, DistEnv(), data_dir)
     batches = [x for i, (x, _) in zip(range(max_batches), stream)]  # (B, T) each
     memories = dict(model.memories())
 
@@ -75,7 +63,7 @@ def slot_contexts(path: str | Path, split: str = "test", top_slots: int = 8, per
                 w, n = per_position.topk(min(per_slot, per_position.numel()))
                 best[layer][s] += [(float(wi), b, ni // T, ni % T) for wi, ni in zip(w.tolist(), n.tolist()) if wi > 0]
 
-    detokenizer, words = MosesDetokenizer(lang="en"), stream.dictionary
+    words = stream.dictionary
     out = []
     for layer, slots in top.items():
         found = []
@@ -84,7 +72,7 @@ def slot_contexts(path: str | Path, split: str = "test", top_slots: int = 8, per
             for w, b, row, pos in sorted(best[layer][s], reverse=True)[:per_slot]:
                 seq = batches[b][row].tolist()
                 left = [words[i] for i in seq[max(0, pos - window):pos]]
-                reads.append({"weight": round(w, 4), "context": detokenize(left, detokenizer),
+                reads.append({"weight": round(w, 4), "context": detokenize_pieces(left),
                               "token": words[seq[pos]].removesuffix("@@"),
                               "next": words[seq[pos + 1]].removesuffix("@@") if pos + 1 < len(seq) else ""})
             found.append({"slot": slot, "weight": round(float(usage[layer][slot]), 3), "reads": reads})

@@ -16,7 +16,7 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
-from xlm_pkm.data.dictionary import BPE_CONTINUATION, Dictionary
+from xlm_pkm.data.dictionary import Dictionary
 
 
 class TextCodec:
@@ -44,25 +44,18 @@ class TextCodec:
         return ids
 
     def decode(self, ids: list[int]) -> str:
-        from sacremoses import MosesDetokenizer
+        from xlm_pkm.data.moses import detokenize_pieces
 
-        detokenizer = MosesDetokenizer(lang=self.lang)
         d, lines, words = self.dictionary, [], []
         for i in ids:
             if i in (d.eos, d.bos):
                 if words or i == d.eos:
-                    lines.append(self._detokenize(words, detokenizer))
+                    lines.append(detokenize_pieces(words, self.lang))
                 if i == d.bos and lines:
                     lines.append("")  # a blank line between documents
                 words = []
             elif i != d.pad:
                 words.append(d[i])
         if words:
-            lines.append(self._detokenize(words, detokenizer))
+            lines.append(detokenize_pieces(words, self.lang))
         return "\n".join(lines)
-
-    @staticmethod
-    def _detokenize(words: list[str], detokenizer) -> str:
-        text = " ".join(words).replace(BPE_CONTINUATION + " ", "")
-        text = text.removesuffix(BPE_CONTINUATION)  # a word the model has not finished
-        return detokenizer.detokenize(text.split(), unescape=False)

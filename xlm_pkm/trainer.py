@@ -121,12 +121,12 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """checkpoint.pt, unless a parameter or an optimizer state is not finite (NonFiniteError, and the
         previous checkpoint.pt stays: it is the last good one). Collective: every rank takes part."""
-        bad = checkpoint.first_non_finite({"model": self.model.state_dict(), "optimizer": self.optimizers.state_dict()})
+        state = {**self._model_record(), "optimizers": self.optimizers.state_dict()}
+        bad = checkpoint.first_non_finite({"model": state["model"], "optimizer": state["optimizers"]})
         if bad is not None:  # every rank holds the same weights, so every rank stops here
             raise NonFiniteError(f"{bad} is not finite at step {self.step}: not saved. {self._last_good()}")
-        state = {**self._model_record(), "optimizers": self.optimizers.state_dict(),
-                 "scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
-                 "train_state": all_gather_objects(self.state.state_dict(), self.env)}
+        state |= {"scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
+                  "train_state": all_gather_objects(self.state.state_dict(), self.env)}
         if self.env.is_main:
             checkpoint.save_atomic(state, self.ckpt_path)
         self.saved_step = self.step
