@@ -46,6 +46,8 @@ class MemoryConfig:
     qk_norm: bool = False  # L2-normalise queries and keys (product: each half) before scoring
     temperature: float = 1.0  # softmax(scores / temperature) over the selected keys; 1: the paper
     share_values: bool = False  # all memory layers of the model read one value table
+    # each of W processes holds 1/W of every value row and of its optimizer state (model/value_shards.py)
+    shard_values: bool = False
     # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/value_read.py)
     value_read: Literal["auto", "torch", "triton"] = "auto"
 

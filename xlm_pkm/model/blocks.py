@@ -82,7 +82,8 @@ def shared_state(cfg: ModelConfig, plan: list[list[str]]) -> dict:
     position table (d_h x max_span)."""
     shared = {}
     if cfg.memory.share_values and any("memory" in names for names in plan):
-        shared["values"] = value_table(KEY_SEARCHES[cfg.memory.key_type].slots(cfg.memory), cfg.dim)
+        shared["values"] = value_table(KEY_SEARCHES[cfg.memory.key_type].slots(cfg.memory), cfg.dim,
+                                       cfg.memory.shard_values)
     if any(name in CONTEXT_SUBLAYERS for names in plan for name in names):
         shared["positions"] = RelativePositions(cfg.dim // cfg.n_heads, cfg.span.max_span)
     return shared

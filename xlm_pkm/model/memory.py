@@ -26,6 +26,8 @@ override the fields of `cfg` (default MemoryConfig()). Beyond the config:
   - sparse_values (attribute, default False): the value table's gradient is a sparse tensor with one
     row per distinct slot read in the step (value_read.py), for optimizers on row-sparse gradients
     (LazyAdam): the step cost does not grow with the table. TransformerLM.set_sparse_values sets it.
+  - cfg.shard_values: the table holds this rank's columns of every row (value_shards.py), and forward
+    exchanges lookups and output slices with the other ranks; every rank must call it together.
   - The value-read backend (cfg.value_read) is resolved for the table's device when the layer is
     built or moved (`_apply`), into `read_backend`; forward only reads it.
   - query_norm="batchnorm" in training mode computes its statistics over all positions of the
@@ -48,14 +50,20 @@ from xlm_pkm.config import MemoryConfig, validate
 from xlm_pkm.model.keys import KEY_SEARCHES
 from xlm_pkm.model.memory_stats import SlotStats
 from xlm_pkm.model.value_read import choose_backend, read_values, resolve_backend
+from xlm_pkm.model.value_shards import ValueShard, current_shard, init_shard, sharded_read
 from xlm_pkm.precision import at_least_float32
 
 
-def value_table(n_slots: int, output_dim: int) -> nn.EmbeddingBag:
-    """The (n_slots, output_dim) values, read as weighted sums; init N(0, 1/output_dim)."""
-    values = nn.EmbeddingBag(n_slots, output_dim, mode="sum")
-    nn.init.normal_(values.weight, mean=0.0, std=output_dim**-0.5)
+def value_table(n_slots: int, output_dim: int, sharded: bool = False) -> nn.EmbeddingBag:
+    """The (n_slots, output_dim) values, read as weighted sums; init N(0, 1/output_dim). sharded: this
+    rank's (n_slots, output_dim / W) columns of the same table (value_shards.py), marked `value_shard`."""
+    shard = current_shard(output_dim) if sharded else ValueShard(0, 1)
+    weight = torch.empty(n_slots, shard.width(output_dim))
+    init_shard(weight, output_dim, shard)
+    values = nn.EmbeddingBag(n_slots, weight.shape[1], mode="sum", _weight=weight)
     values.weight.is_memory_value = True  # lets an optimizer find the value parameters
+    if sharded:
+        values.weight.value_shard = shard
     return values
 
 
@@ -82,10 +90,12 @@ class ProductKeyMemory(nn.Module):
 
         self.keys = KEY_SEARCHES[cfg.key_type](cfg)
         self.n_slots = self.keys.n_slots
-        self.values = values if values is not None else value_table(self.n_slots, output_dim)
-        if self.values.weight.shape != (self.n_slots, output_dim):
+        self.values = values if values is not None else value_table(self.n_slots, output_dim, cfg.shard_values)
+        self.shard = getattr(self.values.weight, "value_shard", None)  # a ValueShard when sharded
+        width = output_dim if self.shard is None else self.shard.width(output_dim)
+        if self.values.weight.shape != (self.n_slots, width):
             raise ValueError(f"shared values have shape {tuple(self.values.weight.shape)}, "
-                             f"this memory needs ({self.n_slots}, {output_dim})")
+                             f"this memory needs ({self.n_slots}, {width})")
         if cfg.gated:
             self.gate = nn.Linear(input_dim, output_dim, bias=False)
             self.out_proj = nn.Linear(output_dim, output_dim, bias=False)
@@ -114,8 +124,9 @@ class ProductKeyMemory(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             if self.track_stats and not self.training:
                 self.slot_stats.add(indices, weights)
-            out = read_values(self.values.weight, indices.view(N, -1), weights.view(N, -1), self.sparse_values,
-                              backend)  # (N, output_dim), heads summed by the bag
+            read = read_values if self.shard is None or self.shard.world == 1 else sharded_read
+            out = read(self.values.weight, indices.view(N, -1), weights.view(N, -1), self.sparse_values,
+                       backend)  # (N, output_dim), heads summed by the bag
         out = self.value_dropout(out)
         if self.cfg.gated:  # Memory+: out = W_o(silu(W_g x) ⊙ read)
             out = self.out_proj(F.silu(self.gate(x)) * out)

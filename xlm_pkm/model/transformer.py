@@ -51,6 +51,7 @@ from xlm_pkm.model.attention import KVCache
 from xlm_pkm.model.blocks import SUBLAYERS, Block, shared_state
 from xlm_pkm.model.memory import ProductKeyMemory
 from xlm_pkm.model.stream_attention import StreamAttention
+from xlm_pkm.model.value_shards import ValueShard
 
 logger = logging.getLogger(__name__)
 
@@ -210,10 +211,11 @@ class TransformerLM(nn.Module):
     def param_counts(self) -> dict[str, int]:
         """total = dense + memory_values; then the dense parameters of each sublayer type (summed over
         layers, a shared one such as the relative position table counted once, at its first user;
-        norms and embeddings in none of them)."""
-        total = sum(p.numel() for p in self.parameters())
-        values = sum(p.numel() for p in self.memory_value_parameters())
-        counts = {"total": total, "dense": total - values, "memory_values": values}
+        norms and embeddings in none of them). Sharded value tables count whole (all ranks' columns)."""
+        values = sum(p.numel() * getattr(p, "value_shard", ValueShard(0, 1)).world
+                     for p in self.memory_value_parameters())
+        dense = sum(p.numel() for p in self.parameters() if not getattr(p, "is_memory_value", False))
+        counts = {"total": dense + values, "dense": dense, "memory_values": values}
         seen: set[int] = set()
         for names, block in zip(self.plan, self.blocks):
             for name, f in zip(names, block.sublayers):
