@@ -12,7 +12,7 @@ import torch
 
 from pathlib import Path
 
-from xlm_pkm import checkpoint
+from xlm_pkm import checkpoint, value_checkpoint
 from xlm_pkm.config import Config, ConfigError, load_config_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.stream import TokenStream
@@ -62,6 +62,7 @@ def load_trained(path: str | Path, data_dir: str | Path | None = None) -> tuple[
         raise ValueError(f"{path}: model has a vocabulary of {cfg.model.vocab_size} tokens, "
                          f"{data_dir}/vocab has {len(dictionary)}")
     checkpoint.check_vocabulary(state, dictionary.fingerprint(), data_dir / "vocab", path)
-    model = TransformerLM(cfg.model)
+    model = TransformerLM(cfg.model)  # sharded values: this process's shard (the whole table on one process)
+    state = value_checkpoint.attach(state, Path(path), value_checkpoint.model_shard(model))
     checkpoint.load_model_state(model, state["model"], path)
     return model.eval(), cfg, state, data_dir

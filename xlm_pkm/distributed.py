@@ -159,6 +159,21 @@ def all_reduce_sparse_grad_(param: torch.Tensor, env: DistEnv) -> None:
     param.grad = merged.coalesce() / env.world_size
 
 
+def average_value_grads_(params: list[torch.Tensor], env: DistEnv) -> None:
+    """Averages the memory values' gradients over ranks, as DDP does the others (these are left out of
+    DDP): a sharded table's gradient already sums every rank's tokens (model/value_shards.py), so it is
+    divided by the world size; a replicated sparse one goes through all_reduce_sparse_grad_."""
+    if not env.is_distributed:
+        return
+    for p in params:
+        if p.grad is None:
+            continue
+        if hasattr(p, "value_shard"):
+            p.grad = p.grad / env.world_size
+        elif p.grad.is_sparse:
+            all_reduce_sparse_grad_(p, env)
+
+
 def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
     """True on every rank when `flag` is true on at least one."""
     if not env.is_distributed:

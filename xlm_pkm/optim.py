@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from xlm_pkm.adagrad import ClippedAdagrad
@@ -94,20 +95,35 @@ def scheduled_lr(step: int, cfg: OptimConfig) -> float:
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
     """Total 2-norm of the gradients, which are scaled down to `max_norm` when it is > 0.
 
-    Like torch.nn.utils.clip_grad_norm_, but sparse gradients count too (coalesced in place first).
+    Like torch.nn.utils.clip_grad_norm_, but sparse gradients count too (coalesced in place first), and
+    sharded value tables (model/value_shards.py) count with every rank's columns (one all-reduce).
     """
-    grads = []
+    grads, sharded = [], []
     for p in params:
         if p.grad is not None and p.grad.is_sparse:
             p.grad = p.grad.coalesce()
         if p.grad is not None:
-            grads.append(p.grad._values() if p.grad.is_sparse else p.grad)
+            (sharded if hasattr(p, "value_shard") else grads).append(p.grad._values() if p.grad.is_sparse else p.grad)
     norm = torch.nn.utils.get_total_norm(grads)
+    if sharded:
+        squares = torch.nn.utils.get_total_norm(sharded) ** 2
+        if dist.is_initialized():
+            dist.all_reduce(squares)
+        norm = (norm**2 + squares).sqrt()
+        grads += sharded
     if max_norm > 0:
         scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
         for grad in grads:
             grad.mul_(scale)
     return norm
+
+
+def _skip_on_every_rank(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
+    """After unscale_: the optimizer's inf/nan flags are ORed over ranks, so that a step skipped for an
+    overflow in one rank's value shard is skipped on every rank (replicated gradients agree already).
+    GradScaler keeps the flags in its per-optimizer state (a private field, read here only)."""
+    for found_inf in scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
+        dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
 
 
 @dataclass
@@ -117,6 +133,7 @@ class OptimGroup:
     optimizer: torch.optim.Optimizer
     lr_at: Callable[[int], float]
     clip: float
+    sharded: bool = False  # its parameters are value shards: each rank holds other columns
 
 
 class Optimizers:
@@ -135,7 +152,8 @@ class Optimizers:
                                   lambda step: scheduled_lr(step, cfg), group_clip)]
         if values:
             self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
-                                          lambda step: cfg.values_lr, group_clip))
+                                          lambda step: cfg.values_lr, group_clip,
+                                          sharded=any(hasattr(p, "value_shard") for p in values)))
 
     def set_step(self, step: int) -> dict[str, float]:
         """Sets each group's learning rate for optimizer step `step`; returns them by group name."""
@@ -152,6 +170,8 @@ class Optimizers:
         norms = {}
         for g in self.groups:
             scaler.unscale_(g.optimizer)
+            if g.sharded and scaler.is_enabled() and dist.is_initialized():
+                _skip_on_every_rank(scaler, g.optimizer)
             norms[g.name] = clip_grad_norm(g.params, g.clip)
         if self.global_clip:
             norms["global"] = clip_grad_norm([p for g in self.groups for p in g.params], self.global_clip)

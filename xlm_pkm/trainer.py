@@ -19,11 +19,11 @@ from contextlib import nullcontext
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from xlm_pkm import checkpoint, slurm
+from xlm_pkm import checkpoint, slurm, value_checkpoint
 from xlm_pkm.build import build_model, build_optimizers, build_stream, set_vocab_size
 from xlm_pkm.checkpoint import NonFiniteError
 from xlm_pkm.config import Config, save_config, to_dict
-from xlm_pkm.distributed import all_gather_objects, all_reduce_sparse_grad_, all_reduce_sum, any_rank, init_distributed
+from xlm_pkm.distributed import all_gather_objects, all_reduce_sum, any_rank, average_value_grads_, init_distributed
 from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.optim import value_optimizer
@@ -55,7 +55,8 @@ class Trainer:
         self.model = build_model(cfg, self.device)
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
-        self.sparse_values = self.model.memory_value_parameters() if value_optimizer(cfg.optim).sparse else []
+        sparse = value_optimizer(cfg.optim).sparse
+        self.synced_values = [p for p in self.model.memory_value_parameters() if sparse or hasattr(p, "value_shard")]
         self.forward_model = self._wrap_model()
         torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # dropout differs across ranks
         random.seed(cfg.train.seed * 1000 + self.env.rank)
@@ -93,13 +94,13 @@ class Trainer:
         return (torch.device("cuda", env.local_rank) if device.type == "cuda" else device), env
 
     def _wrap_model(self) -> torch.nn.Module:
-        """The module the step calls: the model, in DDP when distributed (sparse values left out of its
-        all-reduce: all_reduce_sparse_grad_ synchronises them), compiled when asked."""
+        """The module the step calls: the model, in DDP when distributed (sparse or sharded values left
+        out of its all-reduce: average_value_grads_ synchronises them), compiled when asked."""
         model = self.model
         if self.env.is_distributed:
-            sparse_ids = {id(p) for p in self.sparse_values}
+            synced = {id(p) for p in self.synced_values}
             DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                self.model, [name for name, p in self.model.named_parameters() if id(p) in sparse_ids])
+                self.model, [name for name, p in self.model.named_parameters() if id(p) in synced])
             model = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
         return torch.compile(model) if self.cfg.train.compile else model
 
@@ -123,18 +124,24 @@ class Trainer:
         previous checkpoint.pt stays: it is the last good one). Collective: every rank takes part."""
         state = {**self._model_record(), "optimizers": self.optimizers.state_dict()}
         bad = checkpoint.first_non_finite({"model": state["model"], "optimizer": state["optimizers"]})
-        if bad is not None:  # every rank holds the same weights, so every rank stops here
-            raise NonFiniteError(f"{bad} is not finite at step {self.step}: not saved. {self._last_good()}")
+        if any_rank(bad is not None, self.env, self.device):  # a value shard may be bad on one rank only
+            raise NonFiniteError(f"{bad or 'a value shard of another rank'} is not finite at step {self.step}: "
+                                 f"not saved. {self._last_good()}")
         state |= {"scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
                   "train_state": all_gather_objects(self.state.state_dict(), self.env)}
-        if self.env.is_main:
-            checkpoint.save_atomic(state, self.ckpt_path)
+        self._write(state, self.ckpt_path)
         self.saved_step = self.step
 
     def save_best(self) -> None:
-        """best.pt: the model only (for evaluation), written by the main rank."""
+        """best.pt: the model only (for evaluation)."""
+        self._write(self._model_record(), self.best_path)
+
+    def _write(self, record: dict, path) -> None:
+        """Writes a run record: sharded values by every rank (value_checkpoint.py), then the rest by rank 0."""
+        record = value_checkpoint.save(record, path, self.model, self.env, self.device)
         if self.env.is_main:
-            checkpoint.save_atomic(self._model_record(), self.best_path)
+            checkpoint.save_atomic(record, path)
+            value_checkpoint.remove_stale(path, record)
 
     def _last_good(self) -> str:
         if self.saved_step is None:
@@ -145,7 +152,10 @@ class Trainer:
         state = checkpoint.load(self.ckpt_path)
         if state["world_size"] != self.env.world_size:
             raise ValueError(f"{self.ckpt_path}: saved with {state['world_size']} processes, resumed with "
-                             f"{self.env.world_size}; exact resume needs the same number")
+                             f"{self.env.world_size}; exact resume needs the same number (each rank's data "
+                             f"position and random state are saved; sharded memory values re-shard, and "
+                             f"evaluate.py loads the checkpoint on any number of processes)")
+        state = value_checkpoint.attach(state, self.ckpt_path, value_checkpoint.model_shard(self.model))
         checkpoint.check_vocabulary(state, self.dictionary.fingerprint(), f"{self.cfg.data.path}/vocab", self.ckpt_path)
         checkpoint.load_model_state(self.model, state["model"], self.ckpt_path)
         self.optimizers.load_state_dict(state["optimizers"])
@@ -175,8 +185,7 @@ class Trainer:
             with sync:
                 loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
                                           accumulate, spans)
-        for p in self.sparse_values:
-            all_reduce_sparse_grad_(p, self.env)  # host sync: the row counts of every rank
+        average_value_grads_(self.synced_values, self.env)  # host sync if sparse and replicated: row counts
         loss = loss_sum / accumulate
         norms, scale, skipped = optimizer_update(self.optimizers, self.scaler, loss)  # host sync: finite check
         if not skipped:

@@ -1,0 +1,225 @@
+"""Memory values sharded across ranks (model.memory.shard_values): against the unsharded model.
+
+The multi-process checks run W gloo processes on the CPU (torch.multiprocessing.spawn); each builds
+the unsharded reference too, from the same seed, and compares in float32: outputs, losses, every
+gradient, one optimizer step (clipped), the memory statistics, the fp16 skip decision, and the
+sharded checkpoint files re-read for other world sizes.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from xlm_pkm import value_checkpoint
+from xlm_pkm.config import Config, ModelConfig, OptimConfig
+from xlm_pkm.distributed import DistEnv, average_value_grads_, shutdown
+from xlm_pkm.model import value_shards
+from xlm_pkm.model.memory import value_table
+from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model.value_shards import ValueShard, init_shard
+from xlm_pkm.optim import Optimizers, value_optimizer
+from xlm_pkm.train_step import optimizer_update
+
+from conftest import read_events
+
+
+@pytest.mark.parametrize("n_slots, dim, world", [(100, 12, 4), (37, 3, 3), (5, 8, 2)])
+def test_shard_init_is_the_columns_of_the_unsharded_init(monkeypatch, n_slots, dim, world):
+    monkeypatch.setattr(value_shards, "INIT_CHUNK_ROWS", 16)  # several chunks and a long last one
+    torch.manual_seed(0)
+    full = value_table(n_slots, dim).weight.detach()
+    after = torch.rand(3)
+    for rank in range(world):
+        torch.manual_seed(0)
+        shard = ValueShard(rank, world)
+        weight = torch.empty(n_slots, shard.width(dim))
+        init_shard(weight, dim, shard)
+        assert torch.equal(weight, full[:, shard.columns(dim)])
+        assert torch.equal(torch.rand(3), after)  # the random stream is consumed as by the whole table
+    assert full.std().item() == pytest.approx(dim**-0.5, rel=0.2)
+
+
+def tiny_config(shard: bool, values_optimizer: str) -> Config:
+    cfg = Config()
+    cfg.model = ModelConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, max_len=8, mem_layers=[2])
+    cfg.model.memory.n_keys, cfg.model.memory.k_dim, cfg.model.memory.heads, cfg.model.memory.knn = 6, 8, 2, 4
+    cfg.model.memory.query_norm = "layernorm"  # per token: BatchNorm's batch statistics are per rank
+    cfg.model.memory.shard_values = shard
+    # eps large enough that Adam does not turn float rounding of near-zero gradients into full steps
+    cfg.optim = OptimConfig(values_optimizer=values_optimizer, clip_grad_norm=0.05, values_lr=0.1, lr=0.01,
+                            eps=1e-3, values_eps=1e-3)
+    return cfg
+
+
+def build(cfg: Config) -> tuple[TransformerLM, Optimizers]:
+    torch.manual_seed(0)
+    model = TransformerLM(cfg.model)
+    model.set_sparse_values(value_optimizer(cfg.optim).sparse)
+    return model, Optimizers(model, cfg.optim)
+
+
+def dense_grad(p: torch.Tensor) -> torch.Tensor:
+    return p.grad.to_dense() if p.grad.is_sparse else p.grad
+
+
+def check_against_reference(rank: int, world: int, folder: str) -> None:
+    """Runs on each of `world` ranks: the sharded model against the unsharded one, on 2·world sequences
+    (this rank's two are rows [2·rank, 2·rank + 2) of the reference's batch)."""
+    env, device, close = DistEnv(rank, rank, world), torch.device("cpu"), dict(rtol=1e-5, atol=1e-6)
+    tokens = torch.randint(0, 50, (2 * world, 9), generator=torch.Generator().manual_seed(1))
+    x, y = tokens[:, :-1], tokens[:, 1:]
+    mine = slice(2 * rank, 2 * rank + 2)
+    for values_optimizer in ("adam", "lazy_adam"):
+        ref, ref_opt = build(tiny_config(False, values_optimizer))
+        model, opt = build(tiny_config(True, values_optimizer))
+        (_, memory), (_, ref_memory) = model.memories()[0], ref.memories()[0]
+        columns = memory.shard.columns(16)
+        assert memory.shard == ValueShard(rank, world) and memory.values.weight.shape == (36, 16 // world)
+        assert torch.equal(memory.values.weight, ref_memory.values.weight[:, columns])
+        assert model.param_counts() == ref.param_counts()  # sharded tables count whole
+
+        # forward and backward: the reference on the whole batch, this rank on its rows, DDP's mean
+        ref_nll = ref(x, targets=y)
+        ref_nll.mean().backward()
+        nll = model(x[mine], targets=y[mine])
+        torch.testing.assert_close(nll, ref_nll[mine], **close)
+        nll.mean().backward()
+        for p in model.parameters():
+            if not hasattr(p, "value_shard"):
+                dist.all_reduce(p.grad)
+                p.grad /= world
+        average_value_grads_(list(model.memory_value_parameters()), env)
+        assert memory.values.weight.grad.is_sparse == (values_optimizer == "lazy_adam")
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            expected = dense_grad(q)[:, columns] if hasattr(p, "value_shard") else dense_grad(q)
+            torch.testing.assert_close(dense_grad(p), expected, **close, msg=name)
+
+        # one clipped step (the values' norm spans every rank's columns)
+        norms, _, skipped = optimizer_update(opt, torch.amp.GradScaler("cpu", enabled=False), nll.mean())
+        ref_norms, _, _ = optimizer_update(ref_opt, torch.amp.GradScaler("cpu", enabled=False), ref_nll.mean())
+        assert not skipped and norms["values"] > 0.05  # clipping was active
+        torch.testing.assert_close(norms["values"], ref_norms["values"], **close)
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p, q[:, columns] if hasattr(p, "value_shard") else q, **close)
+
+    # memory statistics: each rank's reads summed over ranks equal the reference's
+    for m in (model, ref):
+        m.eval()
+        m.set_memory_stats(True)
+    with torch.no_grad():
+        model(x[mine])
+        ref(x)
+    for buffer in (memory.slot_stats.weights, memory.slot_stats.counts):
+        dist.all_reduce(buffer)
+    stats, ref_stats = memory.stats(), ref_memory.stats()
+    assert stats == pytest.approx(ref_stats, rel=1e-6)  # the weights: float rounding of the stepped queries
+    assert torch.equal(memory.slot_stats.counts, ref_memory.slot_stats.counts)  # the same slots read
+    model.train()
+
+    # fp16: an overflow in one rank's shard skips the step on every rank
+    before = memory.values.weight.detach().clone()
+    scaler = torch.amp.GradScaler("cpu", init_scale=4.0)
+    loss = model(x[mine], targets=y[mine]).mean()
+    scaler.scale(loss).backward()
+    if rank == world - 1:
+        memory.values.weight.grad = memory.values.weight.grad.coalesce() * float("inf")
+    _, _, skipped = optimizer_update(opt, scaler, loss)
+    assert skipped and torch.equal(memory.values.weight, before)
+
+    # checkpoint files: saved by `world` ranks, read back for this rank, for one process and for 2
+    record = {"step": 7, "config": {}, "model": model.state_dict(), "optimizers": opt.state_dict()}
+    path = Path(folder) / "checkpoint.pt"
+    main = value_checkpoint.save(record, path, model, env, device)
+    if rank == 0:
+        torch.save(main, path)
+    dist.barrier()
+    name = "blocks.1.sublayers.1.values.weight"
+    assert name not in main["model"] and "values" not in main["optimizers"]
+    own = value_checkpoint.attach(torch.load(path, weights_only=False), path, memory.shard)
+    assert torch.equal(own["model"][name], memory.values.weight)
+    state = opt.state_dict()["values"]["state"][0]
+    assert torch.equal(own["optimizers"]["values"]["state"][0]["exp_avg"], state["exp_avg"])
+    whole = value_checkpoint.attach(torch.load(path, weights_only=False), path, None)
+    gathered = [torch.empty_like(memory.values.weight) for _ in range(world)]
+    dist.all_gather(gathered, memory.values.weight.detach())
+    assert torch.equal(whole["model"][name], torch.cat(gathered, dim=1))
+    for r in range(2):
+        half = value_checkpoint.attach(torch.load(path, weights_only=False), path, ValueShard(r, 2))
+        assert torch.equal(half["model"][name], torch.cat(gathered, dim=1)[:, r * 8: (r + 1) * 8])
+        assert half["optimizers"]["values"]["state"][0]["step"] == state["step"]
+
+
+def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        check(rank, world, folder)
+    finally:
+        shutdown()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(check, world: int, folder) -> None:
+    mp.spawn(run_rank, args=(world, free_port(), str(folder), check), nprocs=world)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_sharded_model_equals_unsharded(world, tmp_path):
+    spawn(check_against_reference, world, tmp_path)
+
+
+def train_and_resume(rank: int, world: int, folder: str) -> None:
+    """Trains the tiny run with sharded values to step 2, then resumes it to step 4 (train.py's way)."""
+    import json
+
+    from xlm_pkm.config import load_config
+    from xlm_pkm.trainer import Trainer
+
+    overrides = json.loads((Path(folder) / "overrides.json").read_text())
+    for steps in (2, 4):
+        trainer = Trainer(load_config(None, [*overrides, f"train.max_steps={steps}"]), test=False)
+        assert trainer.resumed == (steps == 4)
+        trainer.train()
+        trainer.close()
+
+
+def test_sharded_training_resumes_and_matches_one_process(tiny_overrides, reference_run, tmp_path):
+    import json
+
+    from xlm_pkm.evaluation import evaluate_checkpoint
+
+    extra = ("train.max_steps=4", "optim.values_optimizer=lazy_adam", "train.eval_every=2")
+    single = reference_run(*extra, "data.batch_size=8")
+    overrides = tiny_overrides(tmp_path, *extra, "model.memory.shard_values=true", "data.batch_size=4",
+                               "train.exp_id=sharded", "train.num_threads=1")
+    (tmp_path / "overrides.json").write_text(json.dumps(overrides))
+    spawn(train_and_resume, 2, tmp_path)
+
+    run = tmp_path / "tiny" / "sharded"
+    losses = {e["step"]: e["loss"] for e in read_events(run)}
+    expected = {e["step"]: e["loss"] for e in read_events(single.run_dir)}
+    assert sorted(losses) == sorted(expected) == [1, 2, 3, 4]
+    for step, loss in expected.items():
+        assert math.isclose(losses[step], loss, rel_tol=1e-5), (step, losses[step], loss)
+    assert sorted(f.name for f in (run / "checkpoint.values").iterdir()) == ["step4.rank0-of-2.pt",
+                                                                            "step4.rank1-of-2.pt"]
+    assert (run / "best.values").is_dir()
+    sharded = evaluate_checkpoint(run / "checkpoint.pt", "valid", max_batches=2)  # one process: whole tables
+    unsharded = evaluate_checkpoint(single.run_dir / "checkpoint.pt", "valid", max_batches=2)
+    assert sharded["ppl"] == pytest.approx(unsharded["ppl"], rel=1e-3)
+    assert sharded["memories"][0]["usage"] == pytest.approx(unsharded["memories"][0]["usage"], abs=0.5)
