@@ -8,6 +8,7 @@ sharded checkpoint files re-read for other world sizes.
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import socket
@@ -161,11 +162,13 @@ def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    failed = True
     try:
         check(rank, world, folder)
+        failed = False
     finally:
-        shutdown()
+        shutdown(failed)  # after a failure no barrier: spawn then stops the other ranks
 
 
 def free_port() -> int:

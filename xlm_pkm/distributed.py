@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
 
 from xlm_pkm import slurm
 
@@ -157,6 +158,20 @@ def all_reduce_sparse_grad_(param: torch.Tensor, env: DistEnv) -> None:
     values = torch.cat([v[: int(n)] for v, n in zip(all_values, sizes)])  # (Σ nnz, dim)
     merged = torch.sparse_coo_tensor(rows.unsqueeze(0), values, grad.shape)
     param.grad = merged.coalesce() / env.world_size
+
+
+def synced_values(model: torch.nn.Module, sparse: bool) -> list[torch.nn.Parameter]:
+    """The memory-value parameters that DDP must leave to average_value_grads_: all of them when their
+    gradients are sparse (DDP carries dense tensors only), else the sharded ones."""
+    return [p for p in model.memory_value_parameters() if sparse or hasattr(p, "value_shard")]
+
+
+def data_parallel(model: torch.nn.Module, synced: list[torch.nn.Parameter], device: torch.device):
+    """The model in DDP, its all-reduce leaving out `synced` (see synced_values)."""
+    ids = {id(p) for p in synced}
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, [name for name, p in model.named_parameters() if id(p) in ids])
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
 
 
 def average_value_grads_(params: list[torch.Tensor], env: DistEnv) -> None:

@@ -17,13 +17,13 @@ import time
 from contextlib import nullcontext
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from xlm_pkm import checkpoint, slurm, value_checkpoint
 from xlm_pkm.build import build_model, build_optimizers, build_stream, set_vocab_size
 from xlm_pkm.checkpoint import NonFiniteError
 from xlm_pkm.config import Config, save_config, to_dict
-from xlm_pkm.distributed import all_gather_objects, all_reduce_sum, any_rank, average_value_grads_, init_distributed
+from xlm_pkm.distributed import (all_gather_objects, all_reduce_sum, any_rank, average_value_grads_, data_parallel,
+                                 init_distributed, synced_values)
 from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.optim import value_optimizer
@@ -55,8 +55,7 @@ class Trainer:
         self.model = build_model(cfg, self.device)
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
-        sparse = value_optimizer(cfg.optim).sparse
-        self.synced_values = [p for p in self.model.memory_value_parameters() if sparse or hasattr(p, "value_shard")]
+        self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
         self.forward_model = self._wrap_model()
         torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # dropout differs across ranks
         random.seed(cfg.train.seed * 1000 + self.env.rank)
@@ -98,10 +97,7 @@ class Trainer:
         out of its all-reduce: average_value_grads_ synchronises them), compiled when asked."""
         model = self.model
         if self.env.is_distributed:
-            synced = {id(p) for p in self.synced_values}
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                self.model, [name for name, p in self.model.named_parameters() if id(p) in synced])
-            model = DistributedDataParallel(model, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            model = data_parallel(model, self.synced_values, self.device)
         return torch.compile(model) if self.cfg.train.compile else model
 
     def _log_start(self) -> None:
