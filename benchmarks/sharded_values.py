@@ -13,7 +13,7 @@ peak resident set (ru_maxrss, CPU) or torch.cuda.max_memory_allocated (GPU); the
 median over --steps after --warmup, measured on rank 0 between barriers.
 
 Largest n_keys: per (mode, W, optimizer), peak = a + b · slots fitted through the two --n-keys
-sizes; the largest n_keys with W · peak <= --budget-gib (all ranks share this machine's memory).
+sizes (the second lowered where the first predicts it would pass 80% of the budget); the largest n_keys with W · peak <= --budget-gib (all ranks share this machine's memory).
 --verify then trains 3 steps at that n_keys in each mode and records its measured peak.
 
 Communication: bytes each rank sends per token (forward + backward) for the paper's memory, by
@@ -119,10 +119,20 @@ def measure(entry: dict, args) -> dict:
     out = {**entry, "slots": entry["n_keys"] ** 2, "peak_gib_per_rank": [round(r["peak_gib"], 3) for r in ranks],
            "peak_gib_max": round(max(r["peak_gib"] for r in ranks), 3),
            "peak_gib_all_ranks": round(sum(r["peak_gib"] for r in ranks), 3),
+           "before_model_gib": round(max(r["before_model_gib"] for r in ranks), 3),
            "step_s": round(ranks[0]["step_s"], 4), "loss": ranks[0]["loss"],
            "values_per_rank": ranks[0]["values_per_rank"]}
     print(json.dumps(out), flush=True)
     return out
+
+
+def safe_n_keys(small: dict, n_keys: int, budget_gib: float) -> int:
+    """n_keys, or less if the ranks' peak there, extrapolated from `small` (from its memory before the
+    model, proportionally to the slots), would pass 80% of the budget (all ranks share this machine)."""
+    before = small["before_model_gib"]
+    per_slot = (small["peak_gib_max"] - before) / small["slots"]
+    fits = math.isqrt(int((0.8 * budget_gib / small["world"] - before) / per_slot))
+    return min(n_keys, fits)
 
 
 def largest_n_keys(small: dict, large: dict, budget_gib: float) -> int:
@@ -179,16 +189,13 @@ def main() -> None:
     entries, largest = [], []
     for world in args.worlds:
         for values in args.values:
-            sizes = {}
             for mode in ("replicated", "sharded"):
-                for n_keys in args.n_keys:
-                    sizes[mode, n_keys] = measure({"mode": mode, "world": world, "n_keys": n_keys, "values": values,
-                                                   "warmup": args.warmup, "steps": args.steps}, args)
-                    entries.append(sizes[mode, n_keys])
-            for mode in ("replicated", "sharded"):
+                entry = {"mode": mode, "world": world, "values": values, "warmup": args.warmup, "steps": args.steps}
+                small = measure({**entry, "n_keys": args.n_keys[0]}, args)
+                large = measure({**entry, "n_keys": safe_n_keys(small, args.n_keys[1], args.budget_gib)}, args)
+                entries += [small, large]
                 found = {"mode": mode, "world": world, "values": values, "budget_gib": args.budget_gib,
-                         "n_keys": largest_n_keys(sizes[mode, args.n_keys[0]], sizes[mode, args.n_keys[1]],
-                                                  args.budget_gib)}
+                         "n_keys": largest_n_keys(small, large, args.budget_gib)}
                 if args.verify:
                     found["verified"] = measure({"mode": mode, "world": world, "n_keys": found["n_keys"],
                                                  "values": values, "warmup": 1, "steps": 2}, args)

@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from xlm_pkm import value_checkpoint
+from xlm_pkm.atomic import OutputError
 from xlm_pkm.config import Config, ModelConfig, OptimConfig
 from xlm_pkm.distributed import DistEnv, average_value_grads_, shutdown
 from xlm_pkm.model import value_shards
@@ -157,6 +158,19 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
         assert torch.equal(half["model"][name], torch.cat(gathered, dim=1)[:, r * 8: (r + 1) * 8])
         assert half["optimizers"]["values"]["state"][0]["step"] == state["step"]
 
+    # one rank cannot write its file: every rank raises, so rank 0 writes no checkpoint.pt naming it
+    def full_disk(obj, target):
+        raise OutputError(f"{target}: no space left on device")
+
+    writer = value_checkpoint.save_atomic
+    if rank == world - 1:
+        value_checkpoint.save_atomic = full_disk
+    try:
+        with pytest.raises(OutputError, match="no space left" if rank == world - 1 else "another rank"):
+            value_checkpoint.save({**record, "step": 8}, path, model, env, device)
+    finally:
+        value_checkpoint.save_atomic = writer
+
 
 def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -181,18 +195,19 @@ def spawn(check, world: int, folder) -> None:
     mp.spawn(run_rank, args=(world, free_port(), str(folder), check), nprocs=world)
 
 
-@pytest.mark.parametrize("world", [2, 4])
-def test_sharded_model_equals_unsharded(world, tmp_path):
-    spawn(check_against_reference, world, tmp_path)
+def test_sharded_model_on_4_processes_equals_unsharded(tmp_path):
+    spawn(check_against_reference, 4, tmp_path)
 
 
-def train_and_resume(rank: int, world: int, folder: str) -> None:
-    """Trains the tiny run with sharded values to step 2, then resumes it to step 4 (train.py's way)."""
+def check_then_train_and_resume(rank: int, world: int, folder: str) -> None:
+    """check_against_reference, then the tiny run with sharded values to step 2 resumed to step 4
+    (train.py's way), in the same processes (one start-up of W processes for both)."""
     import json
 
     from xlm_pkm.config import load_config
     from xlm_pkm.trainer import Trainer
 
+    check_against_reference(rank, world, folder)
     overrides = json.loads((Path(folder) / "overrides.json").read_text())
     for steps in (2, 4):
         trainer = Trainer(load_config(None, [*overrides, f"train.max_steps={steps}"]), test=False)
@@ -201,7 +216,8 @@ def train_and_resume(rank: int, world: int, folder: str) -> None:
         trainer.close()
 
 
-def test_sharded_training_resumes_and_matches_one_process(tiny_overrides, reference_run, tmp_path):
+def test_sharded_model_on_2_processes_equals_unsharded_then_trains_and_resumes_like_one_process(
+        tiny_overrides, reference_run, tmp_path):
     import json
 
     from xlm_pkm.evaluation import evaluate_checkpoint
@@ -211,7 +227,7 @@ def test_sharded_training_resumes_and_matches_one_process(tiny_overrides, refere
     overrides = tiny_overrides(tmp_path, *extra, "model.memory.shard_values=true", "data.batch_size=4",
                                "train.exp_id=sharded", "train.num_threads=1")
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
-    spawn(train_and_resume, 2, tmp_path)
+    spawn(check_then_train_and_resume, 2, tmp_path)
 
     run = tmp_path / "tiny" / "sharded"
     losses = {e["step"]: e["loss"] for e in read_events(run)}
@@ -226,3 +242,29 @@ def test_sharded_training_resumes_and_matches_one_process(tiny_overrides, refere
     unsharded = evaluate_checkpoint(single.run_dir / "checkpoint.pt", "valid", max_batches=2)
     assert sharded["ppl"] == pytest.approx(unsharded["ppl"], rel=1e-3)
     assert sharded["memories"][0]["usage"] == pytest.approx(unsharded["memories"][0]["usage"], abs=0.5)
+
+
+def test_sharded_checkpoint_on_one_process_is_kept_whole_when_a_shard_cannot_be_written(tiny_run, tiny_trainer,
+                                                                                       tmp_path, monkeypatch):
+    run = tiny_run(tmp_path, "model.memory.shard_values=true", "train.max_steps=2", "train.exp_id=one").run_dir
+    files = sorted(p.name for p in (run / "checkpoint.values").iterdir())
+    assert files == ["step2.rank0-of-1.pt"]  # one process holds the one shard: the whole table
+    before = (run / "checkpoint.pt").read_bytes()
+
+    def full_disk(obj, target):
+        raise OutputError(f"{target}: no space left on device")
+
+    trainer = tiny_trainer(tmp_path, "model.memory.shard_values=true", "train.max_steps=3", "train.exp_id=one")
+    try:
+        trainer.train_step(iter(trainer.train_stream))
+        monkeypatch.setattr(value_checkpoint, "save_atomic", full_disk)
+        with pytest.raises(OutputError, match="step3.rank0-of-1.pt: no space left"):
+            trainer.save_checkpoint()
+    finally:
+        trainer.close()
+    assert (run / "checkpoint.pt").read_bytes() == before  # still names the step-2 files, which are there
+    assert sorted(p.name for p in (run / "checkpoint.values").iterdir()) == files
+
+    (run / "checkpoint.values" / files[0]).unlink()
+    with pytest.raises(FileNotFoundError, match="value shard .*step2.rank0-of-1.pt is missing"):
+        value_checkpoint.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)

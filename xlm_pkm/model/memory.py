@@ -27,7 +27,8 @@ override the fields of `cfg` (default MemoryConfig()). Beyond the config:
     row per distinct slot read in the step (value_read.py), for optimizers on row-sparse gradients
     (LazyAdam): the step cost does not grow with the table. TransformerLM.set_sparse_values sets it.
   - cfg.shard_values: the table holds this rank's columns of every row (value_shards.py), and forward
-    exchanges lookups and output slices with the other ranks; every rank must call it together.
+    exchanges lookups and output slices with the other ranks (sharded_read.py); every rank must call it
+    together.
   - The value-read backend (cfg.value_read) is resolved for the table's device when the layer is
     built or moved (`_apply`), into `read_backend`; forward only reads it.
   - query_norm="batchnorm" in training mode computes its statistics over all positions of the
@@ -50,7 +51,7 @@ from xlm_pkm.config import MemoryConfig, validate
 from xlm_pkm.model.keys import KEY_SEARCHES
 from xlm_pkm.model.memory_stats import SlotStats
 from xlm_pkm.model.value_read import choose_backend, read_values, resolve_backend
-from xlm_pkm.model.value_shards import ValueShard, current_shard, init_shard, sharded_read
+from xlm_pkm.model.value_shards import ValueShard, current_shard, init_shard
 from xlm_pkm.precision import at_least_float32
 
 
@@ -107,6 +108,10 @@ class ProductKeyMemory(nn.Module):
         self.track_stats = False
         self.slot_stats = SlotStats(self.n_slots)
         self.read_backend = choose_backend(cfg.value_read, self.values.weight.device)
+        self.read = read_values  # or, with a shard of a table split over processes, the exchanging read
+        if self.shard is not None and self.shard.world > 1:
+            from xlm_pkm.model.sharded_read import sharded_read  # imported only here: it loads torch._dynamo
+            self.read = sharded_read
 
     def _apply(self, fn, recurse=True):
         """.to(), .cuda(), .double()...: the value-read backend is chosen again for the new device."""
@@ -124,9 +129,8 @@ class ProductKeyMemory(nn.Module):
         with torch.autocast(x.device.type, enabled=False):
             if self.track_stats and not self.training:
                 self.slot_stats.add(indices, weights)
-            read = read_values if self.shard is None or self.shard.world == 1 else sharded_read
-            out = read(self.values.weight, indices.view(N, -1), weights.view(N, -1), self.sparse_values,
-                       backend)  # (N, output_dim), heads summed by the bag
+            out = self.read(self.values.weight, indices.view(N, -1), weights.view(N, -1), self.sparse_values,
+                            backend)  # (N, output_dim), heads summed by the bag
         out = self.value_dropout(out)
         if self.cfg.gated:  # Memory+: out = W_o(silu(W_g x) ⊙ read)
             out = self.out_proj(F.silu(self.gate(x)) * out)

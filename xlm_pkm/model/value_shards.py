@@ -11,7 +11,7 @@ rank, L = heads·knn lookups each:
 
 and the backward reverses it: all-to-all of the output gradient, the local table gradient (dense, or
 sparse rows for LazyAdam) needs no communication, and the weights' gradient is a reduce-scatter of
-the per-slice partial dot products. The key search stays replicated, so the memory statistics are
+the per-slice partial dot products (sharded_read.py). The key search stays replicated, so the memory statistics are
 unchanged. The table gradient is the sum over every rank's tokens: the trainer divides it by W
 (distributed.average_value_grads_), as DDP averages the other gradients.
 
@@ -33,18 +33,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from xlm_pkm.model.value_read import read_values
-
-# torch 2.13 renamed the single-tensor collectives (the old names warn); 2.6-2.12 have the old ones only
-all_gather_single = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
-reduce_scatter_single = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
-
 INIT_CHUNK_ROWS = 4096  # rows drawn at a time when initialising a shard (a multiple of 16, see init_shard)
 
 
 @dataclass(frozen=True)
 class ValueShard:
-    """Rank `rank` of `world` holds columns [start(dim), stop(dim)) of each value row."""
+    """Rank `rank` of `world` holds columns `columns(dim)` of each value row, `width(dim)` of them."""
 
     rank: int
     world: int
@@ -77,80 +71,3 @@ def init_shard(weight: torch.Tensor, dim: int, shard: ValueShard) -> None:
             stop = n if n - start < 2 * INIT_CHUNK_ROWS else start + INIT_CHUNK_ROWS  # no small last chunk
             weight[start:stop] = torch.empty(stop - start, dim).normal_(0.0, dim**-0.5)[:, columns]
             start = stop
-
-
-def _token_counts(n: int, device: torch.device, world: int) -> list[int]:
-    """The token count of every rank (a host sync)."""
-    counts = torch.empty(world, dtype=torch.long, device=device)
-    all_gather_single(counts, torch.tensor([n], device=device))
-    return counts.tolist()
-
-
-def _gather(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
-    """x: (n_r, ...) on rank r -> (Σ n, ...) every rank's rows in rank order."""
-    longest = max(counts)
-    padded = x.new_zeros(longest, *x.shape[1:])
-    padded[: x.shape[0]] = x
-    out = x.new_empty(len(counts) * longest, *x.shape[1:])
-    all_gather_single(out, padded)
-    if all(c == longest for c in counts):
-        return out
-    return torch.cat([out[r * longest: r * longest + c] for r, c in enumerate(counts)])
-
-
-class _GatherLookups(torch.autograd.Function):
-    """Forward: all-gather the rows of every rank. Backward: each rank gets the sum over ranks of the
-    gradient of its own rows (a reduce-scatter)."""
-
-    @staticmethod
-    def forward(ctx, x, counts):  # x: (n_r, L) -> (Σ n, L)
-        ctx.counts, ctx.rank = counts, dist.get_rank()
-        return _gather(x, counts)
-
-    @staticmethod
-    def backward(ctx, grad):  # (Σ n, L) -> (n_r, L)
-        counts, longest = ctx.counts, max(ctx.counts)
-        padded = grad.new_zeros(len(counts), longest, *grad.shape[1:])
-        for r, rows in enumerate(grad.split(counts)):
-            padded[r, : rows.shape[0]] = rows
-        out = grad.new_empty(longest, *grad.shape[1:])
-        reduce_scatter_single(out, padded.view(-1, *grad.shape[1:]).contiguous())
-        return out[: counts[ctx.rank]], None
-
-
-def _all_to_all(x: torch.Tensor, send: list[int], receive: list[int]) -> torch.Tensor:
-    out = x.new_empty(sum(receive), *x.shape[1:])
-    dist.all_to_all_single(out, x.contiguous(), output_split_sizes=receive, input_split_sizes=send)
-    return out
-
-
-class _ExchangeSlices(torch.autograd.Function):
-    """Forward: (Σ n, d/W) this rank's columns of every rank's tokens -> (n_r, d) every column of this
-    rank's tokens. Backward: the reverse exchange."""
-
-    @staticmethod
-    def forward(ctx, part, counts):
-        ctx.counts, world = counts, len(counts)
-        n = counts[dist.get_rank()]
-        got = _all_to_all(part, counts, [n] * world)  # (W·n, d/W): block j is rank j's columns
-        return got.view(world, n, -1).transpose(0, 1).reshape(n, -1)
-
-    @staticmethod
-    def backward(ctx, grad):  # (n, d) -> (Σ n, d/W)
-        counts, world = ctx.counts, len(ctx.counts)
-        n = grad.shape[0]
-        blocks = grad.view(n, world, -1).transpose(0, 1).reshape(world * n, -1)  # block j: rank j's columns
-        return _all_to_all(blocks, [n] * world, counts), None
-
-
-@torch.compiler.disable  # collectives with Python-side sizes: run eagerly between compiled graphs
-def sharded_read(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool,
-                 backend: str = "torch") -> torch.Tensor:
-    """table: (n_slots, d/W) this rank's columns; indices, weights: (N, L) this rank's lookups -> (N, d),
-    equal to read_values on the whole table. Every rank of the process group must call it together."""
-    counts = _token_counts(indices.shape[0], indices.device, dist.get_world_size())
-    narrow = torch.int32 if table.shape[0] < 2**31 else torch.int64  # half the bytes on the wire
-    all_indices = _gather(indices.to(narrow), counts).long()  # (Σ N, L)
-    all_weights = _GatherLookups.apply(weights, counts)  # (Σ N, L)
-    part = read_values(table, all_indices, all_weights, sparse, backend)  # (Σ N, d/W)
-    return _ExchangeSlices.apply(part, counts)
