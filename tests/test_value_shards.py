@@ -49,9 +49,12 @@ def test_shard_init_is_the_columns_of_the_unsharded_init(monkeypatch, n_slots, d
     assert full.std().item() == pytest.approx(dim**-0.5, rel=0.2)
 
 
-def tiny_config(shard: bool, values_optimizer: str) -> Config:
+def tiny_config(shard: bool, values_optimizer: str, shared: bool = False) -> Config:
+    """One memory at layer 2, or (shared) memories at layers 1 and 2 reading one value table."""
     cfg = Config()
-    cfg.model = ModelConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, max_len=8, mem_layers=[2])
+    cfg.model = ModelConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, max_len=8,
+                            mem_layers=[1, 2] if shared else [2])
+    cfg.model.memory.share_values = shared
     cfg.model.memory.n_keys, cfg.model.memory.k_dim, cfg.model.memory.heads, cfg.model.memory.knn = 6, 8, 2, 4
     cfg.model.memory.query_norm = "layernorm"  # per token: BatchNorm's batch statistics are per rank
     cfg.model.memory.shard_values = shard
@@ -73,15 +76,16 @@ def dense_grad(p: torch.Tensor) -> torch.Tensor:
 
 
 def check_against_reference(rank: int, world: int, folder: str) -> None:
-    """Runs on each of `world` ranks: the sharded model against the unsharded one, on 2·world sequences
-    (this rank's two are rows [2·rank, 2·rank + 2) of the reference's batch)."""
+    """Runs on each of `world` ranks: the sharded model against the unsharded one (dense values with
+    AdamW, sparse with LazyAdam, a table shared by two memories), on 2·world sequences (this rank's two
+    are rows [2·rank, 2·rank + 2) of the reference's batch)."""
     env, device, close = DistEnv(rank, rank, world), torch.device("cpu"), dict(rtol=1e-5, atol=1e-6)
     tokens = torch.randint(0, 50, (2 * world, 9), generator=torch.Generator().manual_seed(1))
     x, y = tokens[:, :-1], tokens[:, 1:]
     mine = slice(2 * rank, 2 * rank + 2)
-    for values_optimizer in ("adam", "lazy_adam"):
-        ref, ref_opt = build(tiny_config(False, values_optimizer))
-        model, opt = build(tiny_config(True, values_optimizer))
+    for values_optimizer, shared in (("adam", False), ("lazy_adam", False), ("lazy_adam", True)):
+        ref, ref_opt = build(tiny_config(False, values_optimizer, shared))
+        model, opt = build(tiny_config(True, values_optimizer, shared))
         (_, memory), (_, ref_memory) = model.memories()[0], ref.memories()[0]
         columns = memory.shard.columns(16)
         assert memory.shard == ValueShard(rank, world) and memory.values.weight.shape == (36, 16 // world)
