@@ -205,10 +205,12 @@ def test_sharded_model_on_4_processes_equals_unsharded(tmp_path):
 
 def check_then_train_and_resume(rank: int, world: int, folder: str) -> None:
     """check_against_reference, then the tiny run with sharded values to step 2 resumed to step 4
-    (train.py's way), in the same processes (one start-up of W processes for both)."""
+    (train.py's way), then its checkpoint evaluated on the W processes (each loads its columns), all in
+    one start-up of W processes."""
     import json
 
     from xlm_pkm.config import load_config
+    from xlm_pkm.evaluation import evaluate_checkpoint
     from xlm_pkm.trainer import Trainer
 
     check_against_reference(rank, world, folder)
@@ -218,6 +220,10 @@ def check_then_train_and_resume(rank: int, world: int, folder: str) -> None:
         assert trainer.resumed == (steps == 4)
         trainer.train()
         trainer.close()
+    result = evaluate_checkpoint(Path(folder) / "tiny" / "sharded" / "checkpoint.pt", "valid", batch_size=16,
+                                 max_batches=2, env=DistEnv(rank, rank, world))
+    if rank == 0:
+        (Path(folder) / "evaluated.json").write_text(json.dumps(result))
 
 
 def test_sharded_model_on_2_processes_equals_unsharded_then_trains_and_resumes_like_one_process(
@@ -243,6 +249,9 @@ def test_sharded_model_on_2_processes_equals_unsharded_then_trains_and_resumes_l
                                                                             "step4.rank1-of-2.pt"]
     assert (run / "best.values").is_dir()
     sharded = evaluate_checkpoint(run / "checkpoint.pt", "valid", max_batches=2)  # one process: whole tables
+    on_two = json.loads((tmp_path / "evaluated.json").read_text())  # 2 x 16 streams: the same 32 streams
+    assert on_two["tokens"] == sharded["tokens"] and on_two["ppl"] == pytest.approx(sharded["ppl"], rel=1e-6)
+    assert on_two["memories"] == pytest.approx(sharded["memories"], rel=1e-6)
     unsharded = evaluate_checkpoint(single.run_dir / "checkpoint.pt", "valid", max_batches=2)
     assert sharded["ppl"] == pytest.approx(unsharded["ppl"], rel=1e-3)
     assert sharded["memories"][0]["usage"] == pytest.approx(unsharded["memories"][0]["usage"], abs=0.5)
