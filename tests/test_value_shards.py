@@ -162,6 +162,18 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
         assert torch.equal(half["model"][name], torch.cat(gathered, dim=1)[:, r * 8: (r + 1) * 8])
         assert half["optimizers"]["values"]["state"][0]["step"] == state["step"]
 
+    # a checkpoint of replicated values, loaded by a run that now shards them: each rank cuts its columns
+    replicated = path.parent / "replicated.pt"
+    if rank == 0:
+        torch.save({"step": 7, "model": ref.state_dict(), "optimizers": ref_opt.state_dict()}, replicated)
+    dist.barrier()
+    cut = value_checkpoint.attach(torch.load(replicated, weights_only=False), replicated, memory.shard,
+                                  value_checkpoint.sharded_names(model))
+    assert torch.equal(cut["model"][name], ref_memory.values.weight[:, columns])
+    ref_state = ref_opt.state_dict()["values"]["state"][0]
+    assert torch.equal(cut["optimizers"]["values"]["state"][0]["exp_avg"], ref_state["exp_avg"][:, columns])
+    model.load_state_dict(cut["model"])
+
     # one rank cannot write its file: every rank raises, so rank 0 writes no checkpoint.pt naming it
     def full_disk(obj, target):
         raise OutputError(f"{target}: no space left on device")

@@ -151,7 +151,8 @@ class Trainer:
                              f"{self.env.world_size}; exact resume needs the same number (each rank's data "
                              f"position and random state are saved; sharded memory values re-shard, and "
                              f"evaluate.py loads the checkpoint on any number of processes)")
-        state = value_checkpoint.attach(state, self.ckpt_path, value_checkpoint.model_shard(self.model))
+        state = value_checkpoint.attach(state, self.ckpt_path, value_checkpoint.model_shard(self.model),
+                                        value_checkpoint.sharded_names(self.model))
         checkpoint.check_vocabulary(state, self.dictionary.fingerprint(), f"{self.cfg.data.path}/vocab", self.ckpt_path)
         checkpoint.load_model_state(self.model, state["model"], self.ckpt_path)
         self.optimizers.load_state_dict(state["optimizers"])

@@ -15,7 +15,8 @@ Loading (`attach`) re-shards: the target shard (rank', W') takes its columns fro
 them (memory-mapped, so only those are read), and optimizer tensors of the table's shape are cut the
 same way; other optimizer entries (the step count) are the same on every rank. A checkpoint saved by
 W processes thus loads on W' processes whose count divides the value dimension, and on one process
-(evaluate.py, export, generation: the whole table).
+(evaluate.py, export, generation: the whole table); a checkpoint of replicated values loads into a
+run that now shards them.
 """
 
 from __future__ import annotations
@@ -97,22 +98,29 @@ def _cut(pieces: list[tuple[int, object]], start: int, stop: int, width: int):
     return first
 
 
-def attach(state: dict, path: Path, shard: ValueShard | None) -> dict:
+def attach(state: dict, path: Path, shard: ValueShard | None, names: set[str] = frozenset()) -> dict:
     """The checkpoint `state` loaded from `path`, with the value columns of `shard` (None: the whole
     tables) read from its shard files into state["model"] (and the values optimizer's state into
-    state["optimizers"])."""
+    state["optimizers"]). A checkpoint of replicated values loaded for a shard of a multi-process table
+    (the run now shards its values) has its tables `names` and their optimizer state cut to the shard."""
     info = state.pop(KEY, None)
-    if info is None:
-        return state
     shard = shard or ValueShard(0, 1)
-    world, width = info["world"], info["width"]
+    if info is None and (shard.world == 1 or not names):
+        return state
+    if info is None:
+        whole = {"step": state["step"], "model": {k: state["model"][k] for k in names}}
+        if "optimizers" in state:
+            whole["optimizer"] = state["optimizers"]["values"]
+        world, width = 1, next(iter(whole["model"].values())).shape[1]
+    else:
+        world, width = info["world"], info["width"]
     dim = world * width
     if dim % shard.world:
         raise ValueError(f"{path}: its value tables ({dim} columns, saved by {world} processes) do not split "
                          f"into {shard.world} equal slices")
     columns = shard.columns(dim)
-    pieces = []
-    for r, name in enumerate(info["files"]):
+    pieces = [(0, whole)] if info is None else []
+    for r, name in enumerate(info["files"] if info else []):
         if r * width < columns.stop and (r + 1) * width > columns.start:
             file = path.parent / name
             if not file.is_file():
