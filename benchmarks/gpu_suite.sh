@@ -8,13 +8,14 @@
 # tests (the fused read against its references, GPU training in fp32/bf16/fp16, eager and compiled),
 # read (value_read_bandwidth.py), infer (inference_speed.py: Table 4 with flat keys up to 1M slots,
 # Figure 4 with the sample's vocabulary and with 60k tokens as the paper's), train
-# (training_speed.py: 12 layers d=1024 with and without a memory, bf16 and fp16, compiled).
+# (training_speed.py: 12 layers d=1024 with and without a memory, bf16 and fp16, compiled), shard
+# (sharded_values.py on one GPU: the sharded setting against replicated values, the paper's batch).
 # Results go to OUT_DIR (JSON, plus the tests' summary). The GPU machine has a Python with torch and
 # Triton but no sacremoses/fastBPE, and no network: carry .device, tools/fastbpe, data/processed/sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train OUT_DIR}
+step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard OUT_DIR}
 out=${2:-}
 [ "$step" = prepare ] || { [ -n "$out" ] || { echo "gpu_suite.sh $step: give an output directory" >&2; exit 2; }; mkdir -p "$out"; }
 
@@ -39,6 +40,9 @@ case $step in
       --note "the paper's 60k-code vocabulary" --out "$out/inference_speed_cuda_vocab60k.json" ;;
   train)
     $PY benchmarks/training_speed.py --precisions bf16 fp16 --compile --out "$out/training_speed_cuda.json" ;;
+  shard)
+    $PY benchmarks/sharded_values.py --device cuda --worlds 1 --n-keys 512 1024 --batch 32 --seq 256 \
+      --budget-gib 60 --out "$out/sharded_values_cuda.json" ;;
   *)
     echo "gpu_suite.sh: unknown step $step" >&2; exit 2 ;;
 esac
