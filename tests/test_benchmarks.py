@@ -84,3 +84,21 @@ def test_training_speed(tiny_data_dir, tmp_path):
     assert sorted((s["precision"], s["values"], s["share"]) for s in result["memory_step_share"]) == sorted(
         (r["precision"], r["values"], round(1 - r["tokens_per_s"] / without[r["precision"]], 3))
         for r in rows if r["memories"])
+
+
+def test_sharded_values_arithmetic():
+    """benchmarks/sharded_values.py's fit and its bytes per token (the README's table) by hand."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import sharded_values
+
+    measured = [{"world": 2, "slots": s, "before_model_gib": 0.5, "peak_gib_max": 0.5 + 1e-5 * s}
+                for s in (10_000, 40_000)]
+    assert sharded_values.largest_n_keys(*measured, budget_gib=19.0) == 948  # (9.5 - 0.5) / 1e-5 = 900k slots
+    assert sharded_values.safe_n_keys(measured[0], 2000, budget_gib=19.0) == 842  # 80%: (7.6 - 0.5) / 1e-5
+    rows = {r["world"]: r for r in sharded_values.communication(worlds=(2, 32))[0]["rows"]}
+    # W = 32, L = 128 lookups, d = 1024: 31·128·8 (lookups) + 2·(31/32)·1024·4 (outputs) + 31·128·4 (weights)
+    assert rows[32]["by_dimension_bytes_per_token"] == 31 * 128 * 8 + 7936 + 31 * 128 * 4 == 55_552
+    assert rows[2]["by_dimension_bytes_per_token"] == 128 * 8 + 4096 + 128 * 4
+    owners = 32 * (1 - (31 / 32) ** 128)  # distinct ranks a token reads from when slots are split
+    assert rows[32]["by_slot_bytes_per_token"] == round(128 * 12 * 31 / 32 + 2 * owners * 31 / 32 * 4096)
+    assert rows[32]["replicated_dense_allreduce_bytes_per_token"] == round(2 * 31 / 32 * 2**20 * 4096 / 8192)
