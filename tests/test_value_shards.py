@@ -208,7 +208,11 @@ def free_port() -> int:
 
 
 def spawn(check, world: int, folder) -> None:
-    mp.spawn(run_rank, args=(world, free_port(), str(folder), check), nprocs=world)
+    """Runs check(rank, world, folder) on `world` processes, forked from a server that imported torch
+    and this module once (a fresh interpreter per rank costs ~3 s of imports each on 2 cores)."""
+    mp.set_forkserver_preload(["torch", "xlm_pkm.model.sharded_read", __name__])
+    mp.start_processes(run_rank, args=(world, free_port(), str(folder), check), nprocs=world,
+                       start_method="forkserver")
 
 
 def test_sharded_model_on_4_processes_equals_unsharded(tmp_path):
