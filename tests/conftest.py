@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import lzma
+import math
 import os
 from itertools import islice
 from pathlib import Path
@@ -111,14 +112,31 @@ def read_events(run_dir: Path, event: str = "train") -> list[dict]:
     return [e for e in map(json.loads, lines) if e["event"] == event]
 
 
+def logged_losses(run_dir: Path) -> dict[int, float]:
+    """{step: logged train loss} of a run; fails if a step is logged twice."""
+    events = read_events(run_dir)
+    steps = [e["step"] for e in events]
+    assert len(steps) == len(set(steps)), f"duplicated steps in metrics.jsonl: {steps}"
+    return {e["step"]: e["loss"] for e in events}
+
+
 @pytest.fixture(scope="session")
 def train_losses():
     """losses(run_dir) -> {step: logged train loss}; fails if a step is logged twice."""
+    return logged_losses
 
-    def losses(run_dir):
-        events = read_events(run_dir)
-        steps = [e["step"] for e in events]
-        assert len(steps) == len(set(steps)), f"duplicated steps in metrics.jsonl: {steps}"
-        return {e["step"]: e["loss"] for e in events}
 
-    return losses
+def assert_two_processes_equal_one(run_dir: Path, single) -> None:
+    """The 4-step run in run_dir, trained on 2 processes, logged the losses of `single` (a finished 1-process
+    Trainer with the same global batch) and ends with its weights (sharded values gathered whole)."""
+    from xlm_pkm import checkpoint, value_checkpoint
+
+    two, one = logged_losses(run_dir), logged_losses(single.run_dir)
+    assert sorted(two) == sorted(one) == [1, 2, 3, 4]
+    for step in one:
+        assert math.isclose(two[step], one[step], rel_tol=1e-5), (step, two[step], one[step])
+    path = Path(run_dir) / "checkpoint.pt"
+    state = value_checkpoint.attach(checkpoint.load(path), path, None)
+    assert [rank["data"]["world_size"] for rank in state["train_state"]] == [2, 2]
+    for name, p in single.model.state_dict().items():  # Adam magnifies float rounding of tiny gradients
+        torch.testing.assert_close(state["model"][name], p, rtol=1e-3, atol=1e-3)

@@ -16,6 +16,8 @@ from xlm_pkm.cli import evaluate_main, train_main
 from xlm_pkm.config import ConfigError, load_config
 from xlm_pkm.trainer import Trainer
 
+from conftest import assert_two_processes_equal_one
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -72,27 +74,18 @@ def test_stop_signal_saves_exits_75_and_resumes_exactly(tiny_overrides, tiny_run
     assert train_losses(resumed.run_dir) == train_losses(reference_run("train.log_every=3").run_dir)
 
 
-@pytest.mark.parametrize("sparse", ["adam", "lazy_adam"])
-def test_torchrun_two_processes_equal_one_with_same_global_batch(tiny_overrides, tiny_run, train_losses, tmp_path,
-                                                                  sparse):
-    common = tiny_overrides(tmp_path, "train.max_steps=4", f"optim.values_optimizer={sparse}")
-    single = tiny_run(tmp_path, "train.max_steps=4", "train.exp_id=one", "data.batch_size=8",
-                      f"optim.values_optimizer={sparse}")
+def test_torchrun_two_processes_equal_one_with_same_global_batch(tiny_overrides, reference_run, tmp_path):
+    """train.py under torchrun, sparse values (LazyAdam, all-gathered rows) and DDP for the rest; dense values
+    in DDP's all-reduce and sharded values are checked the same way in tests/test_value_shards.py."""
+    extra = ("train.max_steps=4", "optim.values_optimizer=lazy_adam", "train.eval_every=2")
+    single = reference_run(*extra, "data.batch_size=8")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(ROOT / "train.py"), "--no-test", *common, "train.exp_id=two", "data.batch_size=4",
-           "train.num_threads=1"]
+           str(ROOT / "train.py"), "--no-test", *tiny_overrides(tmp_path, *extra), "train.exp_id=two",
+           "data.batch_size=4", "train.num_threads=1"]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    two = train_losses(tmp_path / "tiny" / "two")
-    one = train_losses(single.run_dir)
-    assert sorted(two) == sorted(one) == [1, 2, 3, 4]
-    for step in one:
-        assert math.isclose(two[step], one[step], rel_tol=1e-5), (step, two[step], one[step])
-    state = checkpoint.load(tmp_path / "tiny" / "two" / "checkpoint.pt")
-    assert [rank["data"]["world_size"] for rank in state["train_state"]] == [2, 2]
-    for name, p in single.model.state_dict().items():  # Adam magnifies float rounding of tiny gradients
-        torch.testing.assert_close(state["model"][name], p, rtol=1e-3, atol=1e-3)
+    assert_two_processes_equal_one(tmp_path / "tiny" / "two", single)
 
 
 def activation_dtypes(monkeypatch) -> set:

@@ -9,7 +9,6 @@ sharded checkpoint files re-read for other world sizes.
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import socket
 from pathlib import Path
@@ -30,7 +29,7 @@ from xlm_pkm.model.value_shards import ValueShard, init_shard
 from xlm_pkm.optim import Optimizers, value_optimizer
 from xlm_pkm.train_step import optimizer_update
 
-from conftest import read_events
+from conftest import assert_two_processes_equal_one
 
 
 @pytest.mark.parametrize("n_slots, dim, world", [(100, 12, 4), (37, 3, 3), (5, 8, 2)])
@@ -219,10 +218,10 @@ def test_sharded_model_on_4_processes_equals_unsharded(tmp_path):
     spawn(check_against_reference, 4, tmp_path)
 
 
-def check_then_train_and_resume(rank: int, world: int, folder: str) -> None:
-    """check_against_reference, then the tiny run with sharded values to step 2 resumed to step 4
-    (train.py's way), then its checkpoint evaluated on the W processes (each loads its columns), all in
-    one start-up of W processes."""
+def check_then_train(rank: int, world: int, folder: str) -> None:
+    """check_against_reference; the tiny run with sharded values to step 2, resumed to step 4 (train.py's
+    way), its checkpoint evaluated on the W processes (each loads its columns); the tiny run with
+    replicated dense values (DDP's all-reduce) to step 4. All in one start-up of W processes."""
     import json
 
     from xlm_pkm.config import load_config
@@ -231,9 +230,9 @@ def check_then_train_and_resume(rank: int, world: int, folder: str) -> None:
 
     check_against_reference(rank, world, folder)
     overrides = json.loads((Path(folder) / "overrides.json").read_text())
-    for steps in (2, 4):
-        trainer = Trainer(load_config(None, [*overrides, f"train.max_steps={steps}"]), test=False)
-        assert trainer.resumed == (steps == 4)
+    for steps, run in ((2, "sharded"), (4, "sharded"), (4, "replicated")):
+        trainer = Trainer(load_config(None, [*overrides[run], f"train.max_steps={steps}"]), test=False)
+        assert trainer.resumed == (steps == 4 and run == "sharded")
         trainer.train()
         trainer.close()
     result = evaluate_checkpoint(Path(folder) / "tiny" / "sharded" / "checkpoint.pt", "valid", batch_size=16,
@@ -242,35 +241,35 @@ def check_then_train_and_resume(rank: int, world: int, folder: str) -> None:
         (Path(folder) / "evaluated.json").write_text(json.dumps(result))
 
 
-def test_sharded_model_on_2_processes_equals_unsharded_then_trains_and_resumes_like_one_process(
-        tiny_overrides, reference_run, tmp_path):
+def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, reference_run, tmp_path):
+    """On 2 processes: the sharded model against the unsharded one, then training with sharded (LazyAdam,
+    resumed) and replicated dense values (AdamW), each equal to one process with the same global batch."""
     import json
 
     from xlm_pkm.evaluation import evaluate_checkpoint
 
-    extra = ("train.max_steps=4", "optim.values_optimizer=lazy_adam", "train.eval_every=2")
-    single = reference_run(*extra, "data.batch_size=8")
-    overrides = tiny_overrides(tmp_path, *extra, "model.memory.shard_values=true", "data.batch_size=4",
-                               "train.exp_id=sharded", "train.num_threads=1")
+    common = ("train.max_steps=4", "train.eval_every=2")
+    runs = {"sharded": ("optim.values_optimizer=lazy_adam", "model.memory.shard_values=true"),
+            "replicated": ("optim.values_optimizer=adam",)}
+    overrides = {run: tiny_overrides(tmp_path, *common, *extra, "data.batch_size=4", f"train.exp_id={run}",
+                                     "train.num_threads=1") for run, extra in runs.items()}
     (tmp_path / "overrides.json").write_text(json.dumps(overrides))
-    spawn(check_then_train_and_resume, 2, tmp_path)
+    spawn(check_then_train, 2, tmp_path)
 
+    singles = {run: reference_run(*common, extra[0], "data.batch_size=8") for run, extra in runs.items()}
+    for run, single in singles.items():
+        assert_two_processes_equal_one(tmp_path / "tiny" / run, single)
     run = tmp_path / "tiny" / "sharded"
-    losses = {e["step"]: e["loss"] for e in read_events(run)}
-    expected = {e["step"]: e["loss"] for e in read_events(single.run_dir)}
-    assert sorted(losses) == sorted(expected) == [1, 2, 3, 4]
-    for step, loss in expected.items():
-        assert math.isclose(losses[step], loss, rel_tol=1e-5), (step, losses[step], loss)
     assert sorted(f.name for f in (run / "checkpoint.values").iterdir()) == ["step4.rank0-of-2.pt",
                                                                             "step4.rank1-of-2.pt"]
     assert (run / "best.values").is_dir()
     sharded = evaluate_checkpoint(run / "checkpoint.pt", "valid", max_batches=2)  # one process: whole tables
+    unsharded = evaluate_checkpoint(singles["sharded"].run_dir / "checkpoint.pt", "valid", max_batches=2)
+    assert sharded["ppl"] == pytest.approx(unsharded["ppl"], rel=1e-3)
+    assert sharded["memories"][0]["usage"] == pytest.approx(unsharded["memories"][0]["usage"], abs=0.5)
     on_two = json.loads((tmp_path / "evaluated.json").read_text())  # 2 x 16 streams: the same 32 streams
     assert on_two["tokens"] == sharded["tokens"] and on_two["ppl"] == pytest.approx(sharded["ppl"], rel=1e-6)
     assert on_two["memories"][0] == pytest.approx(sharded["memories"][0], rel=1e-6)
-    unsharded = evaluate_checkpoint(single.run_dir / "checkpoint.pt", "valid", max_batches=2)
-    assert sharded["ppl"] == pytest.approx(unsharded["ppl"], rel=1e-3)
-    assert sharded["memories"][0]["usage"] == pytest.approx(unsharded["memories"][0]["usage"], abs=0.5)
 
 
 def test_sharded_checkpoint_on_one_process_is_kept_whole_when_a_shard_cannot_be_written(tiny_run, tiny_trainer,
