@@ -44,9 +44,14 @@ def sharded_names(model: nn.Module) -> set[str]:
     return {name for name, p in model.named_parameters(remove_duplicate=False) if hasattr(p, "value_shard")}
 
 
+def shard_folder(path: Path) -> Path:
+    """Where the shard files of the checkpoint `path` go: checkpoint.pt -> checkpoint.values/."""
+    return path.parent / f"{path.stem}.values"
+
+
 def shard_file(path: Path, step: int, shard: ValueShard) -> str:
     """The file of `shard` for the checkpoint `path` at `step`, relative to path's directory."""
-    return f"{path.stem}.values/step{step}.rank{shard.rank}-of-{shard.world}.pt"
+    return f"{shard_folder(path).name}/step{step}.rank{shard.rank}-of-{shard.world}.pt"
 
 
 def save(record: dict, path: Path, model: nn.Module, env: DistEnv, device: torch.device) -> dict:
@@ -78,7 +83,7 @@ def save(record: dict, path: Path, model: nn.Module, env: DistEnv, device: torch
 
 def remove_stale(path: Path, record: dict) -> None:
     """Removes the shard files of `path` that `record` (just written to it) does not name."""
-    folder = path.parent / f"{path.stem}.values"
+    folder = shard_folder(path)
     keep = {path.parent / f for f in record.get(KEY, {}).get("files", [])}
     for f in folder.glob("step*.pt") if folder.is_dir() else []:
         if f not in keep:

@@ -24,16 +24,34 @@ def _token_counts(n: int, device: torch.device, world: int) -> list[int]:
     return counts.tolist()
 
 
+def _blocks(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """x: (Σ n, ...) every rank's rows in rank order -> (W·max n, ...), rank r's block at r·max n, zero-padded
+    (x itself when the counts are equal, as in training: no copy)."""
+    longest = max(counts)
+    if all(c == longest for c in counts):
+        return x.contiguous()
+    padded = x.new_zeros(len(counts), longest, *x.shape[1:])
+    for r, rows in enumerate(x.split(counts)):
+        padded[r, : rows.shape[0]] = rows
+    return padded.view(-1, *x.shape[1:])
+
+
+def _unblock(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
+    """The inverse of _blocks: (W·max n, ...) -> (Σ n, ...)."""
+    longest = max(counts)
+    if all(c == longest for c in counts):
+        return x
+    return torch.cat([x[r * longest: r * longest + c] for r, c in enumerate(counts)])
+
+
 def _gather(x: torch.Tensor, counts: list[int]) -> torch.Tensor:
     """x: (n_r, ...) on rank r -> (Σ n, ...) every rank's rows in rank order."""
     longest = max(counts)
-    padded = x.new_zeros(longest, *x.shape[1:])
-    padded[: x.shape[0]] = x
+    if x.shape[0] < longest:
+        x = torch.cat([x, x.new_zeros(longest - x.shape[0], *x.shape[1:])])
     out = x.new_empty(len(counts) * longest, *x.shape[1:])
-    all_gather_single(out, padded)
-    if all(c == longest for c in counts):
-        return out
-    return torch.cat([out[r * longest: r * longest + c] for r, c in enumerate(counts)])
+    all_gather_single(out, x.contiguous())
+    return _unblock(out, counts)
 
 
 class _GatherLookups(torch.autograd.Function):
@@ -47,12 +65,9 @@ class _GatherLookups(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # (Σ n, L) -> (n_r, L)
-        counts, longest = ctx.counts, max(ctx.counts)
-        padded = grad.new_zeros(len(counts), longest, *grad.shape[1:])
-        for r, rows in enumerate(grad.split(counts)):
-            padded[r, : rows.shape[0]] = rows
-        out = grad.new_empty(longest, *grad.shape[1:])
-        reduce_scatter_single(out, padded.view(-1, *grad.shape[1:]).contiguous())
+        counts = ctx.counts
+        out = grad.new_empty(max(counts), *grad.shape[1:])
+        reduce_scatter_single(out, _blocks(grad, counts))
         return out[: counts[ctx.rank]], None
 
 
