@@ -187,6 +187,30 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
         value_checkpoint.save_atomic = writer
 
 
+def check_uneven_token_counts(rank: int, world: int) -> None:
+    """sharded_read with another token count on each rank (rank r reads r + 1 tokens) against read_values
+    on the whole table: output, the weights' gradient and this rank's columns of the table's gradient."""
+    from xlm_pkm.model.sharded_read import sharded_read
+    from xlm_pkm.model.value_read import read_values
+
+    g = torch.Generator().manual_seed(2)
+    table = torch.randn(30, 8, generator=g, dtype=torch.float64)
+    counts = [r + 1 for r in range(world)]
+    indices = torch.randint(0, 30, (sum(counts), 5), generator=g)
+    weights = torch.rand(sum(counts), 5, generator=g, dtype=torch.float64)
+    grad_out = torch.randn(sum(counts), 8, generator=g, dtype=torch.float64)
+    mine, columns = slice(sum(counts[:rank]), sum(counts[: rank + 1])), ValueShard(rank, world).columns(8)
+    for sparse in (False, True):
+        ref_table, ref_weights = table.clone().requires_grad_(), weights.clone().requires_grad_()
+        read_values(ref_table, indices, ref_weights, sparse).backward(grad_out)
+        shard, own = table[:, columns].clone().requires_grad_(), weights[mine].clone().requires_grad_()
+        out = sharded_read(shard, indices[mine], own, sparse)
+        out.backward(grad_out[mine])
+        torch.testing.assert_close(out, read_values(table, indices, weights, False)[mine])
+        torch.testing.assert_close(own.grad, ref_weights.grad[mine])
+        torch.testing.assert_close(dense_grad(shard), dense_grad(ref_table)[:, columns])
+
+
 def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -214,12 +238,17 @@ def spawn(check, world: int, folder) -> None:
                        start_method="forkserver")
 
 
+def check_all(rank: int, world: int, folder: str) -> None:
+    check_against_reference(rank, world, folder)
+    check_uneven_token_counts(rank, world)
+
+
 def test_sharded_model_on_4_processes_equals_unsharded(tmp_path):
-    spawn(check_against_reference, 4, tmp_path)
+    spawn(check_all, 4, tmp_path)
 
 
 def check_then_train(rank: int, world: int, folder: str) -> None:
-    """check_against_reference; the tiny run with sharded values to step 2, resumed to step 4 (train.py's
+    """check_all; the tiny run with sharded values to step 2, resumed to step 4 (train.py's
     way), its checkpoint evaluated on the W processes (each loads its columns); the tiny run with
     replicated dense values (DDP's all-reduce) to step 4. All in one start-up of W processes."""
     import json
@@ -228,7 +257,7 @@ def check_then_train(rank: int, world: int, folder: str) -> None:
     from xlm_pkm.evaluation import evaluate_checkpoint
     from xlm_pkm.trainer import Trainer
 
-    check_against_reference(rank, world, folder)
+    check_all(rank, world, folder)
     overrides = json.loads((Path(folder) / "overrides.json").read_text())
     for steps, run in ((2, "sharded"), (4, "sharded"), (4, "replicated")):
         trainer = Trainer(load_config(None, [*overrides[run], f"train.max_steps={steps}"]), test=False)
