@@ -54,6 +54,15 @@ def shard_file(path: Path, step: int, shard: ValueShard) -> str:
     return f"{shard_folder(path).name}/step{step}.rank{shard.rank}-of-{shard.world}.pt"
 
 
+def _values_part(record: dict, names: set[str]) -> dict:
+    """What a shard file holds, from a whole checkpoint record: its step, the tables `names` and the
+    values optimizer's state (when the record has optimizers)."""
+    part = {"step": record["step"], "model": {k: record["model"][k] for k in names}}
+    if "optimizers" in record:
+        part["optimizer"] = record["optimizers"]["values"]
+    return part
+
+
 def save(record: dict, path: Path, model: nn.Module, env: DistEnv, device: torch.device) -> dict:
     """Writes this rank's part of `record` (the sharded tables' columns, and its "optimizers"' "values"
     state when present) and returns the rest, naming every rank's file, for rank 0 to write to `path`.
@@ -62,10 +71,9 @@ def save(record: dict, path: Path, model: nn.Module, env: DistEnv, device: torch
     shard = model_shard(model)
     if shard is None:
         return record
-    part = {"step": record["step"], "model": {k: record["model"][k] for k in names}}
+    part = _values_part(record, names)
     rest = {**record, "model": {k: v for k, v in record["model"].items() if k not in names}}
     if "optimizers" in record:
-        part["optimizer"] = record["optimizers"]["values"]
         rest["optimizers"] = {k: v for k, v in record["optimizers"].items() if k != "values"}
     error = None
     try:
@@ -113,9 +121,7 @@ def attach(state: dict, path: Path, shard: ValueShard | None, names: set[str] = 
     if info is None and (shard.world == 1 or not names):
         return state
     if info is None:
-        whole = {"step": state["step"], "model": {k: state["model"][k] for k in names}}
-        if "optimizers" in state:
-            whole["optimizer"] = state["optimizers"]["values"]
+        whole = _values_part(state, names)
         world, width = 1, next(iter(whole["model"].values())).shape[1]
     else:
         world, width = info["world"], info["width"]
