@@ -25,6 +25,8 @@ from pathlib import Path
 
 import yaml
 
+from xlm_pkm.atomic import write_text
+
 # The paper's numbers (Lample et al. 2019). Table 2 and Table 4 by n_keys (|K| = n_keys²):
 # perplexity, usage %, KL; Table 4 adds inference speed in words/s; None: not reported.
 PAPER = {
@@ -62,6 +64,7 @@ class RunData:
     events: list[dict]
     test: dict | None
     cells: list[dict] = field(default_factory=list)  # [{"table", "cell", "key"}]
+    scale: str | None = None  # the reproduction scale it ran at (reproduce.json), None: not from xlm_pkm.reproduce
 
     @property
     def name(self) -> str:
@@ -96,9 +99,8 @@ def load_run(path: Path) -> RunData:
     if test is None:
         tests = [e for e in events if e["event"] == "test"]
         test = tests[-1] if tests else None
-    info = path / "reproduce.json"
-    cells = json.loads(info.read_text())["cells"] if info.is_file() else []
-    return RunData(path, config, events, test, cells)
+    info = json.loads((path / "reproduce.json").read_text()) if (path / "reproduce.json").is_file() else {}
+    return RunData(path, config, events, test, info.get("cells", []), info.get("scale"))
 
 
 def find_runs(paths: list[Path]) -> list[RunData]:
@@ -493,8 +495,7 @@ def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), intro
                  introspected: list[dict] | None = None, command: str = "") -> Path:
     """Writes out/report.md and the figures; returns the report's path."""
     out.mkdir(parents=True, exist_ok=True)
-    scales = sorted({json.loads((r.path / "reproduce.json").read_text())["scale"]
-                     for r in runs if (r.path / "reproduce.json").is_file()})
+    scales = sorted({r.scale for r in runs if r.scale})
     figures = {
         "learning_curves.png": plot_learning_curves(runs, out / "learning_curves.png"),
         "figure4.png": plot_figure4(runs, out / "figure4.png"),
@@ -525,9 +526,7 @@ def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), intro
         parts.append("## What the memory stores\n\n" + introspection_md(introspect, introspected))
     parts.append("## Runs\n\n" + runs_md(runs))
     report = out / "report.md"
-    tmp = out / "report.md.tmp"
-    tmp.write_text("\n\n".join(parts) + "\n")
-    tmp.replace(report)
+    write_text(report, "\n\n".join(parts) + "\n")
     return report
 
 

@@ -60,6 +60,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from xlm_pkm.atomic import write_text
 from xlm_pkm.config import ConfigError, load_config, load_config_dict, to_dict
 from xlm_pkm.model.transformer import resolve_memory_layers
 
@@ -237,9 +238,7 @@ class Run:
         info = {"run": self.name, "scale": scale, "config": self.config, "commit": git_commit(),
                 "cells": [{"table": c.table, "cell": c.name, "key": dict(c.key)} for c in self.cells],
                 "commands": self.commands()}
-        tmp = self.run_dir / "reproduce.json.tmp"
-        tmp.write_text(json.dumps(info, indent=2) + "\n")
-        tmp.replace(self.run_dir / "reproduce.json")
+        write_text(self.run_dir / "reproduce.json", json.dumps(info, indent=2) + "\n")
 
 
 def git_commit() -> str:
