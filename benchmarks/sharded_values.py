@@ -24,7 +24,6 @@ gradient synchronisation per step (DDP all-reduce of a dense gradient; all-gathe
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import math
 import os
@@ -41,15 +40,15 @@ import torch.multiprocessing as mp
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info
+from model_setup import write_result
 
 from xlm_pkm.build import build_model, build_optimizers
 from xlm_pkm.config import load_config
-from xlm_pkm.distributed import DistEnv, average_value_grads_, data_parallel, shutdown, synced_values
+from xlm_pkm.distributed import average_value_grads_, data_parallel, free_port, init_distributed, shutdown, synced_values
 from xlm_pkm.optim import value_optimizer
 from xlm_pkm.precision import grad_scaler
 from xlm_pkm.train_step import loss_backward, optimizer_update
 
-REPO = Path(__file__).resolve().parents[1]
 GIB = 2**30
 
 
@@ -67,13 +66,11 @@ def peak_gib(device: torch.device) -> float:
 
 
 def rank_main(rank: int, world: int, port: int, entry: dict, args, folder: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
     device = torch.device(args.device if args.device == "cpu" else f"cuda:{rank}")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(minutes=10))
+    env = init_distributed(device)
     before = peak_gib(device)
     cfg = load_config(None, overrides(args, entry["n_keys"], entry["mode"] == "sharded", entry["values"]))
     model = build_model(cfg, device)
@@ -81,7 +78,6 @@ def rank_main(rank: int, world: int, port: int, entry: dict, args, folder: str) 
     synced = synced_values(model, value_optimizer(cfg.optim).sparse)
     forward = data_parallel(model, synced, device)
     scaler = grad_scaler("fp32", device)
-    env = DistEnv(rank, rank, world)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(rank))
     x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
     times = []
@@ -101,14 +97,6 @@ def rank_main(rank: int, world: int, port: int, entry: dict, args, folder: str) 
     (Path(folder) / f"rank{rank}.json").write_text(json.dumps(result))
     del forward
     shutdown()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(entry: dict, args) -> dict:
@@ -184,7 +172,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--budget-gib", type=float, default=19.0, help="memory all ranks may use together")
     parser.add_argument("--verify", action="store_true", help="train at the largest n_keys of each mode")
-    parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "sharded_values_cpu.json"))
+    parser.add_argument("--out", help="default: benchmarks/results/sharded_values_{cpu,cuda}.json")
     args = parser.parse_args()
     entries, largest = [], []
     for world in args.worlds:
@@ -204,8 +192,7 @@ def main() -> None:
     result = {"benchmark": "sharded_values", "machine": machine_info(args.device), "command": " ".join(sys.argv),
               "settings": {k: v for k, v in vars(args).items() if k != "out"}, "entries": entries,
               "largest_n_keys": largest, "communication": communication()}
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(result, args, "sharded_values")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from xlm_pkm.cli import evaluate_main, train_main
 from xlm_pkm.config import ConfigError, load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.shard import read_shard, shard_paths, write_shard
+from xlm_pkm.distributed import free_port
 from xlm_pkm.lazy_adam import LazyAdam
 from xlm_pkm.lock import DirectoryBusy
 from xlm_pkm.run_dir import lock_run_directory
@@ -237,14 +238,6 @@ def test_metrics_after_a_crash_and_resume_read_like_the_uninterrupted_run(tiny_t
 
 
 # ---- distributed: a frozen or killed rank ------------------------------------------------------------------
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("signum", ["SIGSTOP", "SIGKILL"])
 def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrides, tmp_path, signum):
     """Two ranks started by hand (as srun does, no torchrun); rank 1 freezes or dies mid-training."""

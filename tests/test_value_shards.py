@@ -8,9 +8,7 @@ sharded checkpoint files re-read for other world sizes.
 
 from __future__ import annotations
 
-import datetime
 import os
-import socket
 from pathlib import Path
 
 import pytest
@@ -21,7 +19,7 @@ import torch.multiprocessing as mp
 from xlm_pkm import value_checkpoint
 from xlm_pkm.atomic import OutputError
 from xlm_pkm.config import Config, ModelConfig, OptimConfig
-from xlm_pkm.distributed import DistEnv, average_value_grads_, shutdown
+from xlm_pkm.distributed import DistEnv, average_value_grads_, free_port, init_distributed, shutdown
 from xlm_pkm.model import value_shards
 from xlm_pkm.model.memory import value_table
 from xlm_pkm.model.transformer import TransformerLM
@@ -215,19 +213,13 @@ def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    init_distributed(torch.device("cpu"), timeout_minutes=1.0)
     failed = True
     try:
         check(rank, world, folder)
         failed = False
     finally:
         shutdown(failed)  # after a failure no barrier: spawn then stops the other ranks
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def spawn(check, world: int, folder) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -187,6 +188,13 @@ def average_value_grads_(params: list[torch.Tensor], env: DistEnv) -> None:
             p.grad = p.grad / env.world_size
         elif p.grad.is_sparse:
             all_reduce_sparse_grad_(p, env)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for MASTER_PORT when starting local processes by hand."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
