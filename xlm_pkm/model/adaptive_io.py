@@ -53,7 +53,7 @@ class AdaptiveEmbedding(nn.Module):
         out = torch.zeros(flat.shape[0], self.dim, dtype=self.projections[0].dtype, device=flat.device)
         for (start, end), table, proj in zip(self.bounds, self.tables, self.projections):
             rows = ((flat >= start) & (flat < end)).nonzero().squeeze(1)
-            out = out.index_copy(0, rows, (table[flat[rows] - start] @ proj.t()).to(out.dtype))  # (n_c, dim)
+            out.index_copy_(0, rows, (table[flat[rows] - start] @ proj.t()).to(out.dtype))  # (n_c, dim) rows
         return (out * math.sqrt(self.dim)).view(*tokens.shape, self.dim)
 
 

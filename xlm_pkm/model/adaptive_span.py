@@ -54,6 +54,7 @@ class AdaptiveSpan(nn.Module):
         reach = math.ceil(z_max * self.max_span) + self.ramp
         return min(self.max_span, -(-reach // TRIM_MULTIPLE) * TRIM_MULTIPLE)
 
-    def cache_length(self) -> int:
-        """Hidden states to keep for the next block: min(S, span in use + 64)."""
-        return min(self.max_span, self.span_in_use() + TRIM_MULTIPLE)
+    def cache_length(self, span_in_use: int | None = None) -> int:
+        """Hidden states to keep for the next block: min(S, span in use + 64); span_in_use: when already
+        read (each read is a host sync)."""
+        return min(self.max_span, (self.span_in_use() if span_in_use is None else span_in_use) + TRIM_MULTIPLE)

@@ -89,23 +89,24 @@ class AllAttention(nn.Module):
         """L: the offsets a query can see (the adaptive span in use, else S)."""
         return self.span.span_in_use() if self.span is not None else self.max_span
 
-    def cache_length(self) -> int:
+    def cache_length(self, window: int | None = None) -> int:
         """Input hidden states to keep for the next block: S, or with an adaptive span and adaptive_cache
-        (the authors' --adapt-span-cache) min(S, span in use + 64)."""
-        return self.span.cache_length() if self.span is not None and self.adaptive_cache else self.max_span
+        (the authors' --adapt-span-cache) min(S, span in use + 64). window: window() when already read."""
+        return self.span.cache_length(window) if self.span is not None and self.adaptive_cache else self.max_span
 
-    def next_cache(self, cache: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """The last cache_length() rows of [cache; x], detached: (B, C', D)."""
-        return torch.cat([cache, x], 1)[:, -self.cache_length():].detach()
+    def next_cache(self, cache: torch.Tensor, x: torch.Tensor, length: int | None = None) -> torch.Tensor:
+        """The last `length` (default cache_length()) rows of [cache; x], detached: (B, C', D)."""
+        return torch.cat([cache, x], 1)[:, -(length or self.cache_length()):].detach()
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
         B, T, _ = t.shape
         return t.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, d_h)
 
-    def forward(self, x: torch.Tensor, cache: torch.Tensor) -> torch.Tensor:
-        """x: (B, M, D) the current block; cache: (B, C, D) the preceding inputs (C may be 0) -> (B, M, D)."""
+    def forward(self, x: torch.Tensor, cache: torch.Tensor, window: int | None = None) -> torch.Tensor:
+        """x: (B, M, D) the current block; cache: (B, C, D) the preceding inputs (C may be 0) -> (B, M, D).
+        window: window() when the caller already read it."""
         B, M, D = x.shape
-        L = self.window()
+        L = self.window() if window is None else window
         cache = cache[:, max(cache.shape[1] - L, 0):]  # keys further back than L are never seen
         C = cache.shape[1]
         h = torch.cat([cache, x], 1)  # (B, C + M, D)

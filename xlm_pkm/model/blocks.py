@@ -1,7 +1,7 @@
 """The block types a transformer layer is made of, by name: ModelConfig.sublayers and the memory
 placement choose them per layer (transformer.layer_sublayers), this registry builds them.
 
-    module = SUBLAYERS["attention"](cfg, layer, shared)   # cfg: ModelConfig; layer: 1-indexed
+    module = SUBLAYERS["attention"](cfg, shared)   # cfg: ModelConfig
 
 Every sublayer maps (B, T, dim) to (B, T, dim) and reports `flops_per_token(seq_len)`, its training
 FLOPs (forward + backward) per token; one that attends to past positions sets `uses_cache = True`
@@ -42,17 +42,17 @@ class FeedForward(nn.Module):
 
 
 @SUBLAYERS.register("attention")
-def attention(cfg: ModelConfig, layer: int, shared: dict) -> nn.Module:
+def attention(cfg: ModelConfig, shared: dict) -> nn.Module:
     return SelfAttention(cfg.dim, cfg.n_heads, cfg.attention_dropout)
 
 
 @SUBLAYERS.register("ffn")
-def feed_forward(cfg: ModelConfig, layer: int, shared: dict) -> nn.Module:
+def feed_forward(cfg: ModelConfig, shared: dict) -> nn.Module:
     return FeedForward(cfg.dim, cfg.ffn_dim or 4 * cfg.dim)
 
 
 @SUBLAYERS.register("memory")
-def memory(cfg: ModelConfig, layer: int, shared: dict) -> nn.Module:
+def memory(cfg: ModelConfig, shared: dict) -> nn.Module:
     return ProductKeyMemory(cfg.dim, cfg.dim, cfg.memory, values=shared.get("values"))
 
 
@@ -64,14 +64,14 @@ def _stream_attention(cfg: ModelConfig, shared: dict, n_persistent: int) -> Stre
 
 
 @SUBLAYERS.register("all_attention")
-def all_attention(cfg: ModelConfig, layer: int, shared: dict) -> nn.Module:
+def all_attention(cfg: ModelConfig, shared: dict) -> nn.Module:
     """Context attention and model.persistent_vectors persistent vectors per head in one softmax
     (Sukhbaatar et al. 2019): the all-attention network's only sublayer."""
     return _stream_attention(cfg, shared, cfg.persistent_vectors)
 
 
 @SUBLAYERS.register("span_attention")
-def span_attention(cfg: ModelConfig, layer: int, shared: dict) -> nn.Module:
+def span_attention(cfg: ModelConfig, shared: dict) -> nn.Module:
     """The same context attention without persistent vectors: the adaptive-span transformer's, before its FFN."""
     return _stream_attention(cfg, shared, 0)
 

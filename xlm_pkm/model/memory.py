@@ -68,6 +68,11 @@ def value_table(n_slots: int, output_dim: int, sharded: bool = False) -> nn.Embe
     return values
 
 
+def is_memory_value(p: torch.Tensor) -> bool:
+    """Whether p is a value table's weight (marked by value_table)."""
+    return getattr(p, "is_memory_value", False)
+
+
 class ProductKeyMemory(nn.Module):
     """(..., input_dim) -> (..., output_dim) through the key search's slots; see the module docstring."""
 
@@ -163,7 +168,7 @@ class ProductKeyMemory(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs (forward + backward) per token: 6 per dense weight (the keys count as the
         search, one multiply-add per key weight) and 6 per value element read (heads · knn · output_dim)."""
-        dense = sum(p.numel() for p in self.parameters() if not getattr(p, "is_memory_value", False))
+        dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
         return 6.0 * (dense + self.heads * self.knn * self.output_dim)
 
     def reset_stats(self) -> None:

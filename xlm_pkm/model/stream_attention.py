@@ -25,7 +25,8 @@ class StreamAttention(nn.Module):
     def __init__(self, attention: AllAttention):
         super().__init__()
         self.attention = attention
-        self.pasts: dict[bool, torch.Tensor | None] = {True: None, False: None}  # by self.training: (B, C, D)
+        self.pasts: dict[bool, torch.Tensor | None] = {}  # by self.training: (B, C, D)
+        self.reset()
 
     @property
     def past(self) -> torch.Tensor | None:
@@ -35,6 +36,10 @@ class StreamAttention(nn.Module):
     def past(self, value: torch.Tensor | None) -> None:
         self.pasts[self.training] = value
 
+    def reset(self) -> None:
+        """New streams in both modes: the next block of each starts from a zero cache."""
+        self.pasts = {True: None, False: None}
+
     def train(self, mode: bool = True) -> "StreamAttention":
         if self.training and not mode:
             self.pasts[False] = None  # an evaluation pass reads new streams
@@ -42,14 +47,16 @@ class StreamAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, _, D = x.shape
+        window = self.attention.window()  # the span read once per block: with an adaptive span, a host sync
+        length = self.attention.cache_length(window)
         past = self.past
         if past is None:
-            past = x.new_zeros(B, self.attention.cache_length(), D)
+            past = x.new_zeros(B, length, D)
         elif past.shape[0] != B:
             raise ValueError(f"the attention cache holds {past.shape[0]} streams, this batch has {B}: "
                              f"reset or load the stream state of these streams first")
-        y = self.attention(x, past)
-        self.past = self.attention.next_cache(past, x)
+        y = self.attention(x, past, window)
+        self.past = self.attention.next_cache(past, x, length)
         return y
 
     def flops_per_token(self, seq_len: int) -> float:
@@ -57,10 +64,10 @@ class StreamAttention(nn.Module):
         6 per weight of the query and output projections and of the persistent vectors (their scores
         and mixing), keys and values recomputed for the cache too (× (C + M) / M), and per query
         12 · L · dim for the context scores and mixing plus 6 · L · dim for the position scores
-        (L = the window in use, C = the cache length)."""
+        (L = the window in use, also the cache length C read: forward trims the cache to L)."""
         a = self.attention
         dim = a.n_heads * a.head_dim
-        window, cache = a.window(), min(a.cache_length(), a.window())
+        window = a.window()
         persistent = 2 * a.n_persistent * dim
-        return (6.0 * (2 * dim * dim + persistent) + 6.0 * 2 * dim * dim * (cache + seq_len) / seq_len
+        return (6.0 * (2 * dim * dim + persistent) + 6.0 * 2 * dim * dim * (window + seq_len) / seq_len
                 + 18.0 * window * dim)

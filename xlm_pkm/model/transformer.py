@@ -49,7 +49,7 @@ from xlm_pkm.model.adaptive_io import AdaptiveEmbedding, AdaptiveLogSoftmax
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.attention import KVCache
 from xlm_pkm.model.blocks import SUBLAYERS, Block, shared_state
-from xlm_pkm.model.memory import ProductKeyMemory
+from xlm_pkm.model.memory import ProductKeyMemory, is_memory_value
 from xlm_pkm.model.stream_attention import StreamAttention
 from xlm_pkm.model.value_shards import ValueShard
 
@@ -111,8 +111,8 @@ class TransformerLM(nn.Module):
         self.plan = [layer_sublayers(cfg, self.mem_layers, layer) for layer in range(1, cfg.n_layers + 1)]
         shared = shared_state(cfg, self.plan)
         residual_dropout = cfg.dropout if xlm else 0.0
-        self.blocks = nn.ModuleList(Block([SUBLAYERS[name](cfg, layer, shared) for name in names], D, residual_dropout,
-                                          cfg.pre_norm) for layer, names in enumerate(self.plan, 1))
+        self.blocks = nn.ModuleList(Block([SUBLAYERS[name](cfg, shared) for name in names], D, residual_dropout,
+                                          cfg.pre_norm) for names in self.plan)
         self.final_norm = nn.LayerNorm(D) if cfg.pre_norm else nn.Identity()
 
     def hidden(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
@@ -174,7 +174,7 @@ class TransformerLM(nn.Module):
     def reset_stream_state(self) -> None:
         """New streams, in training and evaluation: every stream layer starts again from a zero cache."""
         for f in self.stream_layers():
-            f.pasts = {True: None, False: None}
+            f.reset()
 
     def spans(self) -> list[AdaptiveSpan]:
         """The adaptive spans of the stream layers, in layer order."""
@@ -201,7 +201,7 @@ class TransformerLM(nn.Module):
     def memory_value_parameters(self) -> list[nn.Parameter]:
         """The value tables' parameters (marked is_memory_value), each once (also when shared); every other
         parameter is dense."""
-        return [p for p in self.parameters() if getattr(p, "is_memory_value", False)]
+        return [p for p in self.parameters() if is_memory_value(p)]
 
     def set_sparse_values(self, flag: bool) -> None:
         """Sparse value-table gradients (one row per slot read; for LazyAdam) in every memory, or dense."""
@@ -214,12 +214,12 @@ class TransformerLM(nn.Module):
         norms and embeddings in none of them). Sharded value tables count whole (all ranks' columns)."""
         values = sum(p.numel() * getattr(p, "value_shard", ValueShard(0, 1)).world
                      for p in self.memory_value_parameters())
-        dense = sum(p.numel() for p in self.parameters() if not getattr(p, "is_memory_value", False))
+        dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
         counts = {"total": dense + values, "dense": dense, "memory_values": values}
         seen: set[int] = set()
         for names, block in zip(self.plan, self.blocks):
             for name, f in zip(names, block.sublayers):
-                params = [p for p in f.parameters() if not getattr(p, "is_memory_value", False) and id(p) not in seen]
+                params = [p for p in f.parameters() if not is_memory_value(p) and id(p) not in seen]
                 seen.update(id(p) for p in params)
                 counts[name] = counts.get(name, 0) + sum(p.numel() for p in params)
         return counts
