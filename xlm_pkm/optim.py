@@ -92,12 +92,10 @@ def scheduled_lr(step: int, cfg: OptimConfig) -> float:
     return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Total 2-norm of the gradients, which are scaled down to `max_norm` when it is > 0.
-
-    Like torch.nn.utils.clip_grad_norm_, but sparse gradients count too (coalesced in place first), and
-    sharded value tables (model/value_shards.py) count with every rank's columns (one all-reduce).
-    """
+def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
+    """Total 2-norm of the gradients, like torch.nn.utils.get_total_norm, but sparse gradients count too
+    (coalesced in place first), and sharded value tables (model/value_shards.py) count with every rank's
+    columns (one all-reduce)."""
     grads, sharded = [], []
     for p in params:
         if p.grad is not None and p.grad.is_sparse:
@@ -110,11 +108,22 @@ def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
         if dist.is_initialized():
             dist.all_reduce(squares)
         norm = (norm**2 + squares).sqrt()
-        grads += sharded
+    return norm
+
+
+def scale_grads_(params: list[nn.Parameter], norm: torch.Tensor, max_norm: float) -> None:
+    """Scales the gradients, whose total norm is `norm`, down to `max_norm` (nothing when it is 0)."""
     if max_norm > 0:
         scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
-        for grad in grads:
-            grad.mul_(scale)
+        for p in params:
+            if p.grad is not None:
+                (p.grad._values() if p.grad.is_sparse else p.grad).mul_(scale)
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """The gradients' total norm (grad_norm), and the gradients scaled down to `max_norm` when it is > 0."""
+    norm = grad_norm(params)
+    scale_grads_(params, norm, max_norm)
     return norm
 
 
@@ -173,8 +182,9 @@ class Optimizers:
             if g.sharded and scaler.is_enabled() and dist.is_initialized():
                 _skip_on_every_rank(scaler, g.optimizer)
             norms[g.name] = clip_grad_norm(g.params, g.clip)
-        if self.global_clip:
-            norms["global"] = clip_grad_norm([p for g in self.groups for p in g.params], self.global_clip)
+        if self.global_clip:  # the groups' norms (each all-reduced if sharded) give the global one
+            norms["global"] = torch.stack(list(norms.values())).norm()
+            scale_grads_([p for g in self.groups for p in g.params], norms["global"], self.global_clip)
         return norms
 
     def step(self, scaler: torch.amp.GradScaler) -> None:
