@@ -113,12 +113,12 @@ def describe_failure(env: DistEnv, error: BaseException) -> CollectiveError:
                            f"see their logs ({first_line})")
 
 
-def all_gather_objects(obj, env: DistEnv) -> list:
-    """The object of every rank, in rank order (just [obj] on one process)."""
+def gather_objects(obj, env: DistEnv) -> list | None:
+    """On rank 0, the object of every rank in rank order (just [obj] on one process); None on the others."""
     if not env.is_distributed:
         return [obj]
-    out = [None] * env.world_size
-    dist.all_gather_object(out, obj)
+    out = [None] * env.world_size if env.is_main else None
+    dist.gather_object(obj, out, dst=0)
     return out
 
 
@@ -185,7 +185,7 @@ def average_value_grads_(params: list[torch.Tensor], env: DistEnv) -> None:
         if p.grad is None:
             continue
         if hasattr(p, "value_shard"):
-            p.grad = p.grad / env.world_size
+            p.grad.div_(env.world_size)
         elif p.grad.is_sparse:
             all_reduce_sparse_grad_(p, env)
 

@@ -22,7 +22,7 @@ from xlm_pkm import checkpoint, slurm, value_checkpoint
 from xlm_pkm.build import build_model, build_optimizers, build_stream, set_vocab_size
 from xlm_pkm.checkpoint import NonFiniteError
 from xlm_pkm.config import Config, save_config, to_dict
-from xlm_pkm.distributed import (all_gather_objects, all_reduce_sum, any_rank, average_value_grads_, data_parallel,
+from xlm_pkm.distributed import (all_reduce_sum, any_rank, average_value_grads_, data_parallel, gather_objects,
                                  init_distributed, synced_values)
 from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
@@ -48,6 +48,7 @@ class Trainer:
         self.device, self.env = self._setup_process()
         self.train_stream = build_stream(cfg, "train", self.env)
         self.dictionary = self.train_stream.dictionary
+        self.vocab_fingerprint = self.dictionary.fingerprint()
         self.word_end = torch.from_numpy(self.dictionary.word_end_mask())
         for split in ("valid", "test") if test else ("valid",):
             build_stream(cfg, split, self.env)  # read later (validate, evaluate_checkpoint): checked now
@@ -113,7 +114,7 @@ class Trainer:
     def _model_record(self) -> dict:
         """What evaluation needs: best.pt is this, checkpoint.pt adds the optimizer and run state."""
         return {"config": to_dict(self.cfg), "model": self.model.state_dict(), "step": self.step,
-                "vocab_fingerprint": self.dictionary.fingerprint()}
+                "vocab_fingerprint": self.vocab_fingerprint}
 
     def save_checkpoint(self) -> None:
         """checkpoint.pt, unless a parameter or an optimizer state is not finite (NonFiniteError, and the
@@ -124,7 +125,7 @@ class Trainer:
             raise NonFiniteError(f"{bad or 'a value shard of another rank'} is not finite at step {self.step}: "
                                  f"not saved. {self._last_good()}")
         state |= {"scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
-                  "train_state": all_gather_objects(self.state.state_dict(), self.env)}
+                  "train_state": gather_objects(self.state.state_dict(), self.env)}  # rank 0 writes it
         self._write(state, self.ckpt_path)
         self.saved_step = self.step
 
@@ -153,7 +154,7 @@ class Trainer:
                              f"evaluate.py loads the checkpoint on any number of processes)")
         state = value_checkpoint.attach(state, self.ckpt_path, value_checkpoint.model_shard(self.model),
                                         value_checkpoint.sharded_names(self.model))
-        checkpoint.check_vocabulary(state, self.dictionary.fingerprint(), f"{self.cfg.data.path}/vocab", self.ckpt_path)
+        checkpoint.check_vocabulary(state, self.vocab_fingerprint, f"{self.cfg.data.path}/vocab", self.ckpt_path)
         checkpoint.load_model_state(self.model, state["model"], self.ckpt_path)
         self.optimizers.load_state_dict(state["optimizers"])
         self.scaler.load_state_dict(state["scaler"])
@@ -220,7 +221,8 @@ class Trainer:
                 out_of_time = cfg.max_time_minutes > 0 and time.time() - start > 60 * cfg.max_time_minutes
                 if any_rank(self.stop_requested or out_of_time, self.env, self.device):  # host sync if distributed
                     self.log.info(f"stopping at step {state.step} ({'signal' if self.stop_requested else 'time limit'})")
-                    self.save_checkpoint()
+                    if self.saved_step != state.step:  # not just saved after an evaluation
+                        self.save_checkpoint()
                     self.stopped = True
                     if self.stop_requested and self.env.is_main and slurm.job_id():
                         slurm.requeue(self.log)
