@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from xlm_pkm.atomic import OutputError, check_writable, write_bytes
+from xlm_pkm.atomic import OutputError, check_writable, write_text
 from xlm_pkm.checkpoint import NonFiniteError
 from xlm_pkm.config import ConfigError, load_config
 from xlm_pkm.distributed import CollectiveError, describe_failure, init_distributed, read_env, shutdown
@@ -117,7 +117,7 @@ def evaluate_main(argv: list[str] | None = None) -> int:
         if env.is_main:
             print(format_result(result))
             if args.json:
-                write_bytes(Path(args.json), (json.dumps(result, indent=2) + "\n").encode())
+                write_text(Path(args.json), json.dumps(result, indent=2) + "\n")
     except USER_ERRORS as e:
         return _fail("evaluate.py", e)
     finally:

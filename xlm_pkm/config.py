@@ -205,13 +205,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        node = raw
-        *parents, leaf = key.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {p} is not a section")
-        node[leaf] = yaml.safe_load(value) if value else ""
+        _set(raw, key, yaml.safe_load(value) if value else "", f"override {item!r}")
     for old, new in RENAMED.items():
         if _pop(raw, old) is not None:
             raise ConfigError(f"config key {old} was renamed to {new}")
@@ -259,10 +253,13 @@ def _pop(raw: dict, dotted: str):
     return raw.pop(leaf, None)
 
 
-def _set(raw: dict, dotted: str, value) -> None:
+def _set(raw: dict, dotted: str, value, what: str = "") -> None:
+    """raw[a][b][c] = value for dotted "a.b.c", creating the sections; `what` names the setting in the error."""
     *parents, leaf = dotted.split(".")
     for p in parents:
         raw = raw.setdefault(p, {})
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{what or dotted}: {p} is not a section")
     raw[leaf] = value
 
 
@@ -305,9 +302,9 @@ def save_config(cfg: Config, path: str | Path) -> None:
     """The resolved config as YAML, written to a temporary name and renamed."""
     import yaml
 
-    from xlm_pkm.atomic import write_bytes
+    from xlm_pkm.atomic import write_text
 
-    write_bytes(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False).encode())
+    write_text(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def validate(cfg, prefix: str = ""):

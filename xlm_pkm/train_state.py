@@ -59,6 +59,6 @@ class TrainState:
 
 def from_earlier_version(checkpoint: dict) -> list[dict]:
     """Per-rank TrainState dicts from a checkpoint written before TrainState existed."""
-    counters = {name: checkpoint[name] for name in ("step", "best_ppl", "nonfinite_streak", "skipped_steps")}
+    counters = {name: checkpoint[name] for name in COUNTERS if name != "log_steps"}  # log_steps: newer
     return [{**counters, "log_loss_sum": 0.0, "log_steps": 0, "data": data, "rng": rng, "stream_cache": []}
             for data, rng in zip(checkpoint["data"], checkpoint["rng"])]
