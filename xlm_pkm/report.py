@@ -51,6 +51,7 @@ PAPER = {
     "baseline": 23.0,  # §4.5: the 6-layer model without memory
     # Figure 6 gives no numbers in the text beyond: h × k = 64 -> usage about 70%, perplexity about 20.5.
 }
+# The paper's grids: n_keys of Tables 2 and 4, memory heads and k of Figure 6 (xlm_pkm.reproduce runs these cells).
 KEYS = (128, 256, 384, 512, 768, 1024)
 HEADS, KNNS = (1, 2, 4, 8), (8, 16, 32, 64)
 
@@ -121,6 +122,11 @@ def by_cell(runs: list[RunData], table: str) -> dict[tuple, RunData]:
     return {run.key(table): run for run in runs if run.key(table) is not None and run.test}
 
 
+def baseline_run(runs: list[RunData]) -> RunData | None:
+    """The first run without memory (§4.5's baseline) that has a test result."""
+    return next((r for r in runs if r.key("baseline") is not None and r.test), None)
+
+
 # ---- formatting ------------------------------------------------------------------------------
 
 def _num(value, digits: int = 1) -> str:
@@ -174,27 +180,24 @@ def table1_md(runs: list[RunData]) -> str:
     return _md_table(header, rows)
 
 
-def _size_columns(cells: dict, key_of) -> list[str]:
-    """Column labels 'paper size (ours)' for Tables 2 and 4."""
-    labels = []
+def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tuple[str, int], ...]) -> str:
+    """Tables 2 and 4: a column per paper size (ours, where a run says) and variant {key: label}, a row
+    per (metric, digits) of _stats; ours (paper's)."""
+    cells = by_cell(runs, table)
+    sizes = []
     for n in KEYS:
-        ours = next((run.slots() for k, run in cells.items() if key_of(k) == n and run.slots()), None)
-        labels.append(_slots_label(n * n) + (f" (ours {_slots_label(ours)})" if ours else ""))
-    return labels
+        ours = next((run.slots() for k, run in cells.items() if k[0] == n and run.slots()), None)
+        sizes.append(_slots_label(n * n) + (f" (ours {_slots_label(ours)})" if ours else ""))
+    header = ["", *(f"{s} {label}" for s in sizes for label in variants.values())]
+    rows = [[metric, *(_pair(_stats(cells.get((n, v)))[i], PAPER[table][n, v][i], digits)
+                       for n in KEYS for v in variants)]
+            for i, (metric, digits) in enumerate(metrics)]
+    return _md_table(header, rows)
 
 
 def table2_md(runs: list[RunData]) -> str:
-    cells = by_cell(runs, "table2")
-    sizes = _size_columns(cells, lambda k: k[0])
-    header = ["", *(f"{s} {'BN' if bn else 'no BN'}" for s in sizes for bn in (False, True))]
-    rows = []
-    for i, metric in enumerate(("Perplexity", "Usage (%)", "KL")):
-        row = [metric]
-        for n in KEYS:
-            for bn in (False, True):
-                row.append(_pair(_stats(cells.get((n, bn)))[i], PAPER["table2"][n, bn][i], 2 if i == 2 else 1))
-        rows.append(row)
-    return _md_table(header, rows)
+    return _sizes_md(runs, "table2", {False: "no BN", True: "BN"},
+                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2)))
 
 
 def table3_md(runs: list[RunData]) -> str:
@@ -206,18 +209,8 @@ def table3_md(runs: list[RunData]) -> str:
 
 
 def table4_md(runs: list[RunData]) -> str:
-    cells = by_cell(runs, "table4")
-    sizes = _size_columns(cells, lambda k: k[0])
-    header = ["", *(f"{s} {kind}" for s in sizes for kind in ("flat", "product"))]
-    rows = []
-    for i, metric in enumerate(("Perplexity", "Usage (%)", "KL", "Speed (words/s)")):
-        row = [metric]
-        for n in KEYS:
-            for kind in ("flat", "product"):
-                row.append(_pair(_stats(cells.get((n, kind)))[i], PAPER["table4"][n, kind][i],
-                                 2 if i == 2 else 0 if i == 3 else 1))
-        rows.append(row)
-    return _md_table(header, rows)
+    return _sizes_md(runs, "table4", {"flat": "flat", "product": "product"},
+                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2), ("Speed (words/s)", 0)))
 
 
 def figure6_md(runs: list[RunData]) -> str:
@@ -269,7 +262,7 @@ def _verdicts(parts: dict[str, bool]) -> str:
 def directions(runs: list[RunData]) -> list[tuple[str, str, str]]:
     """[(direction, 'holds' | 'does not hold' | 'not run', the numbers)] for the issue's six directions."""
     t1, t2, t3, t4, f6 = (by_cell(runs, t) for t in ("table1", "table2", "table3", "table4", "figure6"))
-    base = next((r for r in runs if r.key("baseline") is not None and r.test), None)
+    base = baseline_run(runs)
     out = []
 
     with_memory = t2.get((512, True)) or t3.get((5,))
@@ -496,6 +489,7 @@ def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), intro
     """Writes out/report.md and the figures; returns the report's path."""
     out.mkdir(parents=True, exist_ok=True)
     scales = sorted({r.scale for r in runs if r.scale})
+    base = baseline_run(runs)
     figures = {
         "learning_curves.png": plot_learning_curves(runs, out / "learning_curves.png"),
         "figure4.png": plot_figure4(runs, out / "figure4.png"),
@@ -514,8 +508,7 @@ def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), intro
                                                      [list(d) for d in directions(runs)]),
         "## Table 1: test perplexity, with and without memory\n\n" + table1_md(runs),
         "## Table 2: memory size, with and without query BatchNorm\n\n" + table2_md(runs)
-        + "\n\nWithout memory (§4.5): " + _pair(next((r.test["ppl"] for r in runs if r.key("baseline") is not None
-                                                     and r.test), None), PAPER["baseline"]),
+        + "\n\nWithout memory (§4.5): " + _pair(base.test["ppl"] if base else None, PAPER["baseline"]),
         "## Table 3: memory position in the 6-layer model\n\n" + table3_md(runs),
         "## Table 4: product keys vs flat keys\n\n" + table4_md(runs),
         "## Figure 6: memory heads × k\n\nThe paper gives Figure 6 only as a plot (h × k = 64: usage about 70%, "

@@ -49,7 +49,6 @@ Extra `--set key=value` overrides go to every run last (e.g. train.num_threads=1
 from __future__ import annotations
 
 import argparse
-import copy
 import functools
 import hashlib
 import json
@@ -61,8 +60,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from xlm_pkm.atomic import write_text
-from xlm_pkm.config import ConfigError, load_config, load_config_dict, to_dict
+from xlm_pkm.config import Config, ConfigError, load_config, to_dict
 from xlm_pkm.model.transformer import resolve_memory_layers
+from xlm_pkm.report import HEADS, KEYS, KNNS
 
 REPO = Path(__file__).resolve().parent.parent
 PAPER, ABLATIONS = "configs/paper", "configs/ablations"
@@ -122,7 +122,6 @@ def _table1() -> list[Cell]:
 
 NO_MEMORY = Cell("baseline", "ablation_no_memory", f"{ABLATIONS}/ablation_no_memory.yaml", ())
 BASELINES = (NO_MEMORY, Cell("baseline", "ablation_base", f"{PAPER}/ablation_base.yaml", ()))
-KEYS = (128, 256, 384, 512, 768, 1024)
 
 TABLES: dict[str, list[Cell]] = {
     "table1": _table1(),
@@ -137,17 +136,18 @@ TABLES: dict[str, list[Cell]] = {
                     f"{ABLATIONS}/table2_keys{n}_batchnorm.yaml", (("n_keys", n), ("key_type", kind)))
                for n in KEYS for kind in (("flat", "product") if n <= 384 else ("product",))],
     "figure6": [Cell("figure6", f"figure6_heads{h}_knn{k}", f"{ABLATIONS}/figure6_heads{h}_knn{k}.yaml",
-                     (("heads", h), ("knn", k))) for h in (1, 2, 4, 8) for k in (8, 16, 32, 64)],
+                     (("heads", h), ("knn", k))) for h in HEADS for k in KNNS],
 }
 TABLES["figure4"] = TABLES["table1"]
 CANONICAL_ORDER = ("table1", "table2", "table3", "table4", "figure6")
 
 
 @functools.lru_cache(maxsize=None)
-def _config(path: str, overrides: tuple[str, ...] = ()) -> dict:
-    """The resolved config of a repository config file, as a dict (cached: plan() resolves every cell)."""
+def _config(path: str, overrides: tuple[str, ...] = ()) -> Config:
+    """The resolved config of a repository config file (cached: plan() resolves every cell; read it,
+    never change it)."""
     try:
-        return to_dict(load_config(REPO / path, list(overrides)))
+        return load_config(REPO / path, list(overrides))
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from None
 
@@ -160,7 +160,7 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
     """The overrides that shrink `cell`'s config to `scale` (see the module docstring)."""
     if scale.name == "paper":
         return []
-    cfg = load_config_dict(_config(cell.config), source=cell.config)
+    cfg = _config(cell.config)
     m, mem, optim = cfg.model, cfg.model.memory, cfg.optim
     layers = max(1, m.n_layers // scale.depth) if cell.scale_depth else m.n_layers
     mem_layers = resolve_memory_layers(m)
@@ -215,7 +215,7 @@ class Run:
                 f"train.exp_name={self.run_dir.parent.name}", f"train.exp_id={self.run_dir.name}", "--no-test"]
 
     def evaluate_argv(self, absolute: bool = False) -> list[str]:
-        precision = _config(self.config, tuple(self.overrides))["train"]["precision"]
+        precision = _config(self.config, tuple(self.overrides)).train.precision
         where = str(self.run_dir) if absolute else _shown(self.run_dir)
         limit = ["--max-batches", str(self.test_max_batches)] if self.test_max_batches else []
         return ["--checkpoint", f"{where}/best.pt", "--split", "test", "--precision", precision, *limit,
@@ -254,7 +254,7 @@ def git_commit() -> str:
 
 def _identity(cell: Cell, overrides: list[str]) -> str:
     """A hash of everything that defines the run but its name."""
-    raw = copy.deepcopy(_config(cell.config, tuple(overrides)))
+    raw = to_dict(_config(cell.config, tuple(overrides)))  # a copy
     raw["train"].pop("exp_name")
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
 
