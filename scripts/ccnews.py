@@ -13,10 +13,16 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import itertools
 import json
 import os
+import sys
 from datetime import datetime
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # xlm_pkm, run from anywhere
+
+from xlm_pkm.atomic import atomic_file  # noqa: E402
 
 ARTICLE_FIELDS = ("url", "title", "maintext", "language", "date_publish")
 
@@ -61,26 +67,17 @@ def articles(raw_dir: Path):
 
 
 def export(raw_dir: Path, out_dir: Path, per_file: int) -> None:
-    """Write the articles in files of `per_file`, each under a temporary name renamed when complete."""
+    """Write the articles in files of `per_file`, each written whole or not at all (xlm_pkm.atomic)."""
     if not raw_dir.is_dir():
         raise SystemExit(f"error: raw directory not found: {raw_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    n, f, path = 0, None, None
-
-    def finish() -> None:
-        f.close()
-        os.replace(f.name, path)
-
-    for article in articles(raw_dir):
-        if n % per_file == 0:
-            if f:
-                finish()
-            path = out_dir / f"ccnews.{n // per_file:04d}.jsonl.gz"
-            f = gzip.open(path.with_name(f"{path.name}.{os.getpid()}.tmp"), "wt", encoding="utf-8")
-        f.write(json.dumps(article, ensure_ascii=False) + "\n")
-        n += 1
-    if f:
-        finish()
+    n, todo = 0, articles(raw_dir)
+    for first in todo:
+        with (atomic_file(out_dir / f"ccnews.{n // per_file:04d}.jsonl.gz") as raw,
+              gzip.open(raw, "wt", encoding="utf-8") as f):
+            for article in itertools.chain([first], itertools.islice(todo, per_file - 1)):
+                f.write(json.dumps(article, ensure_ascii=False) + "\n")
+                n += 1
     if n == 0:
         raise SystemExit(f"error: no English articles found in {raw_dir}/*.jsonl")
     print(f"exported {n} articles to {out_dir}")

@@ -4,17 +4,13 @@
 # get-text8.sh. Usage: scripts/get-byte-corpus.sh NAME URL [DATA_DIR] [ARGS...]
 # (default data/NAME; shards in DATA_DIR/processed; ARGS go to xlm_pkm.data.bytes). Environment: PYTHON.
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/common.sh"  # repo, PYTHONPATH, py; relative paths stay the caller's
 name=$1 url=$2
 shift 2
 data=${1:-data/$name}
 [ $# -gt 0 ] && shift
-py=${PYTHON:-$([ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}
 mkdir -p "$data"
 if [ ! -f "$data/$name" ]; then
-  curl -fL --retry 3 -o "$data/$name.zip.tmp" "$url"
-  mv "$data/$name.zip.tmp" "$data/$name.zip"
-  unzip -o -q "$data/$name.zip" "$name" -d "$data"
+  fetch_zip "$url" "$data/$name.zip" "$data" "$name"
 fi
 exec "$py" -m xlm_pkm.data.bytes --input "$data/$name" --output "$data/processed" --split "$name" "$@"

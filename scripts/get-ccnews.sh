@@ -10,11 +10,9 @@
 # SEED (0), WORKERS (all cores), PYTHON; extra arguments after DATA_DIR go to the preprocessing
 # (e.g. --slurm-partition learnfair to spread the chunks over SLURM array jobs).
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/common.sh"  # repo, PYTHONPATH, py; relative paths stay the caller's
 data=${1:-data/ccnews}
 [ $# -gt 0 ] && shift
-py=${PYTHON:-$([ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}
 if [ "${SKIP_DOWNLOAD:-0}" != 1 ]; then
   "$py" "$repo/scripts/ccnews.py" download "$data/raw" ${START:+--start "$START"} ${END:+--end "$END"}
 fi

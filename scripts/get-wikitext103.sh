@@ -6,15 +6,11 @@
 # Environment: WT103_URL (default https://wikitext.smerity.com/wikitext-103-v1.zip; the authors' script
 # used https://s3.amazonaws.com/research.metamind.io/wikitext/wikitext-103-v1.zip), PYTHON.
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/common.sh"  # repo, PYTHONPATH, py; relative paths stay the caller's
 data=${1:-data/wikitext103}
-py=${PYTHON:-$([ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}
 mkdir -p "$data"
 if [ ! -f "$data/wikitext-103/wiki.train.tokens" ]; then
-  curl -fL --retry 3 -o "$data/wikitext-103-v1.zip.tmp" "${WT103_URL:-https://wikitext.smerity.com/wikitext-103-v1.zip}"
-  mv "$data/wikitext-103-v1.zip.tmp" "$data/wikitext-103-v1.zip"
-  unzip -o -q "$data/wikitext-103-v1.zip" -d "$data"
+  fetch_zip "${WT103_URL:-https://wikitext.smerity.com/wikitext-103-v1.zip}" "$data/wikitext-103-v1.zip" "$data"
 fi
 src=$data/wikitext-103
 "$py" -m xlm_pkm.data.words --train "$src/wiki.train.tokens" --valid "$src/wiki.valid.tokens" \

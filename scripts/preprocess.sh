@@ -4,8 +4,7 @@
 #   e.g. scripts/preprocess.sh data/processed/ccnews data/ccnews/jsonl/*.jsonl.gz -- --bpe-codes 60000
 # Environment: PYTHON (default .venv/bin/python, else python3), WORKERS (default: all cores).
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+source "$(dirname "$0")/common.sh"  # repo, PYTHONPATH, py; relative paths stay the caller's
 if [ $# -lt 2 ]; then
   sed -n '2,5p' "$0" >&2
   exit 2
@@ -14,6 +13,5 @@ out=$1; shift
 inputs=()
 while [ $# -gt 0 ] && [ "$1" != "--" ]; do inputs+=("$1"); shift; done
 [ $# -gt 0 ] && shift
-py=${PYTHON:-$([ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}
 exec "$py" -m xlm_pkm.data.preprocess --input "${inputs[@]}" --output "$out" \
   --workers "${WORKERS:-$(nproc)}" "$@"

@@ -4,6 +4,5 @@
 #   TABLE: table1 | figure4 | table2 | table3 | table4 | figure6
 # Then: .venv/bin/python -m xlm_pkm.report dumped/reproduce/*/<scale> --out <dir>
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-$([ -x "$repo/.venv/bin/python" ] && echo "$repo/.venv/bin/python" || echo python3)}" -m xlm_pkm.reproduce "$@"
+source "$(dirname "$0")/common.sh"  # repo, PYTHONPATH, py; relative paths stay the caller's
+exec "$py" -m xlm_pkm.reproduce "$@"

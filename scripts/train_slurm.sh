@@ -4,6 +4,5 @@
 #   scripts/train_slurm.sh --nodes 4 --gpus-per-node 8 --partition learn --time 4320 \
 #       --config configs/paper/l12_d1024_m1.yaml [key.sub=value ...]
 set -euo pipefail
-repo=$(cd "$(dirname "$0")/.." && pwd)  # relative paths stay relative to the caller's directory
-export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-exec "${PYTHON:-$repo/.venv/bin/python}" -m xlm_pkm.slurm "$@"
+source "$(dirname "$0")/common.sh"  # repo, PYTHONPATH, py; relative paths stay the caller's
+exec "$py" -m xlm_pkm.slurm "$@"
