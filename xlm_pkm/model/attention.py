@@ -48,13 +48,14 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, D // self.n_heads).transpose(1, 3).unbind(2)  # (B, nh, T, hd)
-        mask = None
+        mask, causal = None, True
         if cache is not None:
             past = cache.offset
             k, v = cache.extend(self, k, v)  # (B, nh, past + T, hd)
-            if past:  # query t (position past + t) sees keys 0..past + t
-                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+            if past:  # query t (position past + t) sees keys 0..past + t: all of them when T = 1 (decoding)
+                causal = False
+                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(past) if T > 1 else None
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            dropout_p=self.attention_dropout if self.training else 0.0)  # (B, nh, T, hd)
         return self.out(y.transpose(1, 2).reshape(B, T, D))
 
