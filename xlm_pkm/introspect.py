@@ -5,8 +5,9 @@
     #     "context": "the return value of", "token": "len", "next": "("}, ...]}, ...]}]
 
 Two passes over the first `max_batches` batches of the split, in eval mode: the first sums every
-slot's read weight (its usage, as evaluate.py counts it) to pick the most used slots, the second
-keeps, for each of them, the positions that read it with the largest weight (summed over heads).
+slot's read weight with the memories' own statistics (its usage, as evaluate.py counts it) to pick
+the most used slots, the second keeps, for each of them, the positions that read it with the largest
+weight (summed over heads).
 Contexts are detokenised: BPE pieces merged ('@@ ' removed), then Moses' detokenizer.
 """
 
@@ -46,11 +47,15 @@ def slot_contexts(path: str | Path, split: str = "test", top_slots: int = 8, per
     batches = [x for i, (x, _) in zip(range(max_batches), stream)]  # (B, T) each
     memories = dict(model.memories())
 
-    usage = {layer: torch.zeros(m.n_slots, dtype=torch.float64) for layer, m in memories.items()}
-    for x in batches:
-        for layer, inputs in _memory_inputs(model, x).items():
-            weights, indices = memories[layer].lookup(inputs.reshape(-1, inputs.shape[-1]))  # (N, H, K) each
-            usage[layer].index_add_(0, indices.flatten(), weights.flatten().double())
+    model.set_memory_stats(True)  # the memories' own per-slot statistics (eval mode), from zero
+    try:
+        for x in batches:
+            model(x)
+        usage = {layer: m.slot_weights().clone() for layer, m in memories.items()}  # (n_slots,) float64 each
+    finally:
+        model.set_memory_stats(False)
+        for m in memories.values():
+            m.reset_stats()
 
     top = {layer: u.topk(min(top_slots, int((u > 0).sum()))).indices for layer, u in usage.items()}
     best = {layer: [[] for _ in t] for layer, t in top.items()}  # per top slot: [(weight, batch, row, pos)]
