@@ -32,10 +32,9 @@ class TextCodec:
         return bpe_applier(self.codes, self.vocab)  # BPE limited to the vocabulary, as valid/test are
 
     def encode(self, text: str) -> list[int]:
-        from xlm_pkm.data.corpus import document_lines
-        from xlm_pkm.data.moses import tokenize_line
+        from xlm_pkm.data.moses import tokenize_document
 
-        lines = [tok for tok in map(lambda line: tokenize_line(line, self.lang), document_lines(text)) if tok]
+        lines = tokenize_document(text, self.lang)
         ids = [self.dictionary.bos]
         for n, line in enumerate(self._bpe.apply(lines) if lines else []):
             ids += [self.dictionary.index(w) for w in line.split(" ") if w]

@@ -38,14 +38,11 @@ from typing import Literal
 
 import numpy as np
 
-from xlm_pkm.atomic import write_text
-
 from .corpus import CorpusError, Reader, input_format
 from .dictionary import Dictionary
-from .meta import output_record
-from .shard import ShardError, token_dtype, write_shard
+from .meta import write_single_document_splits
+from .shard import ShardError, token_dtype
 
-SPLITS = ("train", "valid", "test")
 NEWLINE = 10
 HELD_OUT_BYTES = 5_000_000
 SplitMode = Literal["enwik8", "text8", "fractions"]
@@ -73,10 +70,10 @@ def split_bytes(data: bytes, mode: SplitMode, held_out_bytes: int = HELD_OUT_BYT
     return parts
 
 
-def byte_dictionary(train: bytes) -> Dictionary:
-    """The specials, then each byte value present in `train` but the newline, as decimal strings."""
-    present = np.flatnonzero(np.bincount(np.frombuffer(train, np.uint8), minlength=256))
-    return Dictionary([str(b) for b in present if b != NEWLINE])
+def byte_dictionary(counts: np.ndarray) -> Dictionary:
+    """The specials, then each byte value present in train (`counts`: (256,) occurrences of each byte
+    value) but the newline, as decimal strings."""
+    return Dictionary([str(b) for b in np.flatnonzero(counts) if b != NEWLINE])
 
 
 def byte_ids(part: bytes, dictionary: Dictionary) -> np.ndarray:
@@ -103,20 +100,16 @@ def preprocess_bytes(input_path: str | Path, output: str | Path, mode: SplitMode
     except CorpusError as e:
         raise ByteDataError(str(e)) from None
     parts = split_bytes(data, mode, held_out_bytes, held_out_fraction)
-    dictionary = byte_dictionary(parts["train"])
-    out.mkdir(parents=True, exist_ok=True)
-    counts = np.bincount(np.frombuffer(parts["train"], np.uint8), minlength=256)
-    write_text(out / "vocab", "".join(f"{w} {counts[int(w)]}\n" for w in dictionary.words[4:]))
-    meta = {"input": str(input_path), "unit": "byte", "split": mode, "vocab_size": len(dictionary),
-            "fingerprint": dictionary.fingerprint(), "bytes": {}, "unknown_bytes": {}}
-    for name in SPLITS:
+    counts = np.bincount(np.frombuffer(parts["train"], np.uint8), minlength=256)  # (256,)
+    dictionary = byte_dictionary(counts)
+
+    def encode(name: str) -> tuple[np.ndarray, dict]:
         ids = byte_ids(parts[name], dictionary)
-        write_shard(out / f"{name}.000.bin", [ids], ids.dtype, dictionary.fingerprint())
-        meta["bytes"][name] = len(parts[name])
-        meta["unknown_bytes"][name] = int((ids == dictionary.unk).sum())
-    meta.update(output_record(out, {s: [f"{s}.000.bin"] for s in SPLITS}, ["vocab"], dictionary.fingerprint()))
-    write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
-    return meta
+        return ids, {"bytes": len(parts[name]), "unknown_bytes": int((ids == dictionary.unk).sum())}
+
+    vocab = "".join(f"{w} {counts[int(w)]}\n" for w in dictionary.words[4:])
+    meta = {"input": str(input_path), "unit": "byte", "split": mode}
+    return write_single_document_splits(out, dictionary, vocab, meta, encode)
 
 
 def main(argv: list[str] | None = None) -> None:

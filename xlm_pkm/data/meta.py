@@ -16,9 +16,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from xlm_pkm.atomic import write_text
 
 from .dictionary import Dictionary
-from .shard import ShardError, hash_file, read_header, shard_paths
+from .shard import ShardError, hash_file, read_header, shard_paths, write_shard
+
+SPLITS = ("train", "valid", "test")
 
 
 def file_digest(path: Path) -> str:
@@ -39,6 +46,26 @@ def output_record(out: Path, shards: dict[str, list[str]], other_files: list[str
         splits[split] = [{"file": name, "tokens": h.n_tokens, "docs": h.n_docs} for name, h in zip(names, headers)]
     names = other_files + sum(shards.values(), [])
     return {"splits": splits, "files": {name: file_record(out / name) for name in names}}
+
+
+def write_single_document_splits(out: Path, dictionary: Dictionary, vocab: str, meta: dict,
+                                 encode: Callable[[str], tuple[np.ndarray, dict]]) -> dict:
+    """The output of a preprocessor whose every split is ONE document (bytes.py, words.py): DIR/vocab
+    (text `vocab`), DIR/{split}.000.bin of the ids `encode(split)` gives for each split, then DIR/meta.json:
+    `meta`, "vocab_size", "fingerprint", each statistic `encode` returns as {name: {split: value}},
+    "splits" and "files". Returns the meta dict."""
+    out.mkdir(parents=True, exist_ok=True)
+    write_text(out / "vocab", vocab)
+    fingerprint = dictionary.fingerprint()
+    meta = {**meta, "vocab_size": len(dictionary), "fingerprint": fingerprint}
+    for split in SPLITS:
+        ids, stats = encode(split)
+        write_shard(out / f"{split}.000.bin", [ids], ids.dtype, fingerprint)
+        for name, value in stats.items():
+            meta.setdefault(name, {})[split] = value
+    meta.update(output_record(out, {s: [f"{s}.000.bin"] for s in SPLITS}, ["vocab"], fingerprint))
+    write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
+    return meta
 
 
 def load_meta(data_dir: Path) -> dict:

@@ -1,6 +1,7 @@
 """Moses punctuation normalization and tokenization (sacremoses, English, no escaping), as XLM's
 `tokenize.sh`: replace-unicode-punctuation | normalize-punctuation | remove-non-printing-char |
-tokenizer -no-escape. One input line gives one output line of space-separated tokens.
+tokenizer -no-escape. One input line gives one output line of space-separated tokens
+(`tokenize_document`: a document's lines, blank ones dropped, as preprocessing and TextCodec read it).
 `detokenize_pieces` goes back: BPE pieces of a line -> text."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from functools import lru_cache
 
 from sacremoses import MosesDetokenizer, MosesPunctNormalizer, MosesTokenizer
 
+from .corpus import document_lines
 from .dictionary import BPE_CONTINUATION
 
 
@@ -22,6 +24,11 @@ def tokenize_line(line: str, lang: str = "en") -> str:
     """Normalized, tokenized line: tokens separated by single spaces ('' when nothing is left)."""
     normalizer, tokenizer = _moses(lang)
     return tokenizer.tokenize(normalizer.normalize(line), escape=False, return_str=True)
+
+
+def tokenize_document(text: str, lang: str = "en") -> list[str]:
+    """The document's lines (corpus.document_lines), each normalized and tokenized, the empty ones dropped."""
+    return [tok for tok in (tokenize_line(line, lang) for line in document_lines(text)) if tok]
 
 
 @lru_cache(maxsize=None)

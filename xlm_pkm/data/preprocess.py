@@ -38,16 +38,15 @@ from pathlib import Path
 from xlm_pkm.atomic import OutputError, atomic_file, is_temporary, write_error, write_text
 from xlm_pkm.lock import DirectoryBusy, DirectoryLock
 
-from .corpus import CorpusError, Reader, document_lines
+from .corpus import CorpusError, Reader
 from .dictionary import Dictionary, DictionaryError
 from .executor import Executor
 from .fastbpe import FastBPEError, bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
-from .meta import output_record, verify_outputs
-from .moses import tokenize_line
+from .meta import SPLITS, output_record, verify_outputs
+from .moses import tokenize_document
 from .plan import MB, Chunk, Plan, PlanError, input_identity, make_plan, scan_file
 from .shard import ShardError, ShardWriter, is_complete, token_dtype
 
-SPLITS = ("train", "valid", "test")
 HELD_OUT = ("valid", "test")
 BPE_BATCH_LINES = 10_000
 log = logging.getLogger("xlm_pkm.data.preprocess")
@@ -71,7 +70,7 @@ def tokenize_chunk(work: Path, held_out: dict[str, list[int]], chunk: Chunk) -> 
                 continue
             if index >= chunk.doc_stop:
                 break
-            lines = [tok for tok in map(tokenize_line, document_lines(text)) if tok]
+            lines = tokenize_document(text)
             if lines:
                 split = split_of.get(chunk.global_start + index - chunk.doc_start, "train")
                 files[split].write("\n".join(lines) + "\n\n")

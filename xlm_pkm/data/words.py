@@ -23,13 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from xlm_pkm.atomic import write_text
-
 from .dictionary import SPECIALS, Dictionary
-from .meta import output_record
-from .shard import ShardError, token_dtype, write_shard
+from .meta import SPLITS, write_single_document_splits
+from .shard import ShardError, token_dtype
 
-SPLITS = ("train", "valid", "test")
 EOS = "<eos>"
 
 
@@ -73,17 +70,13 @@ def preprocess_words(paths: dict[str, str | Path], output: str | Path) -> dict:
     out = Path(output)
     words = [(w, c) for w, c in frequency_vocabulary(Path(paths["train"])) if w not in (EOS, *SPECIALS)]
     dictionary = Dictionary([w for w, _ in words])
-    out.mkdir(parents=True, exist_ok=True)
-    write_text(out / "vocab", "".join(f"{w} {c}\n" for w, c in words))
-    meta = {"inputs": {s: str(paths[s]) for s in SPLITS}, "unit": "word", "vocab_size": len(dictionary),
-            "fingerprint": dictionary.fingerprint(), "tokens": {}, "unknown_tokens": {}}
-    for split in SPLITS:
+
+    def encode(split: str) -> tuple[np.ndarray, dict]:
         ids, unknown = word_ids(Path(paths[split]), dictionary)
-        write_shard(out / f"{split}.000.bin", [ids], ids.dtype, dictionary.fingerprint())
-        meta["tokens"][split], meta["unknown_tokens"][split] = len(ids) - 1, unknown
-    meta.update(output_record(out, {s: [f"{s}.000.bin"] for s in SPLITS}, ["vocab"], dictionary.fingerprint()))
-    write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
-    return meta
+        return ids, {"tokens": len(ids) - 1, "unknown_tokens": unknown}
+
+    return write_single_document_splits(out, dictionary, "".join(f"{w} {c}\n" for w, c in words),
+                                        {"inputs": {s: str(paths[s]) for s in SPLITS}, "unit": "word"}, encode)
 
 
 def main(argv: list[str] | None = None) -> None:
