@@ -36,6 +36,9 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     from safetensors.torch import save_model
 
     model, cfg, state, data_dir = load_trained(path, data_dir)
+    for name in ("codes", "vocab"):  # before anything is written: no half-exported folder
+        if not (data_dir / name).is_file():
+            raise FileNotFoundError(f"{data_dir / name} not found: the run's data dir holds codes and vocab")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -56,8 +59,6 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
         tmp.unlink(missing_ok=True)
     write_bytes(out / CONFIG, (json.dumps(to_dict(cfg), indent=2) + "\n").encode())
     for name in ("codes", "vocab"):
-        if not (data_dir / name).is_file():
-            raise FileNotFoundError(f"{data_dir / name} not found: the run's data dir holds codes and vocab")
         write_bytes(out / name, (data_dir / name).read_bytes())
     return out
 

@@ -76,7 +76,6 @@ class Shard:
     tokens: np.ndarray  # memmap of n_tokens ids
     doc_starts: np.ndarray  # memmap of n_docs int64
     fingerprint: str
-    max_id: int
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -136,13 +135,13 @@ def read_shard(path: Path, fingerprint: str | None = None, verify: bool = False)
     tokens = np.memmap(path, dtype, "r", HEADER_SIZE, (n_tokens,)) if n_tokens else np.zeros(0, dtype)
     doc_offset = HEADER_SIZE + _tokens_nbytes(n_tokens, dtype.itemsize)
     doc_starts = np.memmap(path, np.int64, "r", doc_offset, (n_docs,)) if n_docs else np.zeros(0, np.int64)
-    return Shard(Path(path), tokens, doc_starts, header.fingerprint, header.max_id)
+    return Shard(Path(path), tokens, doc_starts, header.fingerprint)
 
 
 def is_complete(path: Path, fingerprint: str) -> bool:
     """True when `path` is a valid shard for this vocabulary, checksum included (a re-run skips it)."""
     try:
-        read_shard(path, fingerprint, verify=True)
+        verify_checksum(path, read_header(path, fingerprint))
         return True
     except ShardError:
         return False

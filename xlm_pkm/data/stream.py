@@ -63,17 +63,17 @@ class TokenStream:
             raise ShardError(f"split {split!r} of {data_dir} has {self.total} tokens: too few for "
                              f"{world_size} x {batch_size} streams of bptt {bptt}")
 
-    def _offset(self, epoch: int) -> int:
-        return int(np.random.default_rng([self.seed, epoch]).integers(self.bptt)) if self.train else 0
-
-    def _block_order(self, epoch: int, n_blocks: int) -> np.ndarray:
-        """The order in which the epoch's blocks are read: shuffled for training (unless shuffle=False, for
-        models that carry a cache from one block to the next), in order for evaluation."""
-        if not self.shuffle:
-            return np.arange(n_blocks)
+    def _epoch(self, epoch: int) -> tuple[int, np.ndarray]:
+        """(offset, order in which the epoch's blocks are read). Training: one generator draws the offset
+        in [0, bptt), then the order (shuffled unless shuffle=False, for models that carry a cache from one
+        block to the next). Evaluation: offset 0, blocks in order."""
         rng = np.random.default_rng([self.seed, epoch])
-        rng.integers(self.bptt)  # the epoch's offset (_offset) is the generator's first draw
-        return rng.permutation(n_blocks)
+        offset = int(rng.integers(self.bptt)) if self.train else 0
+        n_blocks = self._steps(self._stream_len(offset))
+        return offset, rng.permutation(n_blocks) if self.shuffle else np.arange(n_blocks)
+
+    def _offset(self, epoch: int) -> int:
+        return self._epoch(epoch)[0]
 
     def _stream_len(self, offset: int) -> int:
         return (self.total - offset - 1) // (self.world_size * self.batch_size)
@@ -112,10 +112,9 @@ class TokenStream:
 
     def __iter__(self):
         while True:
-            offset = self._offset(self.epoch)
+            offset, order = self._epoch(self.epoch)
             stream_len = self._stream_len(offset)
             first = offset + (self.rank * self.batch_size + np.arange(self.batch_size)) * stream_len
-            order = self._block_order(self.epoch, self._steps(stream_len))
             while self.step < len(order):
                 t0 = int(order[self.step]) * self.bptt
                 t = min(self.bptt, stream_len - t0)
