@@ -66,6 +66,16 @@ def test_eval_pass_predicts_every_token_once_and_ranks_are_disjoint(tiny_data_di
     assert np.concatenate(predicted).tolist() == tokens[1: n + 1].tolist()
 
 
+def test_an_eval_pass_cut_short_then_rewound_reads_from_the_first_batch(tiny_data_dir):
+    """evaluate() rewinds the stream it is given: the trainer's valid stream, cut by eval_max_batches, is reused."""
+    stream = TokenStream(tiny_data_dir, "valid", batch_size=3, bptt=32, train=False)
+    whole = [y for _, y in stream]
+    assert len(list(islice(stream, 2))) == 2  # a pass cut short: the stream stays mid-pass
+    stream.rewind()
+    again = [y for _, y in stream]
+    assert len(again) == len(whole) and all(torch.equal(a, b) for a, b in zip(again, whole))
+
+
 def test_train_is_deterministic_for_a_seed_and_epochs_differ(tiny_data_dir):
     def take(seed, n):
         return [x for x, _ in islice(TokenStream(tiny_data_dir, "train", 2, 32, seed=seed), n)]

@@ -20,7 +20,7 @@ def synchronize(device: torch.device) -> None:
 @torch.no_grad()
 def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_batches: int = 0,
              env: DistEnv = DistEnv()) -> dict:
-    """One pass over `stream` (a TokenStream with train=False); sums over all ranks.
+    """One pass over `stream` (a TokenStream with train=False), from its first batch; sums over all ranks.
 
     Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
     memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%);
@@ -31,6 +31,7 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
     model.eval()
     model.set_memory_stats(True)
     word_end = torch.from_numpy(stream.dictionary.word_end_mask())
+    stream.rewind()  # a stream evaluated before, perhaps cut short by max_batches
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = words = 0
     synchronize(device)

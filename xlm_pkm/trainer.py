@@ -50,8 +50,9 @@ class Trainer:
         self.dictionary = self.train_stream.dictionary
         self.vocab_fingerprint = self.dictionary.fingerprint()
         self.word_end = torch.from_numpy(self.dictionary.word_end_mask())
-        for split in ("valid", "test") if test else ("valid",):
-            build_stream(cfg, split, self.env)  # read later (validate, evaluate_checkpoint): checked now
+        self.valid_stream = build_stream(cfg, "valid", self.env)  # its shards' checksums verified once a run
+        if test:
+            build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         set_vocab_size(cfg, len(self.dictionary))
         self.model = build_model(cfg, self.device)
         self.optimizers = build_optimizers(self.model, cfg)
@@ -261,7 +262,7 @@ class Trainer:
 
     def validate(self) -> dict:
         """Valid perplexity and memory statistics; writes best.pt when the perplexity improves."""
-        result = evaluate(self.model, build_stream(self.cfg, "valid", self.env), self.device, self.cfg.train.precision,
+        result = evaluate(self.model, self.valid_stream, self.device, self.cfg.train.precision,
                           self.cfg.train.eval_max_batches, self.env)
         self.log.event("valid", self.step, **result)
         for layer, memory in self.model.memories():

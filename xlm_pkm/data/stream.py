@@ -126,6 +126,11 @@ class TokenStream:
                 return
             self.epoch += 1
 
+    def rewind(self) -> None:
+        """Back to the first batch of the first epoch: the next iteration reads an evaluation pass whole,
+        also after one cut short."""
+        self.epoch = self.step = 0
+
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "batch_size": self.batch_size,
                 "bptt": self.bptt, "world_size": self.world_size, "total_tokens": self.total, "shuffle": int(self.shuffle)}
