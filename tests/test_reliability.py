@@ -1,6 +1,7 @@
 """Accidents that used to lose, overwrite or silently corrupt a run (issue 10), each reproduced."""
 
 import errno
+import gc
 import json
 import os
 import shutil
@@ -109,6 +110,22 @@ def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):
     holder.wait()
     assert (tmp_path / ".lock").exists()
     lock_run_directory(tmp_path).release()
+
+
+def test_a_refused_lock_closes_no_other_file(tmp_path):
+    """The refused lock's descriptor number is free again once refused: the next file opened gets it, and
+    collecting the refused object must not close that file (it closed it twice before)."""
+    held = lock_run_directory(tmp_path)
+    try:
+        with pytest.raises(DirectoryBusy) as refused:
+            lock_run_directory(tmp_path)
+        with open(tmp_path / "other.txt", "w") as f:
+            del refused  # the refused DirectoryLock, held by the traceback, is collected now
+            gc.collect()
+            f.write("still open")
+        assert (tmp_path / "other.txt").read_text() == "still open"
+    finally:
+        held.release()
 
 
 # ---- unwritable outputs: one line, the previous file kept, no temporary files ---------------------

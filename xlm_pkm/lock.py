@@ -27,17 +27,19 @@ class DirectoryBusy(RuntimeError):
 class DirectoryLock:
     def __init__(self, directory: Path, name: str, advice: str):
         self.path = Path(directory) / name
+        self.fd = None  # set once the lock is held: release (and __del__, also after a failed __init__) closes only ours
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise write_error(self.path, e) from None
         try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(self.fd, 4096, 0).decode(errors="replace").strip() or "another process"
-            os.close(self.fd)
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
             raise DirectoryBusy(f"{self.path.parent} is in use by {holder} (lock {self.path}); {advice}") from None
+        self.fd = fd
         os.ftruncate(self.fd, 0)
         holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
         os.pwrite(self.fd, holder.encode(), 0)
