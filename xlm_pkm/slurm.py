@@ -14,7 +14,8 @@ CPUs than a node has) is refused with one line before submitting. `--cluster loc
 job as local processes; `--cluster debug` in this process.
 
 Reading SLURM's environment while a job runs is xlm_pkm/slurm_env.py's (low level); this module
-launches, so it may import the command line (cli.py).
+launches, so it imports the command line (cli.py), but only when it runs: a job unpickles TrainJob
+before submitit installs its signal handlers, and a USR2 arriving meanwhile would kill it.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ import re
 import subprocess
 import sys
 
-from xlm_pkm.cli import DEFAULT_CONFIG, EXIT_STOPPED, train_main
-
 
 class LaunchError(ValueError):
     """A job that SLURM could not run as asked."""
@@ -33,7 +32,8 @@ class LaunchError(ValueError):
 
 class TrainJob:
     """The callable submitit pickles: sets up torch.distributed variables, then runs train.py's main.
-    A run stopped by a signal (exit status 75, it requeued itself) is not a failure."""
+    A run stopped by a signal (exit status 75) is not a failure; an error (its one line already on
+    stderr) ends the task with train.py's exit status, without a traceback."""
 
     def __init__(self, argv: list[str]):
         self.argv = argv
@@ -41,12 +41,14 @@ class TrainJob:
     def __call__(self) -> int:
         import submitit
 
+        from xlm_pkm.cli import EXIT_STOPPED, train_main  # not at unpickling: before submitit's signal handlers
+
         job = submitit.JobEnvironment()
         if job.num_tasks > 1:
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
         status = train_main(self.argv)
         if status not in (0, EXIT_STOPPED):
-            raise RuntimeError(f"train.py exited with status {status}; see the job's stderr")
+            raise SystemExit(status)
         return status
 
     def checkpoint(self):
@@ -90,6 +92,8 @@ def check_request(partition: str, nodes: int, tasks_per_node: int, cpus_per_task
 
 def main(argv: list[str] | None = None):
     import submitit
+
+    from xlm_pkm.cli import DEFAULT_CONFIG
 
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.slurm", description=__doc__.split("\n")[0])
     parser.add_argument("--config", default=str(DEFAULT_CONFIG))
