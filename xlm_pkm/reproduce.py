@@ -2,7 +2,7 @@
 
     python -m xlm_pkm.reproduce table2 --scale tiny [--dry-run] [--only NAME...] [--set key=value...]
     python -m xlm_pkm.reproduce table1 --scale paper --slurm --partition learn --gpus-per-node 8
-    scripts/reproduce.sh figure6 --scale small --data data/processed/ccnews
+    scripts/reproduce.sh figure6 --scale small --data data/ccnews/processed
 
 Tables: table1 (and figure4, the same runs), table2, table3, table4, figure6. A cell is a config of
 configs/paper or configs/ablations; cells whose configs resolve to the same model and training (the
