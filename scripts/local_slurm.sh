@@ -17,6 +17,16 @@ ctld_port=${SLURM_PORT:-17000}
 
 die() { echo "local_slurm.sh: $*" >&2; exit 1; }
 
+# daemon_pid PIDFILE: the pid it names if that process is still the daemon it was (munged, slurmctld,
+# slurmd: its name starts the pid file's), else nothing (a stale file; the pid may be another's now).
+daemon_pid() {
+  local pid name
+  pid=$(cat "$1" 2>/dev/null) || return 0
+  name=$(basename "$1"); name=${name%%.*}
+  [[ $pid =~ ^[0-9]+$ ]] && [ "$(cat /proc/"$pid"/comm 2>/dev/null)" = "$name" ] && echo "$pid"
+  return 0
+}
+
 install_slurm() {
   command -v slurmctld >/dev/null && command -v munged >/dev/null && command -v sbatch >/dev/null && return
   [ "$(id -u)" = 0 ] || die "slurm-wlm and munge are not installed, and installing them needs root"
@@ -67,7 +77,12 @@ start() {
   [[ $nodes =~ ^[1-9][0-9]*$ ]] || die "NODES must be a positive number, got '$nodes'"
   install_slurm
   [ "$(id -u)" = 0 ] || die "starting slurmd needs root"
-  [ -e "$dir/pids/slurmctld.pid" ] && die "a cluster from $dir seems to run already; run '$0 stop' first"
+  local pidfile
+  for pidfile in "$dir"/pids/*.pid; do
+    [ -e "$pidfile" ] || continue
+    [ -n "$(daemon_pid "$pidfile")" ] && die "a cluster of $dir runs already ($pidfile); run '$0 stop' first"
+    rm -f "$pidfile"  # left by a cluster that did not stop cleanly
+  done
   rm -rf "$dir/state" "$dir/spool"
   mkdir -p "$dir"/{munge,state,pids,log} && chmod 700 "$dir" "$dir/munge"
   for i in $(seq 1 "$nodes"); do
@@ -95,13 +110,14 @@ start() {
 
 stop() {
   local pidfile pid jobs
-  if [ -e "$dir/pids/slurmctld.pid" ] && jobs=$(SLURM_CONF=$conf squeue -h -o %A 2>/dev/null) && [ -n "$jobs" ]; then
+  if [ -n "$(daemon_pid "$dir/pids/slurmctld.pid")" ] && jobs=$(SLURM_CONF=$conf squeue -h -o %A 2>/dev/null) \
+      && [ -n "$jobs" ]; then
     SLURM_CONF=$conf scancel $jobs 2>/dev/null || true  # their processes end with them, not orphaned
     for _ in $(seq 30); do [ -z "$(SLURM_CONF=$conf squeue -h -o %A 2>/dev/null)" ] && break; sleep 1; done
   fi
   for pidfile in "$dir"/pids/slurmd.*.pid "$dir/pids/slurmctld.pid" "$dir/pids/munged.pid"; do
     [ -e "$pidfile" ] || continue
-    pid=$(cat "$pidfile")
+    pid=$(daemon_pid "$pidfile")
     if [ -n "$pid" ] && kill "$pid" 2>/dev/null; then
       for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
       kill -9 "$pid" 2>/dev/null || true

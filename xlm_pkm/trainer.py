@@ -235,7 +235,8 @@ class Trainer:
                 out_of_time = cfg.max_time_minutes > 0 and time.time() - start > 60 * cfg.max_time_minutes
                 stop = self.stop_signal is not None
                 if any_rank(stop or out_of_time, self.env, self.device):  # host sync if distributed
-                    self._stop(signal.Signals(self.stop_signal).name if stop else "time limit")
+                    self._stop(signal.Signals(self.stop_signal).name if stop else
+                               "time limit" if out_of_time else "a signal to another rank")
                     break
         finally:
             for s, h in handlers.items():
