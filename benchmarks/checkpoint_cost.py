@@ -20,12 +20,12 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from machine import machine_info  # noqa: E402
-from model_setup import REPO, benchmark_parser, build_model, write_result  # noqa: E402
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+from machine import machine_info
+from model_setup import REPO, benchmark_parser, build_model, write_result
 
-from xlm_pkm import build, checkpoint  # noqa: E402
-from xlm_pkm.config import to_dict  # noqa: E402
+from xlm_pkm import build, checkpoint
+from xlm_pkm.config import to_dict
 
 
 def main() -> None:
