@@ -154,6 +154,23 @@ def test_scancel_ends_the_job_and_the_run_resumes_by_hand(tiny_overrides, refere
     assert max(ours) > stop and all(ours[s] == full[s] for s in ours)
 
 
+def test_time_limit_warning_during_start_up_requeues_the_job(tiny_overrides, tmp_path):
+    """USR2 before the training loop (here: while train.py starts, right after submitit's handlers are
+    set) goes to submitit, which requeued only a job with a checkpoint() method: TrainJob had none, so
+    the job ended FAILED ("timed-out and not checkpointable"). Now it is requeued and finishes."""
+    job, folder = submit(tmp_path, tiny_overrides, "--time", "1", "--signal-delay", "5", "train.max_steps=20",
+                         "train.num_threads=1")
+    rank0 = folder / f"{job}_0_log.out"
+    wait_for(lambda: rank0.is_file() and "Loading pickle" in rank0.read_text(), 120, "the job to start", job, folder)
+    time.sleep(0.3)  # the handlers are set at once; train.py's imports and set-up take seconds
+    subprocess.run(["scancel", "--signal=USR2", job], check=True, timeout=30)
+    info = finished(job, folder)
+    assert int(info["Restarts"]) >= 1
+    submitit_log = rank0.read_text() + (folder / f"{job}_0_log.err").read_text()  # its info, its warnings
+    assert "Caught signal SIGUSR2" in submitit_log and "Calling checkpoint method" in submitit_log, submitit_log[-2000:]
+    assert max(logged_losses(tmp_path / "tiny" / job)) == 20
+
+
 def _processes_of_node(node: str, job: str) -> list[int]:
     """The job's tasks on `node` (by their SLURM environment) and the slurmstepd above each."""
     pids = []
