@@ -138,7 +138,8 @@ def _imports(path: Path, package: str) -> set[str]:
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from the package, one level up per extra dot
-                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1] + ([base] if base else []))
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             if base.startswith("xlm_pkm"):
                 found |= {f"{base}.{a.name}" for a in node.names} | {base}
         elif isinstance(node, ast.Import):
