@@ -131,6 +131,23 @@ def test_resume_with_another_config_names_the_changes_and_keeps_the_old_one(tiny
     assert [e["step"] for e in read_events(first.run_dir)] == [1, 2]
 
 
+@pytest.mark.parametrize("train_status, result", [(75, "stopped"), (0, "done"), (2, None)])
+def test_reproduce_job_stopped_by_a_signal_is_not_a_failure(tmp_path, monkeypatch, train_status, result):
+    """RunJob: exit 75 (checkpointed, requeued) ends the job as "stopped", without evaluating; an error fails it."""
+    from xlm_pkm import cli, reproduce
+
+    run = reproduce.Run("r", "configs/default.yaml", [], tmp_path / "r" / "tiny")
+    evaluated = []
+    monkeypatch.setattr(cli, "train_main", lambda argv: train_status)
+    monkeypatch.setattr(cli, "evaluate_main", lambda argv: evaluated.append(argv) or 0)
+    if result is None:
+        with pytest.raises(RuntimeError, match="r: exited with status 2"):
+            reproduce.RunJob(run, "tiny")()
+    else:
+        assert reproduce.RunJob(run, "tiny")() == result
+    assert len(evaluated) == (result == "done")
+
+
 def _imports(path: Path, package: str) -> set[str]:
     """The xlm_pkm modules that the module at `path` (in `package`) imports, wherever in it."""
     found = set()
