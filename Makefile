@@ -6,7 +6,7 @@ PIP := $(PY) -m pip -q
 FASTBPE := tools/fastbpe/fast
 SAMPLE := data/processed/sample
 
-.PHONY: install demo data test bench clean
+.PHONY: install demo data test test-cluster bench clean
 
 install: $(VENV)/.installed $(FASTBPE)
 
@@ -45,6 +45,18 @@ demo: data
 
 test: install
 	$(PY) -m pytest -q -n 2 tests
+
+# The SLURM path against a real SLURM on this machine (tests/cluster, ~5 minutes): scripts/local_slurm.sh
+# starts slurmctld and two slurmd (as root; it installs slurm-wlm and munge with apt-get when missing),
+# and stops them whatever the tests do. Skipped, with the reason, where that cannot be done.
+test-cluster: install
+	@if [ "$$(id -u)" != 0 ]; then echo "test-cluster: skipped: running slurmd needs root"; exit 0; fi; \
+	if ! command -v slurmctld >/dev/null && ! command -v apt-get >/dev/null; then \
+		echo "test-cluster: skipped: SLURM is not installed and there is no apt-get to install it"; exit 0; fi; \
+	scripts/local_slurm.sh start 2 || exit 1; \
+	trap 'scripts/local_slurm.sh stop' EXIT; \
+	eval "$$(scripts/local_slurm.sh env)"; \
+	XLM_PKM_TEST_CLUSTER=1 timeout 1500 $(PY) -m pytest -q tests/cluster
 
 # Benchmarks (each writes JSON with the machine's description to benchmarks/results/). The model-level
 # ones (inference_speed, training_speed; words/s from the sample) and value_read_bandwidth are sized for a

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Moses -> fastBPE -> binary shards: a thin wrapper over `python -m xlm_pkm.data.preprocess`.
 # Usage: scripts/preprocess.sh OUTPUT_DIR INPUT [INPUT ...] [-- extra options]
-#   e.g. scripts/preprocess.sh data/processed/ccnews data/ccnews/jsonl/*.jsonl.gz -- --bpe-codes 60000
+#   e.g. scripts/preprocess.sh data/ccnews/processed data/ccnews/jsonl/*.jsonl.gz -- --bpe-codes 60000
 # Environment: PYTHON (default .venv/bin/python, else python3), WORKERS (default: all cores).
 set -euo pipefail
 source "$(dirname "$0")/common.sh"  # repo, PYTHONPATH, py; relative paths stay the caller's

@@ -102,3 +102,12 @@ def test_sharded_values_arithmetic():
     owners = 32 * (1 - (31 / 32) ** 128)  # distinct ranks a token reads from when slots are split
     assert rows[32]["by_slot_bytes_per_token"] == round(128 * 12 * 31 / 32 + 2 * owners * 31 / 32 * 4096)
     assert rows[32]["replicated_dense_allreduce_bytes_per_token"] == round(2 * 31 / 32 * 2**20 * 4096 / 8192)
+
+
+def test_checkpoint_cost(tmp_path):
+    """The bytes it reports are those of a checkpoint.pt that loads back as a run checkpoint."""
+    result = run_benchmark("checkpoint_cost", tmp_path / "ckpt.json", "--vocab", "100", "--repeats", "2",
+                           "--dir", str(tmp_path), "--override", *TINY_MODEL, "model.memory.n_keys=8")
+    assert result["parameters"] > 0 and len(result["write_s_each"]) == 2
+    assert result["bytes"] > 4 * 3 * result["parameters"]  # weights and Adam's two moments, float32
+    assert result["total_s_median"] > 0 and not list(tmp_path.glob("tmp*"))  # its directory removed

@@ -188,9 +188,10 @@ def test_missing_fastbpe_is_explained(tmp_path, monkeypatch):
 
 
 def test_slurm_path_through_submitit(tmp_path):
-    """On a machine without SLURM, submitit runs the array jobs as local processes."""
+    """submitit's local executor runs the array jobs as local processes, whether SLURM is installed or not
+    (tests/cluster/ runs them on a real SLURM)."""
     corpus = write_jsonl(tmp_path / "tiny.jsonl", 6)
     out = tmp_path / "out"
     preprocess([str(corpus)], out, n_codes=20, valid_docs=1, test_docs=1, keep_intermediate=True,
-               executor=Executor(slurm_partition="any"))
+               executor=Executor(slurm_partition="any", slurm_cluster="local"))
     assert sorted(sum((docs_of(out, s) for s in SPLITS), [])) == list(range(6))

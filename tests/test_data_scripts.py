@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -54,3 +55,12 @@ def test_train_scripts_run_in_the_callers_directory(tmp_path, script, module):
     assert passed[:2] == ["-m", module] and passed[-3:] == ["--config", "my.yaml", "data.path=data/x"]
     if script == "train_torchrun.sh":
         assert str(REPO / "train.py") in passed
+
+
+def test_get_ccnews_writes_where_the_paper_configs_read():
+    from xlm_pkm.config import load_config
+
+    script = (REPO / "scripts" / "get-ccnews.sh").read_text()
+    default = re.search(r"data=\$\{1:-([^}]+)\}", script).group(1)
+    assert '"$data/processed"' in script
+    assert load_config(REPO / "configs" / "paper" / "l12_d1024_m1.yaml").data.path == f"{default}/processed"

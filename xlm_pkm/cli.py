@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -28,8 +29,8 @@ from xlm_pkm.trainer import NonFiniteLossError, Trainer
 PACKAGED_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
 CHECKOUT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
-USER_ERRORS = (ConfigError, FileNotFoundError, ValueError, NonFiniteLossError, NonFiniteError, OutputError,
-               DirectoryBusy, CollectiveError)
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, ValueError, NonFiniteLossError, NonFiniteError,
+               OutputError, DirectoryBusy, CollectiveError)
 EXIT_ERROR, EXIT_STOPPED = 2, 75
 
 
@@ -61,17 +62,27 @@ def format_result(result: dict) -> str:
     return "\n".join(lines)
 
 
+def resume_command(argv: list[str], exp_id: str) -> str:
+    """The train.py command line that resumes the run of `argv` (its exp_id made explicit)."""
+    args = [a for a in argv if not a.startswith("train.exp_id=")]
+    return shlex.join(["python", "train.py", *args, f"train.exp_id={exp_id}"])
+
+
 def train_main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="train.py", description="Train a transformer LM with product key memories.")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_intermixed_args(argv)  # options and overrides in any order
     failed = False
     try:
         trainer = Trainer(load_config(args.config, args.overrides), test=not args.no_test)
         try:
             trainer.train()
+            if trainer.stopped:
+                trainer.log.info(f"to resume (with the same launcher and number of processes): "
+                                 f"{resume_command(argv, trainer.cfg.train.exp_id)}")
             if not args.no_test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:
                 result = evaluate_checkpoint(trainer.best_path, "test", device=trainer.device,
                                              precision=trainer.cfg.train.precision, env=trainer.env)

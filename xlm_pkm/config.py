@@ -155,6 +155,8 @@ class TrainConfig:
     log_every: int = 50
     eval_every: int = 1000
     eval_max_batches: int = 0  # 0: the whole split
+    save_every_steps: int = 0  # checkpoint.pt also every this many steps (0: at evaluations only)
+    save_every_minutes: float = 0.0  # checkpoint.pt also every this many minutes (0: at evaluations only)
     max_nonfinite: int = 10  # consecutive non-finite losses before stopping (fp32/bf16)
     num_threads: int = 0  # torch CPU threads; 0: torch's default
     collective_timeout_minutes: float = 10.0  # a collective waiting longer fails, naming the missing ranks
@@ -180,6 +182,7 @@ NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.e
                 "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
                 "optim.clip_per_tensor",
                 "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
+                "train.save_every_steps", "train.save_every_minutes",
                 "train.num_threads")
 PROBABILITIES = ("model.dropout", "model.attention_dropout", "model.memory.input_dropout",
                  "model.memory.query_dropout", "model.memory.value_dropout")  # in [0, 1)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
-from xlm_pkm import slurm
+from xlm_pkm import slurm_env
 
 _heartbeat: Heartbeat | None = None
 
@@ -60,7 +60,7 @@ def init_distributed(device: torch.device, timeout_minutes: float = 10.0) -> Dis
     if not env.is_distributed or dist.is_initialized():
         return env
     if "MASTER_ADDR" not in os.environ:  # srun without torchrun
-        slurm.set_rendezvous_env()
+        slurm_env.set_rendezvous_env()
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
     if device.type == "cuda":
         torch.cuda.set_device(env.local_rank)

@@ -2,7 +2,7 @@
 
     python -m xlm_pkm.reproduce table2 --scale tiny [--seeds 0 1 2] [--dry-run] [--only NAME...] [--set key=value...]
     python -m xlm_pkm.reproduce table1 --scale paper --slurm --partition learn --gpus-per-node 8
-    scripts/reproduce.sh figure6 --scale small --data data/processed/ccnews
+    scripts/reproduce.sh figure6 --scale small --data data/ccnews/processed
 
 Tables: table1 (and figure4, the same runs), table2, table3, table4, figure6. A cell is a config of
 configs/paper or configs/ablations; cells whose configs resolve to the same model and training (the
@@ -312,23 +312,27 @@ def run_local(run: Run, scale: str) -> bool:
 
 
 class RunJob:
-    """One run as a submitit job: train (resuming) then evaluate, in the job's process. Requeued on
-    timeout or pre-emption by submitit's checkpoint(), it resumes through the same exp_id."""
+    """One run as a submitit job: train (resuming) then evaluate, in the job's process. Stopped by the
+    time-limit warning, train.py checkpoints and requeues the job (exit 75, "stopped": not a failure);
+    outside training, submitit's checkpoint() requeues it. The requeued job resumes through the same
+    exp_id."""
 
     def __init__(self, run: Run, scale: str):
         self.run, self.scale = run, scale
 
     def __call__(self) -> str:
-        from xlm_pkm.cli import evaluate_main, train_main
+        from xlm_pkm.cli import EXIT_STOPPED, evaluate_main, train_main
 
         if self.run.done():
             return "done"
         self.run.record(self.scale)
-        for main, argv in ((train_main, self.run.train_argv(absolute=True)),
-                           (evaluate_main, self.run.evaluate_argv(absolute=True))):
-            status = main(argv)
-            if status:
-                raise RuntimeError(f"{self.run.name}: {main.__name__} exited with status {status}; see the job's stderr")
+        status = train_main(self.run.train_argv(absolute=True))
+        if status == EXIT_STOPPED:
+            return "stopped"
+        if not status:
+            status = evaluate_main(self.run.evaluate_argv(absolute=True))
+        if status:
+            raise RuntimeError(f"{self.run.name}: exited with status {status}; see the job's stderr")
         return "done"
 
     def checkpoint(self):
@@ -411,5 +415,7 @@ def main(argv: list[str] | None = None) -> int:
     return 1 if failed else 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # through the importable module: its jobs then pickle by reference, not __main__'s
+    from xlm_pkm import reproduce
+
+    sys.exit(reproduce.main())

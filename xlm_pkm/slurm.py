@@ -1,46 +1,39 @@
-"""Launch training on SLURM with submitit, one process per GPU.
+"""Launch training on SLURM with submitit, one process per GPU (or per node on CPU).
 
     python -m xlm_pkm.slurm --nodes 4 --gpus-per-node 8 --partition learn --time 4320 \\
         --config configs/paper/l12_d1024_m1.yaml optim.lr=1e-4
+    python -m xlm_pkm.slurm --nodes 2 --gpus-per-node 0 --cpus-per-task 4 --partition cpu ...  # CPU
 
-Arguments it does not know (config overrides, --no-test) go to train.py. The run's exp_id is the SLURM job id (unless given), which survives a requeue. SLURM sends USR2
-`--signal-delay` seconds before the time limit (and SIGTERM on pre-emption): every rank saves
-checkpoint.pt at the next step boundary, rank 0 requeues the job, and the requeued job resumes.
-`--cluster local` runs the same job as local processes; `--cluster debug` in this process.
+Arguments it does not know (config overrides, --no-test) go to train.py. The run's exp_id is the SLURM
+job id (unless given), which survives a requeue. SLURM sends USR2 `--signal-delay` seconds before the
+time limit: every rank saves checkpoint.pt at the next step boundary, rank 0 requeues the job, and
+the requeued job resumes (outside the training loop, submitit requeues it through
+TrainJob.checkpoint). SIGTERM (scancel; pre-emption, which SLURM requeues itself) saves and stops
+without requeueing. A request that no node of the partition can hold (GPUs on a CPU partition, more
+CPUs than a node has) is refused with one line before submitting. `--cluster local` runs the same
+job as local processes; `--cluster debug` in this process.
 
-The SLURM look-ups of a run live here too: its job id, the rendezvous of srun-launched ranks, the
-requeue. Importing this module needs no submitit (the launcher imports it when it runs).
+Reading SLURM's environment while a job runs is xlm_pkm/slurm_env.py's (low level); this module
+launches, so it imports the command line (cli.py), but only when it runs: a job unpickles TrainJob
+before submitit installs its signal handlers, and a USR2 arriving meanwhile would kill it.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import re
 import subprocess
 import sys
 
 
-def job_id() -> str | None:
-    """The SLURM job id (the same after a requeue), or None outside SLURM."""
-    return os.environ.get("SLURM_JOB_ID")
-
-
-def set_rendezvous_env() -> None:
-    """MASTER_ADDR/PORT for ranks started by srun without torchrun: the allocation's first host."""
-    hosts = subprocess.check_output(["scontrol", "show", "hostnames", os.environ["SLURM_JOB_NODELIST"]])
-    os.environ["MASTER_ADDR"] = hosts.split()[0].decode()
-    os.environ.setdefault("MASTER_PORT", str(20000 + int(os.environ["SLURM_JOB_ID"]) % 20000))
-
-
-def requeue(log) -> None:
-    """Puts this SLURM job back in the queue; the requeued job resumes from checkpoint.pt."""
-    log.info(f"requeuing SLURM job {job_id()}")
-    subprocess.run(["scontrol", "requeue", job_id()], check=True)
+class LaunchError(ValueError):
+    """A job that SLURM could not run as asked."""
 
 
 class TrainJob:
     """The callable submitit pickles: sets up torch.distributed variables, then runs train.py's main.
-    A run stopped by a signal (exit status 75, it requeued itself) is not a failure."""
+    A run stopped by a signal (exit status 75) is not a failure; an error (its one line already on
+    stderr) ends the task with train.py's exit status, without a traceback."""
 
     def __init__(self, argv: list[str]):
         self.argv = argv
@@ -48,18 +41,53 @@ class TrainJob:
     def __call__(self) -> int:
         import submitit
 
-        from xlm_pkm.cli import EXIT_STOPPED, train_main
+        from xlm_pkm.cli import EXIT_STOPPED, train_main  # not at unpickling: before submitit's signal handlers
 
         job = submitit.JobEnvironment()
         if job.num_tasks > 1:
             submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
-        argv = self.argv
-        if not any(a.startswith("train.exp_id=") for a in argv):
-            argv = [*argv, f"train.exp_id={job.job_id}"]
-        status = train_main(argv)
+        status = train_main(self.argv)
         if status not in (0, EXIT_STOPPED):
-            raise RuntimeError(f"train.py exited with status {status}; see the job's stderr")
+            raise SystemExit(status)
         return status
+
+    def checkpoint(self):
+        """submitit calls this on USR2 outside the training loop (start-up, the final test evaluation):
+        the same job again, which resumes from the run's last checkpoint.pt."""
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(TrainJob(self.argv))
+
+
+def _gpus(gres: str) -> int:
+    """GPUs in a sinfo %G field ('gpu:8', 'gpu:a100:4(S:0-1)', '(null)')."""
+    return sum(int(n) for n in re.findall(r"gpu(?::[^:,(]+)?:(\d+)", gres))
+
+
+def check_request(partition: str, nodes: int, tasks_per_node: int, cpus_per_task: int, gpus_per_node: int) -> None:
+    """Refuses (LaunchError, one line) a request that no `nodes` nodes of the partition (default: the
+    cluster's default partition) can hold, instead of a job that never starts."""
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%P|%c|%G"], capture_output=True, text=True, check=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        raise LaunchError(f"cannot read the partitions with sinfo: {e}") from None
+    rows = [line.split("|") for line in out.split()]
+    name = partition or next((p.rstrip("*") for p, _, _ in rows if p.endswith("*")), "")
+    found = [(int(cpus), _gpus(gres)) for p, cpus, gres in rows if p.rstrip("*") == name]
+    where = f"partition {name!r}" if partition else f"the default partition {name!r}"
+    if not found:
+        raise LaunchError(f"{where} not found (sinfo lists: {', '.join(sorted({p for p, _, _ in rows}))})")
+    if len(found) < nodes:
+        raise LaunchError(f"--nodes {nodes}: {where} has {len(found)} node(s)")
+    most_gpus, most_cpus = max(g for _, g in found), max(c for c, _ in found)
+    if gpus_per_node > most_gpus:
+        raise LaunchError(f"--gpus-per-node {gpus_per_node}: {where} has "
+                          f"{f'at most {most_gpus} GPUs per node' if most_gpus else 'no GPUs'}"
+                          f"{'' if most_gpus else '; use --gpus-per-node 0 (CPU jobs, one task per node)'}")
+    if tasks_per_node * cpus_per_task > most_cpus:
+        raise LaunchError(f"{tasks_per_node} task(s) per node x --cpus-per-task {cpus_per_task}: the nodes of "
+                          f"{where} have at most {most_cpus} CPUs")
 
 
 def main(argv: list[str] | None = None):
@@ -74,7 +102,7 @@ def main(argv: list[str] | None = None):
     parser.add_argument("--tasks-per-node", type=int, default=0, help="default: gpus-per-node (or 1)")
     parser.add_argument("--cpus-per-task", type=int, default=10)
     parser.add_argument("--mem-gb", type=int, default=0, help="0: the partition's default")
-    parser.add_argument("--partition", default="")
+    parser.add_argument("--partition", default="", help="default: the cluster's default partition")
     parser.add_argument("--time", type=int, default=4320, help="time limit in minutes")
     parser.add_argument("--signal-delay", type=int, default=120, help="seconds between USR2 and the time limit")
     parser.add_argument("--job-name", default="xlm-pkm")
@@ -93,6 +121,7 @@ def main(argv: list[str] | None = None):
     if args.partition:
         params["slurm_partition"] = args.partition
     if executor.cluster == "slurm":
+        check_request(args.partition, args.nodes, tasks, args.cpus_per_task, args.gpus_per_node)
         params["slurm_signal_delay_s"] = args.signal_delay
     executor.update_parameters(**params)
     job = executor.submit(TrainJob(["--config", args.config, *train_args]))
@@ -102,6 +131,17 @@ def main(argv: list[str] | None = None):
     return job
 
 
-if __name__ == "__main__":
-    main()
-    sys.exit(0)
+def run() -> int:
+    """`python -m xlm_pkm.slurm`: 0 once submitted; 2 with one line when the request is refused."""
+    try:
+        main()
+    except LaunchError as e:
+        print(f"xlm_pkm.slurm: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":  # through the importable module: its TrainJob then pickles by reference
+    from xlm_pkm import slurm
+
+    sys.exit(slurm.run())

@@ -4,7 +4,11 @@ A run lives in `dump_path/exp_name/exp_id/`, locked to one process group at a ti
 Starting a run whose directory holds `checkpoint.pt` resumes it exactly: model, optimizers, loss
 scaler and every rank's TrainState (counters, RNG states, data cursor, log window). Nothing non-finite
 is ever saved: `checkpoint.pt` is always the last good state. A run stopped by a signal or its time
-limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me).
+limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me). Under
+SLURM, the time-limit warning (SIGUSR1/SIGUSR2) also requeues the job; SIGTERM (scancel, or SLURM
+requeueing or pre-empting the job itself) does not: a cancelled job ends, its checkpoint kept.
+Besides evaluations, a checkpoint is written every `train.save_every_steps` steps and/or
+`train.save_every_minutes` minutes, so that a node lost without a signal loses at most that much.
 """
 
 from __future__ import annotations
@@ -18,22 +22,23 @@ from contextlib import nullcontext
 
 import torch
 
-from xlm_pkm import checkpoint, slurm, value_checkpoint
+from xlm_pkm import checkpoint, slurm_env, value_checkpoint
 from xlm_pkm.build import build_model, build_optimizers, build_stream, set_vocab_size
 from xlm_pkm.checkpoint import NonFiniteError
-from xlm_pkm.config import Config, save_config, to_dict
+from xlm_pkm.config import Config, to_dict
 from xlm_pkm.distributed import (all_reduce_sum, any_rank, average_value_grads_, data_parallel, gather_objects,
                                  init_distributed, synced_values)
 from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.optim import value_optimizer
 from xlm_pkm.precision import check_precision, grad_scaler, resolve_device
-from xlm_pkm.run_dir import lock_run_directory, run_directory
+from xlm_pkm.run_dir import lock_run_directory, record_config, run_directory
 from xlm_pkm.run_log import RunLogger
 from xlm_pkm.train_state import TrainState, from_earlier_version
 from xlm_pkm.train_step import loss_backward, optimizer_update
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's warning before the time limit (sbatch --signal)
 
 
 class NonFiniteLossError(RuntimeError):
@@ -72,10 +77,13 @@ class Trainer:
             self.resume()
         self.saved_step = self.state.step if self.resumed else None  # step of the last good checkpoint.pt
         self.stopped = False  # by a signal or the time limit, before max_steps
-        self.stop_requested = False
+        self.stop_signal: int | None = None  # the signal that asked to stop, if one did
         self.log = RunLogger(self.run_dir, self.env.is_main, resume_step=self.state.step if self.resumed else None)
         if self.env.is_main:
-            save_config(cfg, self.run_dir / "config.yaml")
+            changes = record_config(self.run_dir, cfg, self.step if self.resumed else None)
+            if changes:
+                self.log.info(f"resumed with another config than the run's (previous one kept as "
+                              f"config.until-step{self.step}.yaml): " + "; ".join(changes))
         self.flops_per_token = self.model.dense_flops_per_token(cfg.data.bptt)
         self.peak_flops = peak_flops(self.device, cfg.train.precision)
         self._log_start()
@@ -205,6 +213,7 @@ class Trainer:
         batches = iter(self.train_stream)
         speed = {"tokens": 0, "words": 0, "time": time.perf_counter()}  # since the last log line or start
         start, last_valid = time.time(), {}
+        last_save = start
         try:
             while state.step < cfg.max_steps:
                 out = self.train_step(batches)
@@ -219,14 +228,15 @@ class Trainer:
                 if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
                     last_valid = self.validate()
                     self.save_checkpoint()
+                if self._save_due(last_save):
+                    self.save_checkpoint()
+                if self.saved_step == state.step:
+                    last_save = time.time()
                 out_of_time = cfg.max_time_minutes > 0 and time.time() - start > 60 * cfg.max_time_minutes
-                if any_rank(self.stop_requested or out_of_time, self.env, self.device):  # host sync if distributed
-                    self.log.info(f"stopping at step {state.step} ({'signal' if self.stop_requested else 'time limit'})")
-                    if self.saved_step != state.step:  # not just saved after an evaluation
-                        self.save_checkpoint()
-                    self.stopped = True
-                    if self.stop_requested and self.env.is_main and slurm.job_id():
-                        slurm.requeue(self.log)
+                stop = self.stop_signal is not None
+                if any_rank(stop or out_of_time, self.env, self.device):  # host sync if distributed
+                    self._stop(signal.Signals(self.stop_signal).name if stop else
+                               "time limit" if out_of_time else "a signal to another rank")
                     break
         finally:
             for s, h in handlers.items():
@@ -234,7 +244,29 @@ class Trainer:
         return last_valid
 
     def _request_stop(self, signum, frame) -> None:
-        self.stop_requested = True
+        self.stop_signal = signum
+
+    def _save_due(self, last_save: float) -> bool:
+        """A checkpoint is due by train.save_every_steps or train.save_every_minutes (rank 0's clock)."""
+        cfg = self.cfg.train
+        if self.saved_step == self.step:
+            return False
+        if cfg.save_every_steps and self.step % cfg.save_every_steps == 0:
+            return True
+        if not cfg.save_every_minutes:
+            return False
+        return any_rank(self.env.is_main and time.time() - last_save >= 60 * cfg.save_every_minutes,
+                        self.env, self.device)
+
+    def _stop(self, why: str) -> None:
+        """Checkpoints (unless just done) and stops; under SLURM, requeues the job on its time-limit warning."""
+        self.log.info(f"stopping at step {self.step} ({why})")
+        if self.saved_step != self.step:  # not just saved after an evaluation
+            self.save_checkpoint()
+        self.stopped = True
+        if self.stop_signal in REQUEUE_SIGNALS and self.env.is_main and slurm_env.job_id():
+            failed = slurm_env.requeue()
+            self.log.info(f"SLURM job {slurm_env.job_id()} " + (f"not requeued: {failed}" if failed else "requeued"))
 
     def _log_train(self, out: dict, speed: dict) -> None:
         world, state = self.env.world_size, self.state

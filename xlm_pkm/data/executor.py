@@ -1,6 +1,6 @@
 """Run a function over a list of tasks: in-process, on a pool of worker processes, or as SLURM array
-jobs through submitit (`slurm_partition`; on a machine without SLURM submitit runs them as local
-processes). Results come back in task order; a tqdm bar counts the MB done.
+jobs through submitit (`slurm_partition`; `slurm_cluster="local"`, or a machine without SLURM, runs
+them as local processes through the same pickling). Results come back in task order; a tqdm bar counts the MB done.
 
 Use it as a context manager: the worker pool (forkserver processes, heavy imports done once)
 is started by the first parallel `map` and reused by the next ones until exit. Workers die with the
@@ -47,6 +47,7 @@ def _die_with(pid: int) -> None:
 class Executor:
     workers: int = 1
     slurm_partition: str | None = None
+    slurm_cluster: str | None = None  # submitit's: None picks SLURM when sbatch is found; "local"
     slurm_folder: Path = Path("slurm")
     slurm_time_min: int = 240
     slurm_parallelism: int = 256
@@ -88,7 +89,7 @@ class Executor:
     def _submitit(self, fn: Callable, tasks: Sequence, sizes: Sequence[float], bar: tqdm) -> list:
         import submitit
 
-        executor = submitit.AutoExecutor(folder=self.slurm_folder)
+        executor = submitit.AutoExecutor(folder=self.slurm_folder, cluster=self.slurm_cluster)
         executor.update_parameters(timeout_min=self.slurm_time_min, cpus_per_task=1, mem_gb=8,
                                    slurm_partition=self.slurm_partition,
                                    slurm_array_parallelism=self.slurm_parallelism)
