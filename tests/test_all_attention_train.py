@@ -9,10 +9,12 @@ import torch
 import torch.nn.functional as F
 
 from xlm_pkm import checkpoint
+from xlm_pkm.build import set_vocab_size
 from xlm_pkm.cli import evaluate_main
 from xlm_pkm.config import ConfigError, load_config, load_config_dict
 from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.evaluation import evaluate
 from xlm_pkm.model.transformer import TransformerLM
 
 ALL_ATTENTION = ["model.family=all_attention", "model.sublayers=[all_attention]", "model.persistent_vectors=8",
@@ -78,3 +80,23 @@ def test_all_attention_with_a_product_key_memory_trains(tiny_run, train_losses, 
 def test_shuffled_blocks_are_refused_for_a_model_that_carries_a_cache(char_overrides):
     with pytest.raises(ConfigError, match="data.shuffle_blocks: all_attention carries its cache"):
         load_config(None, [*char_overrides, "data.shuffle_blocks=true"])
+
+
+def test_two_evaluation_passes_on_a_model_already_in_eval_mode_are_equal(char_overrides, char_data):
+    """evaluate() starts new evaluation streams at every pass, not only on a train -> eval switch."""
+    cfg = load_config(None, char_overrides)
+    stream = TokenStream(char_data, "valid", 2, 16, train=False)
+    set_vocab_size(cfg, len(stream.dictionary))
+    torch.manual_seed(0)
+    model = TransformerLM(cfg.model).eval()
+    with torch.no_grad():
+        for span in model.spans():
+            span.z.fill_(0.5)  # a context of 16 tokens: the first block reads the cache
+    first, second = (evaluate(model, stream, torch.device("cpu"), max_batches=3) for _ in range(2))
+    assert first["loss"] == second["loss"]
+
+
+def test_accumulation_with_stream_caches_warns_at_start(tiny_trainer, char_overrides, tmp_path, capsys):
+    tiny_trainer(tmp_path, *char_overrides, "optim.accumulate=2", test=False).close()
+    assert "warning: optim.accumulate=2 with stream caches: a step reads 2 consecutive blocks of the same 4 " \
+           "streams" in capsys.readouterr().out

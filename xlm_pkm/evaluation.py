@@ -29,6 +29,7 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
     """
     was_training = model.training
     model.eval()
+    model.reset_stream_state(training=False)  # every pass reads new streams, also on a model already in eval mode
     model.set_memory_stats(True)
     word_end = torch.from_numpy(stream.dictionary.word_end_mask())
     stream.rewind()  # a stream evaluated before, perhaps cut short by max_batches

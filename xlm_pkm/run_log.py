@@ -71,6 +71,10 @@ class RunLogger:
     def info(self, msg: str) -> None:
         self.log.info(msg)
 
+    def warning(self, msg: str) -> None:
+        """On every rank's console (and in train.log on the main one), prefixed `warning:`."""
+        self.log.warning(f"warning: {msg}")
+
     def event(self, name: str, step: int, /, **metrics) -> None:
         """One line on the console and in train.log, one JSON object, TensorBoard scalars."""
         if not self.enabled:

@@ -110,6 +110,12 @@ class Trainer:
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
+        accumulate, streams = self.cfg.optim.accumulate, self.cfg.data.batch_size
+        if accumulate > 1 and self.model.stream_layers() and self.env.is_main:
+            self.log.warning(f"optim.accumulate={accumulate} with stream caches: a step reads {accumulate} "
+                             f"consecutive blocks of the same {streams} streams per rank (one stream of "
+                             f"{accumulate}x data.bptt tokens each), not {accumulate * streams} streams; "
+                             f"to train on more streams raise data.batch_size")
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _model_record(self) -> dict:
