@@ -25,6 +25,7 @@ from xlm_pkm.build import load_trained
 from xlm_pkm.config import Config, load_config_dict, to_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.program import program_name
 from xlm_pkm.text_codec import TextCodec
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
@@ -111,7 +112,8 @@ def load_model(path: str | Path, data_dir: str | Path | None = None) -> tuple[Tr
 def main(argv: list[str] | None = None) -> int:
     from xlm_pkm.cli import USER_ERRORS, _fail
 
-    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.export", description=__doc__.split("\n")[0])
+    prog = program_name("python -m xlm_pkm.export")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint", help="checkpoint.pt or best.pt of a run")
     parser.add_argument("out_dir", help="folder to write model.safetensors, config.json, codes and vocab to")
     parser.add_argument("--data", help="processed data directory (default: the one the model was trained on)")
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = export(args.checkpoint, args.out_dir, args.data)
     except USER_ERRORS as e:
-        return _fail("python -m xlm_pkm.export", e)
+        return _fail(prog, e)
     print(f"exported {args.checkpoint} to {out}")
     return 0
 

@@ -79,8 +79,10 @@ def main(argv: list[str] | None = None) -> int:
     from xlm_pkm.data.fastbpe import FastBPEError
     from xlm_pkm.export import load_model
     from xlm_pkm.precision import resolve_device
+    from xlm_pkm.program import program_name
 
-    parser = argparse.ArgumentParser(prog="generate.py", description="Sample text from a trained model.")
+    prog = program_name("generate.py")
+    parser = argparse.ArgumentParser(prog=prog, description="Sample text from a trained model.")
     parser.add_argument("prompt", nargs="?", help="text to continue (default: start a new document)")
     parser.add_argument("--checkpoint", required=True, help="best.pt or checkpoint.pt of a run, or an exported folder")
     parser.add_argument("--prompt-file", help="read the prompt from this file ('-': standard input)")
@@ -102,14 +104,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--max-tokens and --num-samples must be >= 1, --context >= 0 (0: the run's bptt)")
         sampling = Sampling(args.temperature, args.top_k, args.top_p, args.greedy)
         prompt = _read_prompt(args)
-        device = resolve_device(args.device)
+        device = resolve_device(args.device, "--device")
         model, codec, cfg = load_model(args.checkpoint, args.data)
         ids = codec.encode(prompt)
         window = args.context or cfg.data.bptt
         samples = generate(model.to(device), ids, args.max_tokens, sampling, args.seed, args.num_samples,
                            window, not args.no_cache, codec.dictionary.eos if args.stop_at_eol else None)
     except USER_ERRORS + (FastBPEError,) as e:
-        return _fail("generate.py", e)
+        return _fail(prog, e)
     for i, continuation in enumerate(samples):
         if args.num_samples > 1:
             print(f"# sample {i + 1}")
