@@ -9,7 +9,8 @@ values cached by the model (TransformerLM.new_cache()); `use_cache=False` runs a
 context for every token instead (same tokens, for checking and benchmarking). The model runs in eval
 mode (the memories' BatchNorm on its running statistics). The context is a window of at most `window`
 tokens (default: the run's bptt, the positions it was trained on): when it is full, it restarts from
-its last window // 2 tokens (re-fed at once), in both decoders alike.
+its last window // 2 tokens (re-fed at once), in both decoders alike. A model whose layers carry a
+stream cache (all-attention) starts new evaluation streams with each context (both decoders).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 
 import torch
 
+from xlm_pkm.model.attention import KVCache
 from xlm_pkm.sampling import Sampling, sample
 
 
@@ -36,17 +38,23 @@ def generate(model, prompt: list[int], max_tokens: int, sampling: Sampling = Sam
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.tensor(prompt, device=device).repeat(num_samples, 1)  # (B, n)
     start = fed = 0  # the context is tokens[:, start:]; the cache holds tokens[:, start:fed]
-    cache = model.new_cache() if use_cache else None
+
+    def new_context() -> KVCache | None:
+        model.reset_stream_state(training=False)  # all-attention layers: their stream cache holds the context
+        return model.new_cache() if use_cache else None
+
+    cache = new_context()
     stopped = torch.zeros(num_samples, dtype=torch.bool, device=device)  # (B,)
     for _ in range(max_tokens):
         n = tokens.shape[1]
         if n - start > window:
             start = fed = n - max(window // 2, 1)
-            cache = model.new_cache() if use_cache else None
+            cache = new_context()
         if use_cache:
             logits = model(tokens[:, fed:], cache=cache)[:, -1]  # (B, vocab): only the new tokens are fed
             fed = n
         else:
+            new_context()
             logits = model(tokens[:, start:])[:, -1]  # (B, vocab)
         next_ids = sample(logits, sampling, generator)  # (B,)
         tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
