@@ -1,5 +1,6 @@
 """The all-attention family through the trainer and evaluate.py, at character level: exact resume with
-the stream caches in the state, bpc against an independent computation, a product-key memory mixed in."""
+the stream caches in the state, bpc against an independent computation, a product-key memory mixed in,
+fresh evaluation streams at every pass, the accumulation warning, sampling and export without BPE."""
 
 import json
 import math
@@ -9,11 +10,16 @@ import torch
 import torch.nn.functional as F
 
 from xlm_pkm import checkpoint
+from xlm_pkm.build import set_vocab_size
 from xlm_pkm.cli import evaluate_main
 from xlm_pkm.config import ConfigError, load_config, load_config_dict
 from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.evaluation import evaluate
+from xlm_pkm.export import export, load_model
+from xlm_pkm.generation import main as generate_main
 from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.text_codec import ByteCodec
 
 ALL_ATTENTION = ["model.family=all_attention", "model.sublayers=[all_attention]", "model.persistent_vectors=8",
                  "model.span.max_span=32", "model.span.ramp=4", "model.span.loss_coeff=1e-3",
@@ -78,3 +84,39 @@ def test_all_attention_with_a_product_key_memory_trains(tiny_run, train_losses, 
 def test_shuffled_blocks_are_refused_for_a_model_that_carries_a_cache(char_overrides):
     with pytest.raises(ConfigError, match="data.shuffle_blocks: all_attention carries its cache"):
         load_config(None, [*char_overrides, "data.shuffle_blocks=true"])
+
+
+def test_two_evaluation_passes_on_a_model_already_in_eval_mode_are_equal(char_overrides, char_data):
+    """evaluate() starts new evaluation streams at every pass, not only on a train -> eval switch."""
+    cfg = load_config(None, char_overrides)
+    stream = TokenStream(char_data, "valid", 2, 16, train=False)
+    set_vocab_size(cfg, len(stream.dictionary))
+    torch.manual_seed(0)
+    model = TransformerLM(cfg.model).eval()
+    with torch.no_grad():
+        for span in model.spans():
+            span.z.fill_(0.5)  # a context of 16 tokens: the first block reads the cache
+    first, second = (evaluate(model, stream, torch.device("cpu"), max_batches=3) for _ in range(2))
+    assert first["loss"] == second["loss"]
+
+
+def test_accumulation_with_stream_caches_warns_at_start(tiny_trainer, char_overrides, tmp_path, capsys):
+    tiny_trainer(tmp_path, *char_overrides, "optim.accumulate=2", test=False).close()
+    assert "warning: optim.accumulate=2 with stream caches: a step reads 2 consecutive blocks of the same 4 " \
+           "streams" in capsys.readouterr().out
+
+
+def test_a_byte_level_model_is_sampled_and_exported(tiny_run, char_overrides, char_data, tmp_path, capsys):
+    """generate.py and export work without BPE codes: the byte codec of the run's vocabulary."""
+    run = tiny_run(tmp_path, "train.exp_id=gen", "train.max_steps=2", *char_overrides)
+    exported = export(run.best_path, tmp_path / "exported")
+    assert sorted(p.name for p in exported.iterdir()) == ["config.json", "model.safetensors", "vocab"]
+    capsys.readouterr()
+    args = ["--max-tokens", "12", "--seed", "1", "--device", "cpu", "the function"]
+    outputs = []
+    for source in (run.best_path, exported):
+        assert generate_main(["--checkpoint", str(source), *args]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] and outputs[0].startswith("the function")
+    _, codec, _ = load_model(exported)
+    assert isinstance(codec, ByteCodec)

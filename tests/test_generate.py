@@ -10,12 +10,14 @@ import pytest
 import torch
 from sacremoses import MosesDetokenizer
 
-from xlm_pkm.config import MemoryConfig, ModelConfig
+from xlm_pkm.config import MemoryConfig, ModelConfig, SpanConfig
 from xlm_pkm.data.moses import tokenize_line
 from xlm_pkm.generation import generate, main
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.sampling import Sampling, allowed_probs, sample
-from xlm_pkm.text_codec import TextCodec
+from xlm_pkm.data.bytes import preprocess_bytes
+from xlm_pkm.data.words import preprocess_words
+from xlm_pkm.text_codec import ByteCodec, TextCodec, WordCodec, data_unit, text_codec
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {  # name -> model config overrides
@@ -132,6 +134,41 @@ def test_decoded_text_equals_the_moses_detokenised_original(tiny_data_dir):
     assert codec.decode(ids) == "\n".join(expected)
     assert codec.decode(ids + [codec.dictionary.eos, codec.dictionary.bos] + ids[1:4]) == \
         "\n".join(expected) + "\n\n" + codec.decode(ids[:4])
+
+
+def test_byte_and_word_codecs_round_trip(tmp_path):
+    """Text -> ids -> text through the vocabularies of xlm_pkm.data.bytes and .words, with the documents'
+    layout (<s> first, </s> between lines, the last line open) and the out-of-vocabulary cases."""
+    text = "naïve café\n\nthe café is naïve"
+    (tmp_path / "text.txt").write_text((text + "\n") * 50)
+    preprocess_bytes(tmp_path / "text.txt", tmp_path / "bytes", mode="fractions", held_out_fraction=0.1)
+    for name in ("train", "valid", "test"):
+        (tmp_path / f"{name}.txt").write_text(text + "\n")
+    preprocess_words({s: tmp_path / f"{s}.txt" for s in ("train", "valid", "test")}, tmp_path / "words")
+    for folder, kind, tokens in [("bytes", ByteCodec, len(text.encode()) - 2), ("words", WordCodec, 6)]:
+        codec = text_codec(tmp_path / folder, data_unit(tmp_path / folder))
+        d = codec.dictionary
+        ids = codec.encode(text)
+        assert isinstance(codec, kind) and ids[0] == d.bos and ids.count(d.eos) == 2 and d.unk not in ids
+        assert len(ids) == 1 + tokens + 2 and codec.decode(ids) == text
+        assert codec.decode(ids + [d.bos] + ids[1:3]) == text + "\n\n" + codec.decode(ids[:3])
+    assert text_codec(tmp_path / "words", "word").decode(text_codec(tmp_path / "words", "word").encode("the dog")) == \
+        "the <unk>"
+    byte_codec = text_codec(tmp_path / "bytes", "byte")
+    assert byte_codec.decode(byte_codec.encode("€")) == "\ufffd" * 3  # bytes absent from train: <unk> each
+
+
+def test_all_attention_cached_and_uncached_decoders_give_the_same_tokens():
+    """The stream cache of all-attention layers is the decoder's context: a new one at each window restart."""
+    torch.manual_seed(0)
+    model = TransformerLM(ModelConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, family="all_attention",
+                                      sublayers=["all_attention"], persistent_vectors=4,
+                                      span=SpanConfig(max_span=16, adaptive=True, ramp=4))).eval()
+    with torch.no_grad():
+        for span in model.spans():
+            span.z.fill_(0.5)
+    kw = dict(max_tokens=30, sampling=Sampling(greedy=True), num_samples=2, window=10)
+    assert generate(model, [0, 5, 6], use_cache=True, **kw) == generate(model, [0, 5, 6], use_cache=False, **kw)
 
 
 def test_generate_command_prints_samples_and_fails_in_one_line(reference_run, tmp_path, capsys):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from xlm_pkm.generation import main as generate_main
+from xlm_pkm.program import program_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_FILES = ["pyproject.toml", "requirements.txt", "README.md", "xlm_pkm", "configs"]
@@ -124,6 +125,16 @@ def test_console_commands_of_the_installed_package(installed, reference_run, tmp
     assert generated[0] == 0, generated[2]
     assert generate_main(generate_args) == 0 and generated[1] == capsys.readouterr().out
     assert evaluated[0] == 0 and evaluated[1].startswith("valid ppl "), evaluated[2]
-    assert trained[0] == 2 and trained[2] == f"train.py: error: data directory not found: {tmp_path / 'none'} " \
+    assert trained[0] == 2 and trained[2] == f"xlm-pkm-train: error: data directory not found: {tmp_path / 'none'} " \
                                               "(run python -m xlm_pkm.data.preprocess)\n"
-    assert preprocess[0] == 0 and "--bpe-codes" in preprocess[1]
+    assert preprocess[0] == 0 and preprocess[1].startswith("usage: xlm-pkm-preprocess ") and "--bpe-codes" in preprocess[1]
+
+
+@pytest.mark.parametrize("argv0, expected", [
+    ("/opt/venv/bin/xlm-pkm-train", "xlm-pkm-train"), (str(ROOT / "train.py"), "train.py"),
+    (str(ROOT / "xlm_pkm" / "export.py"), "python -m xlm_pkm.export"),
+    (str(ROOT / "xlm_pkm" / "data" / "preprocess.py"), "python -m xlm_pkm.data.preprocess"),
+    ("/usr/bin/pytest", "the default"), (str(ROOT / "benchmarks" / "training_speed.py"), "the default")])
+def test_program_name_is_how_the_command_was_started(monkeypatch, argv0, expected):
+    monkeypatch.setattr(sys, "argv", [argv0])
+    assert program_name("the default") == expected

@@ -227,7 +227,10 @@ def test_bad_values_get_one_line_errors(tiny_overrides, tmp_path, capsys, overri
 def test_torch_file_that_is_not_a_run_checkpoint(tmp_path, capsys):
     torch.save(torch.zeros(3), tmp_path / "weights.pt")
     assert evaluate_main(["--checkpoint", str(tmp_path / "weights.pt"), "--device", "gpu"]) == 2
-    assert "device 'gpu'" in capsys.readouterr().err
+    assert "--device gpu: expected auto, cpu, cuda or cuda:N" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert evaluate_main(["--checkpoint", str(tmp_path / "weights.pt"), "--device", "cuda"]) == 2
+        assert capsys.readouterr().err == "evaluate.py: error: --device cuda: CUDA is not available on this machine\n"
     assert evaluate_main(["--checkpoint", str(tmp_path / "weights.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a checkpoint of an xlm-pkm run" in err[0]

@@ -23,6 +23,7 @@ from xlm_pkm.distributed import CollectiveError, describe_failure, init_distribu
 from xlm_pkm.evaluation import evaluate_checkpoint
 from xlm_pkm.precision import check_precision, resolve_device
 from xlm_pkm.lock import DirectoryBusy
+from xlm_pkm.program import program_name
 from xlm_pkm.trainer import NonFiniteLossError, Trainer
 
 # configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
@@ -69,7 +70,8 @@ def resume_command(argv: list[str], exp_id: str) -> str:
 
 
 def train_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="train.py", description="Train a transformer LM with product key memories.")
+    prog = program_name("train.py")
+    parser = argparse.ArgumentParser(prog=prog, description="Train a transformer LM with product key memories.")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
@@ -91,20 +93,21 @@ def train_main(argv: list[str] | None = None) -> int:
         finally:
             trainer.close()
     except USER_ERRORS as e:
-        return _fail("train.py", e)
+        return _fail(prog, e)
     except Exception as e:
         lost = _collective_failure(e)
         if lost is None:
             raise
         failed = True
-        return _fail("train.py", lost)
+        return _fail(prog, lost)
     finally:
         shutdown(failed)
     return EXIT_STOPPED if trainer.stopped else 0
 
 
 def evaluate_main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="evaluate.py", description="Perplexity, memory usage and KL, speed.")
+    prog = program_name("evaluate.py")
+    parser = argparse.ArgumentParser(prog=prog, description="Perplexity, memory usage and KL, speed.")
     parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or best.pt of a run")
     parser.add_argument("--split", default="test", choices=["valid", "test"])
     parser.add_argument("--data", help="processed data directory (default: the one the model was trained on)")
@@ -120,8 +123,8 @@ def evaluate_main(argv: list[str] | None = None) -> int:
             raise ValueError("--batch-size, --bptt and --max-batches must be >= 0 (0: the run's own)")
         if args.json:
             check_writable(Path(args.json))  # before evaluating, not after
-        device = resolve_device(args.device)
-        check_precision(args.precision, device)
+        device = resolve_device(args.device, "--device")
+        check_precision(args.precision, device, "--precision")
         env = init_distributed(device)
         result = evaluate_checkpoint(args.checkpoint, args.split, args.data, args.batch_size, args.bptt,
                                      device, args.precision, args.max_batches, env)
@@ -130,7 +133,7 @@ def evaluate_main(argv: list[str] | None = None) -> int:
             if args.json:
                 write_text(Path(args.json), json.dumps(result, indent=2) + "\n")
     except USER_ERRORS as e:
-        return _fail("evaluate.py", e)
+        return _fail(prog, e)
     finally:
         shutdown()
     return 0

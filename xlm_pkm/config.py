@@ -124,7 +124,7 @@ class OptimConfig:
     eps: float = 1e-8
     weight_decay: float = 0.0  # adam
     # inverse_sqrt: linear warmup then lr·sqrt(warmup/step); linear_warmup: linear warmup then constant
-    schedule: Literal["inverse_sqrt", "linear_warmup", "constant"] = "inverse_sqrt"
+    schedule: str = field(default="inverse_sqrt", metadata={"choices": "xlm_pkm.optim:SCHEDULES"})
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
     clip_grad_norm: float = 0.0  # 0: off
@@ -168,6 +168,9 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    # modules imported before the checks (and again wherever the config is loaded: evaluate.py, export),
+    # so that they can register key searches, sublayers, optimizers, schedules (registry.py)
+    plugins: list[str] = field(default_factory=list)
 
 
 # Value rules beyond the type, checked once by the loader (every float must also be finite).
@@ -209,6 +212,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         _set(raw, key, yaml.safe_load(value) if value else "", f"override {item!r}")
+    import_plugins(raw.get("plugins"))
     for old, new in RENAMED.items():
         if _pop(raw, old) is not None:
             raise ConfigError(f"config key {old} was renamed to {new}")
@@ -292,9 +296,24 @@ def load_config_dict(raw: dict, source: str = "config") -> Config:
     """A Config from a plain dict (as stored in checkpoints, migrated from earlier versions), with the
     same checks as load_config."""
     try:
+        import_plugins(raw.get("plugins"))
         return validate(_build(Config, migrate(raw), ""))
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
+
+
+def import_plugins(modules) -> None:
+    """Imports the modules a config's `plugins` names: their registrations (registry.py) then count
+    as valid choices."""
+    if modules is None:
+        return
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError(f"plugins: expected a list of module names, got {modules!r}")
+    for module in modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            raise ConfigError(f"plugins: cannot import {module!r} ({e}); is it installed or on PYTHONPATH?") from None
 
 
 def to_dict(cfg) -> dict:

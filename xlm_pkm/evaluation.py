@@ -10,6 +10,7 @@ import torch
 from xlm_pkm.build import build_stream, load_trained
 from xlm_pkm.distributed import DistEnv, all_reduce_sum
 from xlm_pkm.precision import autocast
+from xlm_pkm.progress import Progress
 
 
 def synchronize(device: torch.device) -> None:
@@ -25,15 +26,18 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
     Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
     memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%);
     on character-level data (meta.json "unit": "byte") also bpc = loss / ln 2.
-    A word is a token that does not end in '@@' (specials excluded).
+    A word is a token that does not end in '@@' (specials excluded). A pass longer than 10 s prints
+    its progress on stderr (progress.py).
     """
     was_training = model.training
     model.eval()
+    model.reset_stream_state(training=False)  # every pass reads new streams, also on a model already in eval mode
     model.set_memory_stats(True)
     word_end = torch.from_numpy(stream.dictionary.word_end_mask())
     stream.rewind()  # a stream evaluated before, perhaps cut short by max_batches
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = words = 0
+    progress = Progress(f"evaluating {stream.split}", min(len(stream), max_batches or len(stream)), env.is_main)
     synchronize(device)
     start = time.perf_counter()
     for i, (x, y) in enumerate(stream):
@@ -44,6 +48,7 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
         loss_sum += nll.double().sum()
         tokens += y.numel()
         words += int(word_end[y].sum())
+        progress.update(i + 1)
     synchronize(device)
     elapsed = time.perf_counter() - start
     totals = all_reduce_sum(torch.tensor([loss_sum.item(), tokens, words, elapsed], dtype=torch.float64, device=device), env)

@@ -6,9 +6,11 @@
 
 An exported folder holds `model.safetensors` (the weights; a value table shared by several memory
 layers is stored once, under its first name), `config.json` (the run's resolved config), and the
-run's `codes` and `vocab` (fastBPE formats): everything needed to rebuild the model and its text
-preprocessing, without the optimizer and run state of the checkpoint. The safetensors metadata
-records the training step, the vocabulary fingerprint and the xlm_pkm version that wrote it.
+run's `vocab` and, for BPE data, its `codes` (fastBPE formats): everything needed to rebuild the model
+and its text preprocessing (text_codec.py: BPE, byte or word level), without the optimizer and run
+state of the checkpoint. The safetensors metadata records the training step, the vocabulary
+fingerprint, the data's unit (meta.json's: "byte", "word", or "token" for BPE) and the xlm_pkm
+version that wrote it.
 """
 
 from __future__ import annotations
@@ -25,27 +27,30 @@ from xlm_pkm.build import load_trained
 from xlm_pkm.config import Config, load_config_dict, to_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.text_codec import TextCodec
+from xlm_pkm.program import program_name
+from xlm_pkm.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"
 
 
 def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = None) -> Path:
-    """Writes model.safetensors, config.json, codes and vocab of the checkpoint at `path` to `out_dir`
-    (created; each file written under a temporary name and renamed)."""
+    """Writes model.safetensors, config.json, vocab (and BPE codes) of the checkpoint at `path` to
+    `out_dir` (created; each file written under a temporary name and renamed)."""
     from safetensors.torch import save_model
 
     model, cfg, state, data_dir = load_trained(path, data_dir)
-    for name in ("codes", "vocab"):  # before anything is written: no half-exported folder
+    unit = data_unit(data_dir)
+    text_files = ("codes", "vocab") if unit == BPE_UNIT else ("vocab",)
+    for name in text_files:  # before anything is written: no half-exported folder
         if not (data_dir / name).is_file():
-            raise FileNotFoundError(f"{data_dir / name} not found: the run's data dir holds codes and vocab")
+            raise FileNotFoundError(f"{data_dir / name} not found: the run's data dir holds {' and '.join(text_files)}")
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(out, e) from None
     metadata = {"step": str(state["step"]), "vocab_fingerprint": Dictionary.load(data_dir / "vocab").fingerprint(),
-                "xlm_pkm_version": __version__, "source": str(path)}
+                "unit": unit, "xlm_pkm_version": __version__, "source": str(path)}
     tmp = temporary_name(out / WEIGHTS)
     try:
         save_model(model, str(tmp), metadata=metadata)  # drops the duplicate names of a shared value table
@@ -58,18 +63,19 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     finally:
         tmp.unlink(missing_ok=True)
     write_bytes(out / CONFIG, (json.dumps(to_dict(cfg), indent=2) + "\n").encode())
-    for name in ("codes", "vocab"):
+    for name in text_files:
         write_bytes(out / name, (data_dir / name).read_bytes())
     return out
 
 
 def load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary]:
     """(model in eval mode on the CPU, dictionary) of a folder written by export()."""
-    model, dictionary, _ = _load_exported(out_dir)
+    model, dictionary, _, _ = _load_exported(out_dir)
     return model, dictionary
 
 
-def _load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Config]:
+def _load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Config, str]:
+    """(model, dictionary, config, the data's unit) of an exported folder."""
     from safetensors import safe_open
     from safetensors.torch import load_model as load_weights
 
@@ -85,33 +91,35 @@ def _load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Conf
     dictionary = Dictionary.load(out / "vocab")
     try:
         with safe_open(str(out / WEIGHTS), "pt") as f:
-            saved = (f.metadata() or {}).get("vocab_fingerprint")
+            metadata = f.metadata() or {}
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
-    checkpoint.check_vocabulary({"vocab_fingerprint": saved}, dictionary.fingerprint(), out / "vocab", out / WEIGHTS)
+    checkpoint.check_vocabulary({"vocab_fingerprint": metadata.get("vocab_fingerprint")}, dictionary.fingerprint(),
+                                out / "vocab", out / WEIGHTS)
     model = TransformerLM(cfg.model)
     try:
         load_weights(model, str(out / WEIGHTS))
     except RuntimeError as e:
         raise ValueError(f"{out / WEIGHTS}: weights of another architecture than {out / CONFIG} "
                          f"({' '.join(str(e).split())[:300]})") from None
-    return model.eval(), dictionary, cfg
+    return model.eval(), dictionary, cfg, metadata.get("unit", BPE_UNIT)  # exported before units: BPE
 
 
-def load_model(path: str | Path, data_dir: str | Path | None = None) -> tuple[TransformerLM, TextCodec, Config]:
-    """(model in eval mode on the CPU, its text codec, the run's config) from a run checkpoint (codes and
-    vocab from `data_dir`, default the run's) or from an exported folder (its own codes and vocab)."""
+def load_model(path: str | Path, data_dir: str | Path | None = None) -> tuple[TransformerLM, LineCodec, Config]:
+    """(model in eval mode on the CPU, its text codec, the run's config) from a run checkpoint (vocab and
+    codes from `data_dir`, default the run's) or from an exported folder (its own)."""
     if Path(path).is_dir():
-        model, _, cfg = _load_exported(path)
-        return model, TextCodec(path), cfg
+        model, _, cfg, unit = _load_exported(path)
+        return model, text_codec(path, unit), cfg
     model, cfg, _, data_dir = load_trained(path, data_dir)
-    return model, TextCodec(data_dir), cfg
+    return model, text_codec(data_dir, data_unit(data_dir)), cfg
 
 
 def main(argv: list[str] | None = None) -> int:
     from xlm_pkm.cli import USER_ERRORS, _fail
 
-    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.export", description=__doc__.split("\n")[0])
+    prog = program_name("python -m xlm_pkm.export")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("checkpoint", help="checkpoint.pt or best.pt of a run")
     parser.add_argument("out_dir", help="folder to write model.safetensors, config.json, codes and vocab to")
     parser.add_argument("--data", help="processed data directory (default: the one the model was trained on)")
@@ -119,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = export(args.checkpoint, args.out_dir, args.data)
     except USER_ERRORS as e:
-        return _fail("python -m xlm_pkm.export", e)
+        return _fail(prog, e)
     print(f"exported {args.checkpoint} to {out}")
     return 0
 

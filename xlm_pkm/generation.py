@@ -9,7 +9,8 @@ values cached by the model (TransformerLM.new_cache()); `use_cache=False` runs a
 context for every token instead (same tokens, for checking and benchmarking). The model runs in eval
 mode (the memories' BatchNorm on its running statistics). The context is a window of at most `window`
 tokens (default: the run's bptt, the positions it was trained on): when it is full, it restarts from
-its last window // 2 tokens (re-fed at once), in both decoders alike.
+its last window // 2 tokens (re-fed at once), in both decoders alike. A model whose layers carry a
+stream cache (all-attention) starts new evaluation streams with each context (both decoders).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import sys
 
 import torch
 
+from xlm_pkm.model.attention import KVCache
 from xlm_pkm.sampling import Sampling, sample
 
 
@@ -36,17 +38,23 @@ def generate(model, prompt: list[int], max_tokens: int, sampling: Sampling = Sam
     generator = torch.Generator().manual_seed(seed)
     tokens = torch.tensor(prompt, device=device).repeat(num_samples, 1)  # (B, n)
     start = fed = 0  # the context is tokens[:, start:]; the cache holds tokens[:, start:fed]
-    cache = model.new_cache() if use_cache else None
+
+    def new_context() -> KVCache | None:
+        model.reset_stream_state(training=False)  # all-attention layers: their stream cache holds the context
+        return model.new_cache() if use_cache else None
+
+    cache = new_context()
     stopped = torch.zeros(num_samples, dtype=torch.bool, device=device)  # (B,)
     for _ in range(max_tokens):
         n = tokens.shape[1]
         if n - start > window:
             start = fed = n - max(window // 2, 1)
-            cache = model.new_cache() if use_cache else None
+            cache = new_context()
         if use_cache:
             logits = model(tokens[:, fed:], cache=cache)[:, -1]  # (B, vocab): only the new tokens are fed
             fed = n
         else:
+            new_context()
             logits = model(tokens[:, start:])[:, -1]  # (B, vocab)
         next_ids = sample(logits, sampling, generator)  # (B,)
         tokens = torch.cat([tokens, next_ids[:, None]], dim=1)
@@ -79,8 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     from xlm_pkm.data.fastbpe import FastBPEError
     from xlm_pkm.export import load_model
     from xlm_pkm.precision import resolve_device
+    from xlm_pkm.program import program_name
 
-    parser = argparse.ArgumentParser(prog="generate.py", description="Sample text from a trained model.")
+    prog = program_name("generate.py")
+    parser = argparse.ArgumentParser(prog=prog, description="Sample text from a trained model.")
     parser.add_argument("prompt", nargs="?", help="text to continue (default: start a new document)")
     parser.add_argument("--checkpoint", required=True, help="best.pt or checkpoint.pt of a run, or an exported folder")
     parser.add_argument("--prompt-file", help="read the prompt from this file ('-': standard input)")
@@ -102,14 +112,14 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError("--max-tokens and --num-samples must be >= 1, --context >= 0 (0: the run's bptt)")
         sampling = Sampling(args.temperature, args.top_k, args.top_p, args.greedy)
         prompt = _read_prompt(args)
-        device = resolve_device(args.device)
+        device = resolve_device(args.device, "--device")
         model, codec, cfg = load_model(args.checkpoint, args.data)
         ids = codec.encode(prompt)
         window = args.context or cfg.data.bptt
         samples = generate(model.to(device), ids, args.max_tokens, sampling, args.seed, args.num_samples,
                            window, not args.no_cache, codec.dictionary.eos if args.stop_at_eol else None)
     except USER_ERRORS + (FastBPEError,) as e:
-        return _fail("generate.py", e)
+        return _fail(prog, e)
     for i, continuation in enumerate(samples):
         if args.num_samples > 1:
             print(f"# sample {i + 1}")

@@ -17,7 +17,8 @@ gradients are sparse (one row per slot read, see model/value_read.py):
     adagrad    torch Adagrad on a sparse gradient: equal to dense Adagrad (unread rows do not move)
     sgd        torch SGD on a sparse gradient: equal to dense SGD (no momentum)
 
-A new optimizer is one `register(name)` entry here.
+A new optimizer (or schedule: SCHEDULES, by `optim.schedule`) is one `register(name)` entry here or in
+a module named in the config's `plugins` (registry.py).
 """
 
 from __future__ import annotations
@@ -77,19 +78,26 @@ def value_optimizer(cfg: OptimConfig) -> ValueOptimizer:
     return spec
 
 
-def scheduled_lr(step: int, cfg: OptimConfig) -> float:
-    """Dense learning rate at optimizer step `step` (1-based).
+# Dense learning-rate schedules by optim.schedule: (optimizer step, 1-based; OptimConfig) -> lr.
+SCHEDULES = Registry("learning-rate schedule")
 
-    inverse_sqrt (Vaswani et al.): linear warmup from warmup_init_lr to lr over warmup_steps,
-    then lr * sqrt(warmup_steps / step). linear_warmup: the same warmup, then lr. constant: lr.
-    """
-    if cfg.schedule == "constant":
-        return cfg.lr
+
+def _warmup(step: int, cfg: OptimConfig, after: float) -> float:
+    """Linear from warmup_init_lr to lr over warmup_steps, then `after`."""
     if step < cfg.warmup_steps:
         return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
-    if cfg.schedule == "linear_warmup":
-        return cfg.lr
-    return cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)
+    return after
+
+
+# inverse_sqrt (Vaswani et al.): the warmup, then lr * sqrt(warmup_steps / step)
+SCHEDULES.register("inverse_sqrt")(lambda step, cfg: _warmup(step, cfg, cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)))
+SCHEDULES.register("linear_warmup")(lambda step, cfg: _warmup(step, cfg, cfg.lr))  # the warmup, then lr
+SCHEDULES.register("constant")(lambda step, cfg: cfg.lr)
+
+
+def scheduled_lr(step: int, cfg: OptimConfig) -> float:
+    """Dense learning rate at optimizer step `step` (1-based), by cfg.schedule (SCHEDULES)."""
+    return SCHEDULES[cfg.schedule](step, cfg)
 
 
 def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:

@@ -17,10 +17,11 @@ def at_least_float32(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.promote_types(t.dtype, torch.float32))
 
 
-def check_precision(precision: str, device: torch.device) -> None:
-    """fp32 | fp16 | bf16 (checked by the config loader); fp16 needs CUDA."""
+def check_precision(precision: str, device: torch.device, source: str = "train.precision") -> None:
+    """fp32 | fp16 | bf16 (checked by the config loader); fp16 needs CUDA. `source`: the key or option
+    that set it, for the error."""
     if precision == "fp16" and device.type != "cuda":
-        raise ValueError("train.precision=fp16 needs a CUDA device; on CPU use bf16 or fp32")
+        raise ValueError(f"{source}{'=' if '.' in source else ' '}fp16 needs a CUDA device; on CPU use bf16 or fp32")
 
 
 def autocast(precision: str, device: torch.device):
@@ -35,12 +36,14 @@ def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
 
 
-def resolve_device(name: str) -> torch.device:
-    """auto (CUDA when available, else CPU) | cpu | cuda | cuda:N."""
+def resolve_device(name: str, source: str = "train.device") -> torch.device:
+    """auto (CUDA when available, else CPU) | cpu | cuda | cuda:N. `source`: the config key or
+    command-line option that set it, named in the errors."""
+    setting = f"{source}{'=' if '.' in source else ' '}{name}"  # train.device=cuda, --device cuda
     if not re.fullmatch(DEVICES, name):
-        raise ValueError(f"device {name!r}: expected auto, cpu, cuda or cuda:N")
+        raise ValueError(f"{setting}: expected auto, cpu, cuda or cuda:N")
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError(f"train.device={name}: CUDA is not available on this machine")
+        raise ValueError(f"{setting}: CUDA is not available on this machine")
     return torch.device(name)

@@ -9,6 +9,13 @@
 
 A config field names its implementation with a string; the config loader checks the name against the
 registry (see `choices` in config.py), so adding an implementation never touches the config code.
+The registries: KEY_SEARCHES (model/keys.py, model.memory.key_type), SUBLAYERS (model/blocks.py,
+model.sublayers), DENSE_OPTIMIZERS, VALUE_OPTIMIZERS and SCHEDULES (optim.py: optim.optimizer,
+optim.values_optimizer, optim.schedule).
+
+Outside this package, a module of your own registers into them when imported; name it in the
+config's `plugins` (`plugins: [my_pkg.my_keys]`, or the override `plugins=[my_pkg.my_keys]`) and
+every command that reads the config (train.py, evaluate.py, generate.py, export) imports it first.
 """
 
 from __future__ import annotations

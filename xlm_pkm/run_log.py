@@ -71,11 +71,16 @@ class RunLogger:
     def info(self, msg: str) -> None:
         self.log.info(msg)
 
-    def event(self, name: str, step: int, /, **metrics) -> None:
-        """One line on the console and in train.log, one JSON object, TensorBoard scalars."""
+    def warning(self, msg: str) -> None:
+        """On every rank's console (and in train.log on the main one), prefixed `warning:`."""
+        self.log.warning(f"warning: {msg}")
+
+    def event(self, name: str, step: int, /, progress: str = "", **metrics) -> None:
+        """One line on the console and in train.log (`progress` after the step, there only), one JSON
+        object, TensorBoard scalars."""
         if not self.enabled:
             return
-        self.info(f"{name} step {step} " + " ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
+        self.info(f"{name} step {step}{progress} " + " ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
         line = (json.dumps({**metrics, "event": name, "step": step, "time": time.time()}) + "\n").encode()
         size = self.metrics.tell()
         try:

@@ -1,28 +1,78 @@
-"""Text <-> token ids with a run's own preprocessing: Moses tokenisation, its BPE codes and vocabulary.
+"""Text <-> token ids with a run's own preprocessing, for each kind of data a run trains on:
 
-    codec = TextCodec(data_dir)                       # a folder with the run's `codes` and `vocab`
+    codec = text_codec(data_dir, unit)               # unit: meta.json's "unit" (data_unit(data_dir))
     ids = codec.encode("First line.\nThe second")   # [<s>, ...first line..., </s>, ...the second...]
-    text = codec.decode(ids)                         # BPE merged, Moses-detokenised lines
+    text = codec.decode(ids)
 
-Encoding follows the preprocessing (xlm_pkm/data/preprocess.py): the text is one document, so it
-starts with <s>; blank lines are dropped; every line ends with </s> except the last, which is left
-open for the model to continue. Decoding reverses it: </s> ends a line, <s> (a new document) gives a
-blank line, <pad> is dropped, "@@ " joins BPE pieces, and each line is Moses-detokenised
-(sacremoses, without unescaping, as tokenisation does not escape).
+    TextCodec   BPE data (xlm_pkm.data.preprocess; the folder's `codes` and `vocab`): Moses
+                tokenisation then the run's BPE codes; decoding merges "@@ " pieces and
+                Moses-detokenises each line (sacremoses, without unescaping, as tokenisation does
+                not escape). Blank lines are dropped, as preprocessing drops them.
+    ByteCodec   character-level data (xlm_pkm.data.bytes, unit "byte"; `vocab` only): one token per
+                UTF-8 byte; decoding joins the bytes (an <unk> or a cut character becomes U+FFFD).
+    WordCodec   word-level data (xlm_pkm.data.words, unit "word"; `vocab` only): whitespace tokens,
+                decoded joined by spaces (WikiText text is already tokenised).
+
+All follow the preprocessing's document layout: the text is one document, so it starts with <s>;
+every line ends with </s> except the last, which is left open for the model to continue. Decoding
+reverses it: </s> ends a line, <s> (a new document) gives a blank line, <pad> is dropped.
 """
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from functools import cached_property
 from pathlib import Path
 
 from xlm_pkm.data.dictionary import Dictionary
 
+BPE_UNIT = "token"  # meta.json without "unit": BPE data (xlm_pkm.data.preprocess)
 
-class TextCodec:
-    def __init__(self, data_dir: str | Path, lang: str = "en"):
-        self.codes, self.vocab, self.lang = Path(data_dir) / "codes", Path(data_dir) / "vocab", lang
+
+class LineCodec(ABC):
+    """The document layout shared by every codec; subclasses encode lines and join a line's tokens."""
+
+    def __init__(self, data_dir: str | Path):
+        self.vocab = Path(data_dir) / "vocab"
         self.dictionary = Dictionary.load(self.vocab)
+
+    @abstractmethod
+    def encode_lines(self, text: str) -> list[list[int]]:
+        """The ids of each line of `text` (no <s>, no </s>)."""
+
+    @abstractmethod
+    def join_line(self, tokens: list[str]) -> str:
+        """One line's text from its tokens (vocabulary strings)."""
+
+    def encode(self, text: str) -> list[int]:
+        lines = self.encode_lines(text)
+        ids = [self.dictionary.bos]
+        for n, line in enumerate(lines):
+            ids += line
+            if n < len(lines) - 1:
+                ids.append(self.dictionary.eos)
+        return ids
+
+    def decode(self, ids: list[int]) -> str:
+        d, lines, words = self.dictionary, [], []
+        for i in ids:
+            if i in (d.eos, d.bos):
+                if words or i == d.eos:
+                    lines.append(self.join_line(words))
+                if i == d.bos and lines:
+                    lines.append("")  # a blank line between documents
+                words = []
+            elif i != d.pad:
+                words.append(d[i])
+        if words:
+            lines.append(self.join_line(words))
+        return "\n".join(lines)
+
+
+class TextCodec(LineCodec):
+    def __init__(self, data_dir: str | Path, lang: str = "en"):
+        super().__init__(data_dir)
+        self.codes, self.lang = Path(data_dir) / "codes", lang
 
     @cached_property
     def _bpe(self):
@@ -31,30 +81,46 @@ class TextCodec:
         check_codes(self.codes)  # fastBPE aborts the process on a malformed file
         return bpe_applier(self.codes, self.vocab)  # BPE limited to the vocabulary, as valid/test are
 
-    def encode(self, text: str) -> list[int]:
+    def encode_lines(self, text: str) -> list[list[int]]:
         from xlm_pkm.data.moses import tokenize_document
 
         lines = tokenize_document(text, self.lang)
-        ids = [self.dictionary.bos]
-        for n, line in enumerate(self._bpe.apply(lines) if lines else []):
-            ids += [self.dictionary.index(w) for w in line.split(" ") if w]
-            if n < len(lines) - 1:
-                ids.append(self.dictionary.eos)
-        return ids
+        return [[self.dictionary.index(w) for w in line.split(" ") if w] for line in self._bpe.apply(lines)] if lines else []
 
-    def decode(self, ids: list[int]) -> str:
+    def join_line(self, tokens: list[str]) -> str:
         from xlm_pkm.data.moses import detokenize_pieces
 
-        d, lines, words = self.dictionary, [], []
-        for i in ids:
-            if i in (d.eos, d.bos):
-                if words or i == d.eos:
-                    lines.append(detokenize_pieces(words, self.lang))
-                if i == d.bos and lines:
-                    lines.append("")  # a blank line between documents
-                words = []
-            elif i != d.pad:
-                words.append(d[i])
-        if words:
-            lines.append(detokenize_pieces(words, self.lang))
-        return "\n".join(lines)
+        return detokenize_pieces(tokens, self.lang)
+
+
+class ByteCodec(LineCodec):
+    def encode_lines(self, text: str) -> list[list[int]]:
+        return [[self.dictionary.index(str(b)) for b in line] for line in text.encode("utf-8").split(b"\n")]
+
+    def join_line(self, tokens: list[str]) -> str:
+        return b"".join(bytes([int(t)]) if t.isdigit() else "\ufffd".encode() for t in tokens).decode("utf-8", "replace")
+
+
+class WordCodec(LineCodec):
+    def encode_lines(self, text: str) -> list[list[int]]:
+        return [[self.dictionary.index(w) for w in line.split()] for line in text.split("\n")]
+
+    def join_line(self, tokens: list[str]) -> str:
+        return " ".join(tokens)
+
+
+CODECS = {BPE_UNIT: TextCodec, "byte": ByteCodec, "word": WordCodec}
+
+
+def text_codec(data_dir: str | Path, unit: str = BPE_UNIT) -> LineCodec:
+    """The codec of data of this unit (meta.json's "unit") whose vocabulary (and BPE codes) are in data_dir."""
+    if unit not in CODECS:
+        raise ValueError(f"{data_dir}: no text codec for data of unit {unit!r} (known: {', '.join(CODECS)})")
+    return CODECS[unit](data_dir)
+
+
+def data_unit(data_dir: str | Path) -> str:
+    """The unit of a processed data folder: meta.json's "unit", BPE_UNIT when it has none."""
+    from xlm_pkm.data.meta import load_meta
+
+    return load_meta(Path(data_dir)).get("unit", BPE_UNIT)

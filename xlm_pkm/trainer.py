@@ -32,6 +32,7 @@ from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.optim import value_optimizer
 from xlm_pkm.precision import check_precision, grad_scaler, resolve_device
+from xlm_pkm.progress import format_duration
 from xlm_pkm.run_dir import lock_run_directory, record_config, run_directory
 from xlm_pkm.run_log import RunLogger
 from xlm_pkm.train_state import TrainState, from_earlier_version
@@ -118,6 +119,15 @@ class Trainer:
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
+        self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
+                      f"words/s are means since the previous line; lr and grad_norm (before clipping) are "
+                      f"the last step's; ETA from this run's steps so far, evaluations included")
+        accumulate, streams = self.cfg.optim.accumulate, self.cfg.data.batch_size
+        if accumulate > 1 and self.model.stream_layers() and self.env.is_main:
+            self.log.warning(f"optim.accumulate={accumulate} with stream caches: a step reads {accumulate} "
+                             f"consecutive blocks of the same {streams} streams per rank (one stream of "
+                             f"{accumulate}x data.bptt tokens each), not {accumulate * streams} streams; "
+                             f"to train on more streams raise data.batch_size")
 
     # ---- checkpoints -------------------------------------------------------------------------
     def _model_record(self) -> dict:
@@ -214,6 +224,7 @@ class Trainer:
         speed = {"tokens": 0, "words": 0, "time": time.perf_counter()}  # since the last log line or start
         start, last_valid = time.time(), {}
         last_save = start
+        self.session = {"step": state.step, "time": time.perf_counter()}  # where this process started: the ETA
         try:
             while state.step < cfg.max_steps:
                 out = self.train_step(batches)
@@ -221,7 +232,7 @@ class Trainer:
                 state.log_steps += 1
                 speed["tokens"] += out["tokens"]
                 speed["words"] += out["words"]
-                if state.step % cfg.log_every == 0 or state.step == cfg.max_steps:
+                if state.step % cfg.log_every == 0 or state.step in (1, cfg.max_steps):  # step 1: no long silence
                     self._log_train(out, speed)  # host sync: the logged values
                     state.log_loss_sum, state.log_steps = 0.0, 0
                     speed = {"tokens": 0, "words": 0, "time": time.perf_counter()}
@@ -290,7 +301,11 @@ class Trainer:
             metrics["mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * world)
         if self.device.type == "cuda":
             metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
-        self.log.event("train", state.step, **metrics)
+        max_steps = self.cfg.train.max_steps
+        per_step = (time.perf_counter() - self.session["time"]) / (state.step - self.session["step"])  # evals too
+        metrics["eta_s"] = per_step * (max_steps - state.step)
+        self.log.event("train", state.step, f"/{max_steps} ({100 * state.step / max_steps:.0f}%, "
+                                            f"ETA {format_duration(metrics['eta_s'])})", **metrics)
 
     def validate(self) -> dict:
         """Valid perplexity and memory statistics; writes best.pt when the perplexity improves."""

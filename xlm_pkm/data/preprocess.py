@@ -37,6 +37,7 @@ from pathlib import Path
 
 from xlm_pkm.atomic import OutputError, atomic_file, is_temporary, write_error, write_text
 from xlm_pkm.lock import DirectoryBusy, DirectoryLock
+from xlm_pkm.program import program_name
 
 from .corpus import CorpusError, Reader
 from .dictionary import Dictionary, DictionaryError
@@ -299,7 +300,8 @@ def _write_meta(out: Path, plan: Plan, chunks: list[Chunk], dictionary: Dictiona
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.data.preprocess", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=program_name("python -m xlm_pkm.data.preprocess"),
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--input", nargs="+", required=True, help="text (blank-line separated) or JSONL files, may be .gz/.xz/.bz2")
     parser.add_argument("--output", required=True, help="output directory")
     bpe = parser.add_mutually_exclusive_group()

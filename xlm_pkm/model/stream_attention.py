@@ -10,7 +10,8 @@ Each forward attends over [past; x] and then keeps the last cache_length() rows 
 authors' trainer starts. The batch (streams) must stay the same between blocks: a different batch
 size raises. Training and evaluation streams differ, so the layer keeps one past per mode: `past`
 is the current mode's, and switching from training to evaluation (model.eval()) starts the
-evaluation streams from a zero cache while the training streams' past waits for model.train().
+evaluation streams from a zero cache while the training streams' past waits for model.train();
+reset(training=False) does it without a switch (evaluation.evaluate, at every pass).
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ class StreamAttention(nn.Module):
     def past(self, value: torch.Tensor | None) -> None:
         self.pasts[self.training] = value
 
-    def reset(self) -> None:
-        """New streams in both modes: the next block of each starts from a zero cache."""
-        self.pasts = {True: None, False: None}
+    def reset(self, training: bool | None = None) -> None:
+        """New streams in one mode (training or evaluation) or, by default, both: the next block of
+        each starts from a zero cache."""
+        for mode in (True, False) if training is None else (training,):
+            self.pasts[mode] = None
 
     def train(self, mode: bool = True) -> "StreamAttention":
         if self.training and not mode:

@@ -171,10 +171,11 @@ class TransformerLM(nn.Module):
         for f, past in zip(layers, state):
             f.past = None if past is None else past.to(next(self.parameters()).device)
 
-    def reset_stream_state(self) -> None:
-        """New streams, in training and evaluation: every stream layer starts again from a zero cache."""
+    def reset_stream_state(self, training: bool | None = None) -> None:
+        """New streams, in training or evaluation (default: both): every stream layer starts again from
+        a zero cache."""
         for f in self.stream_layers():
-            f.reset()
+            f.reset(training)
 
     def spans(self) -> list[AdaptiveSpan]:
         """The adaptive spans of the stream layers, in layer order."""
