@@ -32,6 +32,7 @@ from xlm_pkm.run_dir import lock_run_directory, run_directory
 from xlm_pkm.run_log import RunLogger
 from xlm_pkm.train_state import TrainState, from_earlier_version
 from xlm_pkm.train_step import loss_backward, optimizer_update
+from xlm_pkm.trainable import freeze
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 
@@ -55,6 +56,7 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         set_vocab_size(cfg, len(self.dictionary))
         self.model = build_model(cfg, self.device)
+        self.trainable = freeze(self.model, cfg.optim.trainable)
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
@@ -109,6 +111,7 @@ class Trainer:
         self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
+                      + f"; trainable {self.trainable:,} ({' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
 
     # ---- checkpoints -------------------------------------------------------------------------
