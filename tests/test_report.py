@@ -1,9 +1,11 @@
-"""The reproduction report on synthetic run directories: tables hold the runs' numbers beside the
-paper's, the directions are judged from them, every figure is written; introspection against the
-memory's own slot statistics."""
+"""The reproduction report on synthetic run directories: tables hold the runs' numbers (mean ± sd over
+seeds) beside the paper's, the directions are judged from them against the seeds' spread, speeds come
+from benchmark JSON only, every figure is written; introspection against the memory's own slot
+statistics."""
 
 import json
 import re
+import statistics
 
 import pytest
 import torch
@@ -15,15 +17,17 @@ from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.moses import detokenize_pieces
 from xlm_pkm.introspect import slot_contexts
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.report import directions, find_runs, load_run, main, write_report
+from xlm_pkm.report import Measure, bench_speeds, directions, find_runs, load_run, main, shows, write_report
 
 
 def make_run(root, name, cells, ppl, usage=None, kl=None, words_per_sec=1000.0, n_keys=8, heads=4, knn=2,
-             layers=6, dim=16, valid=((10, 900.0), (20, 500.0))):
-    """A run directory as the trainer, evaluate.py --json and the harness leave it (no checkpoint)."""
-    path = root / name / "tiny"
+             layers=6, dim=16, valid=((10, 900.0), (20, 500.0)), seed=0):
+    """A run directory as the trainer, evaluate.py --json and the harness (reproduce --seeds) leave it
+    (no checkpoint). words_per_sec is the run's own, which the report must not use."""
+    path = root / name / f"tiny-seed{seed}"
     path.mkdir(parents=True)
     cfg = Config()
+    cfg.train.seed = seed
     cfg.model.n_layers, cfg.model.dim = layers, dim
     cfg.model.mem_layers = [] if usage is None else [layers - 1]
     cfg.model.memory.n_keys, cfg.model.memory.heads, cfg.model.memory.knn = n_keys, heads, knn
@@ -73,8 +77,11 @@ def row(report: str, heading: str, label: str) -> list[str]:
 def test_report_tables_directions_and_figures(runs_dir, tmp_path):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"settings": {"dtype": "fp32"}, "table4": {"rows": [
-        {"slots": 16384, "key_type": "product", "words_per_s": 1524}, {"slots": 16384, "key_type": "flat", "words_per_s": 604},
-        {"slots": 65536, "key_type": "product", "words_per_s": 1960}]}}))
+        {"n_keys": 128, "slots": 16384, "key_type": "product", "words_per_s": 1524},
+        {"n_keys": 128, "slots": 16384, "key_type": "flat", "words_per_s": 604},
+        {"n_keys": 256, "slots": 65536, "key_type": "product", "words_per_s": 1960}]}, "figure4": {"rows": [
+        {"layers": 12, "dim": 1024, "memories": 1, "words_per_s": 256},
+        {"layers": 24, "dim": 1024, "memories": 0, "words_per_s": 132}]}}))
     out = tmp_path / "out"
     assert main([str(runs_dir), "--out", str(out), "--bench", str(bench)]) == 0
     report = (out / "report.md").read_text()
@@ -88,7 +95,9 @@ def test_report_tables_directions_and_figures(runs_dir, tmp_path):
     assert row(report, "Table 3: memory position", "Perplexity")[4] == "250.0 (19.8)"
     t4 = "Table 4: product keys vs flat keys"
     assert row(report, t4, "Usage (%)")[:2] == ["30.0 (19.6)", "99.5 (100.0)"]
-    assert row(report, t4, "Speed (words/s)")[:2] == ["1,500 (35,000)", "4,200 (35,800)"]
+    # the benchmark's speeds, not the runs' (1,500 and 4,200)
+    assert row(report, t4, "Speed (words/s, benchmark at the paper's size)")[:4] == [
+        "604 (35,000)", "1,524 (35,800)", "· (28,500)", "1,960 (36,700)"]
     t1 = "Table 1: test perplexity"
     assert row(report, t1, "12 (ours 3) layers")[1] == "200.0 (15.6)"
     assert row(report, t1, "24 (ours 6) layers")[0] == "210.0 (16.0)"
@@ -98,13 +107,15 @@ def test_report_tables_directions_and_figures(runs_dir, tmp_path):
     assert "| k=8 (ours 2) | k=16 | k=32 (ours 8) | k=64 |" in report
     assert re.search(r"\| 16k \(ours 256\) no BN \|", report)  # the column says our size
 
-    verdicts = {d.split(" (")[0]: v for d, v, _ in directions(find_runs([runs_dir]))}
+    speeds = bench_speeds([json.loads(bench.read_text())])
+    verdicts = {d.split(" (")[0]: v for d, v, _ in directions(find_runs([runs_dir]), speeds)}
     assert verdicts == {
         "A memory beats the same model without it at equal steps": "holds",  # 250 < 300
         "A shallower model with a memory beats a deeper one without, and is faster": "holds",  # 200 < 210, faster
         "BatchNorm raises usage, the more so as the memory grows": "holds",  # gaps +2.0 then +30.0
         "Product keys use more of the memory than flat keys, and run faster": "holds",
         "A memory in an upper-middle layer": "holds",  # 250 < 260
+        "The best position is layer 4 or 5 of 6": "holds",  # 250 < 260
         "More memory heads and a larger k raise usage": "holds",  # 60 -> 90, 60 -> 85
     }
     for name in ("learning_curves.png", "figure4.png", "table2.png", "figure6.png", "figure7.png"):
@@ -119,12 +130,44 @@ def test_directions_that_do_not_hold_say_so(tmp_path):
     make_run(root, "flat", [("table4", {"n_keys": 128, "key_type": "flat"})], 250.0, 100.0, 0.9, 900.0, n_keys=16)
     make_run(root, "product", [("table4", {"n_keys": 128, "key_type": "product"})], 251.0, 100.0, 0.6, 1800.0,
              n_keys=16)
-    verdicts = [v for _, v, _ in directions(find_runs([root]))]
-    assert verdicts == ["does not hold", "not run", "not run", "partly: usage does not, speed holds",
-                        "does not hold", "not run"]
+    speeds = {("table4", 128, "product"): 1800.0, ("table4", 128, "flat"): 900.0}
+    verdicts = [v for _, v, _ in directions(find_runs([root]), speeds)]
+    assert verdicts == ["does not hold", "not run", "not run", "partly: usage within noise, speed holds",
+                        "does not hold", "does not hold", "not run"]
+    assert directions(find_runs([root]))[3][1] == "partly: usage within noise, speed not measured"
     out = tmp_path / "out"
     write_report(find_runs([root]), out)
     assert not (out / "figure6.png").exists() and "figure6.png" not in (out / "report.md").read_text()
+
+
+def test_seeds_make_one_cell_and_a_gap_within_their_spread_is_noise(tmp_path):
+    root = tmp_path / "runs"
+    for seed, (none, bn) in enumerate([(221.4, 217.0), (221.5, 218.1), (219.0, 214.4)]):
+        make_run(root, "no_memory", [("baseline", {})], none, seed=seed)
+        make_run(root, "pos5", [("table3", {"position": 5})], bn, 99.0, 0.5, seed=seed)
+        make_run(root, "pos1", [("table3", {"position": 1})], bn + 1.0 + seed, 100.0, 2.0, seed=seed)
+    runs = find_runs([root])
+    assert len(runs) == 9
+    (_, memory, text), *_, (_, upper, _), (_, best, _) = [d for d in directions(runs) if d[1] != "not run"]
+    sd = statistics.stdev([221.4, 221.5, 219.0]), statistics.stdev([217.0, 218.1, 214.4])
+    assert 221.4 - 216.5 > sum(sd)  # the means' gap, 4.8, exceeds the spread, 3.3
+    assert memory == "holds" and "216.5 ± 1.9 with memory vs 220.6 ± 1.4 without (3 seeds)" in text
+    assert upper == best == "within noise"  # pos1 is 2.0 worse on average, its spread alone 1.0 + pos5's 1.9
+    out = tmp_path / "out"
+    write_report(runs, out)
+    report = (out / "report.md").read_text()
+    assert row(report, "Table 3: memory position", "Perplexity")[4] == "216.5 ± 1.9 (19.8)"
+    assert "Without memory (§4.5): 220.6 ± 1.4 (23.0)" in report and "seeds 0, 1, 2" in report
+
+
+def test_measure_and_shows_by_hand():
+    m = Measure((1.0, 2.0, 6.0))
+    assert m.mean == 3.0 and m.sd == pytest.approx(((4 + 1 + 9) / 2) ** 0.5) and m.text() == "3.0 ± 2.6"
+    assert Measure((5.0,)).sd == 0.0 and Measure((5.0,)).text() == "5.0"
+    assert shows(Measure((10.0, 12.0)), Measure((5.0, 6.0))) == "holds"  # gap 5.5 > 1.41 + 0.71
+    assert shows(Measure((10.0, 12.0)), Measure((9.0, 10.0))) == "within noise"  # gap 1.5 < 2.12
+    assert shows(Measure((5.0,)), Measure((6.0,))) == "does not hold"
+    assert shows(Measure((5.0,)), Measure((6.0,)), higher_is_better=False) == "holds"
 
 
 def test_bad_run_directory_is_one_line(tmp_path, capsys):

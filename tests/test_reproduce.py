@@ -75,6 +75,17 @@ def test_dry_run_prints_the_commands(tmp_path, capsys):
     assert not (tmp_path / "table3_position1").exists()
 
 
+def test_seeds_make_one_run_per_seed_in_its_own_directory(tmp_path, capsys):
+    assert main(["table3", "--scale", "tiny", "--dump", str(tmp_path), "--only", "table3_position1",
+                 "--seeds", "0", "7", "--dry-run"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 6  # per seed: the run's line and its two commands
+    for seed, train in ((0, out[1]), (7, out[4])):
+        assert f"train.seed={seed} " in train and train.endswith(f"train.exp_id=tiny-seed{seed} --no-test")
+    runs, _ = plan("table3", SCALES["tiny"], tmp_path, only=["table3_position1"], seed=7)
+    assert runs[0].run_dir == tmp_path.resolve() / "table3_position1" / "tiny-seed7"
+    assert load_config(REPO / runs[0].config, runs[0].overrides).train.seed == 7
+
 def test_bad_cell_is_one_line(tmp_path, capsys):
     assert main(["table3", "--only", "table2_keys128_none", "--dump", str(tmp_path), "--dry-run"]) == 2
     assert "--only table2_keys128_none: not a cell of table3" in capsys.readouterr().err

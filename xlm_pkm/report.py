@@ -5,12 +5,19 @@
 
 Reads, per run directory: config.yaml, metrics.jsonl (train/valid/test events), the test result
 (test.json from evaluate.py --json, else the last "test" event) and reproduce.json (the table cells
-the run fills, written by xlm_pkm.reproduce). Writes OUT/report.md and OUT/*.png:
-learning_curves.png (valid perplexity vs step and vs wall time), figure4.png (perplexity vs
-inference speed, with and without memories), table2.png (usage, KL and perplexity vs memory size,
-with and without BatchNorm), figure6.png (heads × k grids of perplexity and usage), figure7.png
-(inference speed vs memory size, product vs flat keys, from inference_speed benchmark JSON, else
-from the runs' test speed). Each figure is written only when some run (or benchmark) feeds it.
+the run fills, written by xlm_pkm.reproduce). Runs of one cell with other seeds (reproduce --seeds)
+make one cell: its mean ± the standard deviation over seeds. A direction of the paper "holds" only
+when the gap between the two cells' means, in the paper's direction, exceeds the sum of their
+standard deviations; the opposite gap "does not hold"; a smaller one is "within noise".
+
+Speeds come only from inference_speed benchmark JSON (--bench: every model timed in one process,
+interleaved), never from the runs' own words/s, which measure whatever else shared the machine.
+
+Writes OUT/report.md and OUT/*.png: learning_curves.png (valid perplexity vs step and vs wall
+time), figure4.png (our perplexity vs the benchmark's inference speed of the paper-size model),
+table2.png (usage, KL and perplexity vs memory size, with and without BatchNorm), figure6.png
+(heads × k grids of perplexity and usage), figure7.png (the benchmark's inference speed vs memory
+size, product vs flat keys). Each figure is written only when some run (or benchmark) feeds it.
 Tables list ours then the paper's number in parentheses; "·" is a cell not run.
 """
 
@@ -117,19 +124,72 @@ def find_runs(paths: list[Path]) -> list[RunData]:
     return [load_run(d) for d in dict.fromkeys(dirs)]
 
 
-def by_cell(runs: list[RunData], table: str) -> dict[tuple, RunData]:
-    """{cell key: run} for the runs that fill a cell of `table` and have a test result."""
-    return {run.key(table): run for run in runs if run.key(table) is not None and run.test}
+@dataclass(frozen=True)
+class Measure:
+    """One number of a cell over its seeds: the mean, and the sample standard deviation (0 for one seed)."""
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    @property
+    def sd(self) -> float:
+        n = len(self.values)
+        return math.sqrt(sum((v - self.mean) ** 2 for v in self.values) / (n - 1)) if n > 1 else 0.0
+
+    def text(self, digits: int = 1) -> str:
+        return f"{self.mean:,.{digits}f}" + (f" ± {self.sd:.{digits}f}" if len(self.values) > 1 else "")
 
 
-def baseline_run(runs: list[RunData]) -> RunData | None:
-    """The first run without memory (§4.5's baseline) that has a test result."""
-    return next((r for r in runs if r.key("baseline") is not None and r.test), None)
+class CellRuns(list):
+    """The runs (one per seed) that fill one cell, each with a test result."""
+
+    def measure(self, metric: str) -> Measure | None:
+        """'ppl', or the first memory's 'usage' or 'kl', over the runs; None when a run lacks it."""
+        values = [run.test["ppl"] if metric == "ppl" else (run.memory() or {}).get(metric) for run in self]
+        return Measure(tuple(values)) if values and None not in values else None
+
+    @property
+    def config(self) -> dict:
+        return self[0].config
+
+    def slots(self) -> int | None:
+        return self[0].slots()
+
+
+def by_cell(runs: list[RunData], table: str) -> dict[tuple, CellRuns]:
+    """{cell key: its runs} for the runs that fill a cell of `table` and have a test result."""
+    cells: dict[tuple, CellRuns] = {}
+    for run in runs:
+        if run.key(table) is not None and run.test:
+            cells.setdefault(run.key(table), CellRuns()).append(run)
+    return cells
+
+
+def baseline_runs(runs: list[RunData]) -> CellRuns | None:
+    """The runs without memory (§4.5's baseline) that have a test result."""
+    return by_cell(runs, "baseline").get(())
+
+
+def bench_speeds(benches: list[dict]) -> dict[tuple, float]:
+    """Words/s of inference_speed benchmark rows: {("table4", n_keys, key_type) | ("table1", layers, dim,
+    memories): words/s}, at the paper's sizes (the benchmark times paper-size models)."""
+    speeds = {}
+    for bench in benches:
+        for row in bench.get("table4", {}).get("rows", []):
+            speeds["table4", row["n_keys"], row["key_type"]] = row.get("words_per_s") or row.get("tokens_per_s")
+        for row in bench.get("figure4", {}).get("rows", []):
+            speeds["table1", row["layers"], row["dim"], row["memories"]] = row.get("words_per_s") or row.get("tokens_per_s")
+    return speeds
 
 
 # ---- formatting ------------------------------------------------------------------------------
 
 def _num(value, digits: int = 1) -> str:
+    if isinstance(value, Measure):
+        return value.text(digits)
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "·"
     return f"{value:,.{digits}f}"
@@ -149,12 +209,12 @@ def _slots_label(n_slots: int) -> str:
     return f"{n_slots / 1e6:.1f}M" if n_slots >= 1e6 else f"{round(n_slots / 1e3)}k" if n_slots >= 1e3 else str(n_slots)
 
 
-def _stats(run: RunData | None) -> tuple:
-    """(ppl, usage %, KL, words/s) of a run's test result; Nones when absent."""
-    if run is None:
-        return None, None, None, None
-    mem = run.memory() or {}
-    return run.test["ppl"], mem.get("usage"), mem.get("kl"), run.test.get("words_per_sec")
+METRICS = ("ppl", "usage", "kl")
+
+
+def _stats(cell: CellRuns | None) -> tuple:
+    """(ppl, usage %, KL) Measures of a cell's test results; Nones when absent."""
+    return tuple(cell.measure(m) if cell else None for m in METRICS)
 
 
 def table1_md(runs: list[RunData]) -> str:
@@ -175,14 +235,16 @@ def table1_md(runs: list[RunData]) -> str:
             for n in ns:
                 paper = PAPER["table1"].get((layers, dim, n))
                 run = cells.get((layers, dim, n))
-                row.append(_pair(run.test["ppl"] if run else None, paper) if paper or run else "-")
+                row.append(_pair(run.measure("ppl") if run else None, paper) if paper or run else "-")
         rows.append(row)
     return _md_table(header, rows)
 
 
-def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tuple[str, int], ...]) -> str:
+def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tuple[str, int], ...],
+              speeds: dict[tuple, float] | None = None) -> str:
     """Tables 2 and 4: a column per paper size (ours, where a run says) and variant {key: label}, a row
-    per (metric, digits) of _stats; ours (paper's)."""
+    per (metric, digits) of _stats; ours (paper's). With `speeds` (Table 4), a last row of the
+    benchmark's words/s at the paper's size beside the paper's."""
     cells = by_cell(runs, table)
     sizes = []
     for n in KEYS:
@@ -192,6 +254,9 @@ def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tu
     rows = [[metric, *(_pair(_stats(cells.get((n, v)))[i], PAPER[table][n, v][i], digits)
                        for n in KEYS for v in variants)]
             for i, (metric, digits) in enumerate(metrics)]
+    if speeds is not None:
+        rows.append(["Speed (words/s, benchmark at the paper's size)",
+                     *(_pair(speeds.get((table, n, v)), PAPER[table][n, v][3], 0) for n in KEYS for v in variants)])
     return _md_table(header, rows)
 
 
@@ -208,9 +273,9 @@ def table3_md(runs: list[RunData]) -> str:
     return _md_table(["Position", *map(str, range(1, 7))], rows)
 
 
-def table4_md(runs: list[RunData]) -> str:
+def table4_md(runs: list[RunData], speeds: dict[tuple, float]) -> str:
     return _sizes_md(runs, "table4", {"flat": "flat", "product": "product"},
-                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2), ("Speed (words/s)", 0)))
+                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2)), speeds)
 
 
 def figure6_md(runs: list[RunData]) -> str:
@@ -230,93 +295,146 @@ def runs_md(runs: list[RunData]) -> str:
         m, valid = run.config["model"], run.valid()
         mem = run.memory()
         wall = run.events[-1]["time"] - run.events[0]["time"] if len(run.events) > 1 else None
-        rows.append([run.name, ", ".join(c["cell"] for c in run.cells) or "-",
+        rows.append([run.name, ", ".join(c["cell"] for c in run.cells) or "-", str(run.config["train"]["seed"]),
                      f"{m['n_layers']}×{m['dim']}", str(m["mem_layers"] or "-") if mem or not m["mem_layers"] else "?",
                      _slots_label(run.slots()) if mem else "-", str(valid[-1]["step"] if valid else 0),
                      _num(valid[-1]["ppl"] if valid else None), _num(run.test["ppl"] if run.test else None),
                      _num(mem["usage"] if mem else None), _num(mem["kl"] if mem else None, 2),
-                     _num(run.test.get("words_per_sec") if run.test else None, 0),
                      _num(wall / 60 if wall else None)])
-    return _md_table(["run", "cells", "layers×dim", "memory layers", "slots", "steps", "valid ppl", "test ppl",
-                      "usage %", "KL", "test words/s", "wall min"], rows)
+    return _md_table(["run", "cells", "seed", "layers×dim", "memory layers", "slots", "steps", "valid ppl",
+                      "test ppl", "usage %", "KL", "wall min"], rows)
 
 
-def _hk(run: RunData) -> str:
-    mem = run.config["model"]["memory"]
+def _hk(cell: CellRuns) -> str:
+    mem = cell.config["model"]["memory"]
     return f"(h={mem['heads']}, k={mem['knn']})"
 
 
 # ---- the paper's directions, checked on whatever was run ---------------------------------------
 
-def _verdict(holds: bool) -> str:
-    return "holds" if holds else "does not hold"
+HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 
 
-def _verdicts(parts: dict[str, bool]) -> str:
-    """'holds' when every part does, 'does not hold' when none does, else which part does."""
-    if all(parts.values()) or not any(parts.values()):
-        return _verdict(all(parts.values()))
-    return "partly: " + ", ".join(f"{name} {'holds' if ok else 'does not'}" for name, ok in parts.items())
+def shows(better: Measure, worse: Measure, higher_is_better: bool = True) -> str:
+    """Whether `better` beats `worse` beyond noise: the gap between their means, in the claimed
+    direction, against the sum of their standard deviations over seeds."""
+    gap = (better.mean - worse.mean) * (1 if higher_is_better else -1)
+    noise = better.sd + worse.sd
+    return HOLDS if gap > noise else FAILS if gap < -noise else NOISE
 
 
-def directions(runs: list[RunData]) -> list[tuple[str, str, str]]:
-    """[(direction, 'holds' | 'does not hold' | 'not run', the numbers)] for the issue's six directions."""
+def _combined(verdicts: list[str]) -> str:
+    """One verdict of several comparisons: theirs when they agree, else 'mixed (n holds, ...)'."""
+    if len(set(verdicts)) == 1:
+        return verdicts[0]
+    counts = {v: verdicts.count(v) for v in (HOLDS, FAILS, NOISE) if v in verdicts}
+    return "mixed (" + ", ".join(f"{n} {v}" for v, n in counts.items()) + ")"
+
+
+def _verdicts(parts: dict[str, str]) -> str:
+    """One verdict of named parts: theirs when they agree, else each part's."""
+    if len(set(parts.values())) == 1:
+        return next(iter(parts.values()))
+    return "partly: " + ", ".join(f"{name} {verdict}" for name, verdict in parts.items())
+
+
+def _speed(speeds: dict[tuple, float], fast: tuple, slow: tuple) -> tuple[str, str]:
+    """(verdict, text) of 'fast is faster' from the benchmark's words/s; 'not measured' without them."""
+    if fast not in speeds or slow not in speeds:
+        return "not measured", "speed: no benchmark row"
+    a, b = speeds[fast], speeds[slow]
+    return (HOLDS if a > b else FAILS), f"benchmark {a:,.0f} vs {b:,.0f} words/s"
+
+
+def _seeds(cells) -> str:
+    n = sorted({len(c) for c in cells})
+    return f"{'/'.join(map(str, n))} seed{'s' if n != [1] else ''}"
+
+
+def directions(runs: list[RunData], speeds: dict[tuple, float] | None = None) -> list[tuple[str, str, str]]:
+    """[(direction, verdict, the numbers)] for the paper's directions; verdict: 'holds', 'does not hold',
+    'within noise' (see shows), a combination of them, or 'not run'. Speeds only from `speeds`
+    (bench_speeds), never from the runs."""
+    speeds = speeds or {}
     t1, t2, t3, t4, f6 = (by_cell(runs, t) for t in ("table1", "table2", "table3", "table4", "figure6"))
-    base = baseline_run(runs)
+    base = baseline_runs(runs)
     out = []
 
     with_memory = t2.get((512, True)) or t3.get((5,))
     name = "A memory beats the same model without it at equal steps (§4.5: 23.0 -> 19.8)"
     if base and with_memory:
-        a, b = with_memory.test["ppl"], base.test["ppl"]
-        out.append((name, _verdict(a < b), f"test ppl {a:.1f} with memory vs {b:.1f} without"))
+        a, b = with_memory.measure("ppl"), base.measure("ppl")
+        out.append((name, shows(a, b, higher_is_better=False),
+                    f"test ppl {a.text()} with memory vs {b.text()} without ({_seeds([with_memory, base])})"))
     else:
         out.append((name, "not run", ""))
 
-    name = "A shallower model with a memory beats a deeper one without, and is faster (Table 1: 12 layers + 1 memory vs 24 layers)"
+    name = ("A shallower model with a memory beats a deeper one without, and is faster (Table 1: 12 layers + 1 "
+            "memory vs 24 layers)")
     pairs = [(dim, t1[12, dim, 1], t1[24, dim, 0]) for dim in (1024, 1600) if (12, dim, 1) in t1 and (24, dim, 0) in t1]
     if pairs:
-        better = faster = True
-        text = []
+        better, faster, text = [], [], []
         for dim, shallow, deep in pairs:
-            (ps, _, _, ss), (pd, _, _, sd) = _stats(shallow), _stats(deep)
-            better, faster = better and ps < pd, faster and (ss or 0) > (sd or 0)
-            text.append(f"dim {dim}: ppl {ps:.1f} vs {pd:.1f}, {ss:,.0f} vs {sd:,.0f} words/s")
-        out.append((name, _verdicts({"perplexity": better, "speed": faster}), "; ".join(text)))
+            ps, pd = shallow.measure("ppl"), deep.measure("ppl")
+            verdict, speed_text = _speed(speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
+            better.append(shows(ps, pd, higher_is_better=False))
+            faster.append(verdict)
+            text.append(f"dim {dim}: ppl {ps.text()} vs {pd.text()} ({_seeds([shallow, deep])}); {speed_text}")
+        out.append((name, _verdicts({"perplexity": _combined(better), "speed": _combined(faster)}), "; ".join(text)))
     else:
         out.append((name, "not run", ""))
 
     name = "BatchNorm raises usage, the more so as the memory grows (Table 2)"
     sizes = [n for n in KEYS if (n, True) in t2 and (n, False) in t2]
     if sizes:
-        gaps = [(n, t2[n, True].memory()["usage"] - t2[n, False].memory()["usage"]) for n in sizes]
-        held = all(g > 0 for _, g in gaps[-1:]) and (len(gaps) < 2 or gaps[-1][1] > gaps[0][1])
-        out.append((name, _verdict(held), "; ".join(
-            f"{_slots_label(t2[n, True].slots())} slots: usage {t2[n, True].memory()['usage']:.1f}% with BN vs "
-            f"{t2[n, False].memory()['usage']:.1f}% without (gap {g:+.1f})" for n, g in gaps)))
+        usage = {(n, bn): t2[n, bn].measure("usage") for n in sizes for bn in (True, False)}
+        parts = {"raises usage": shows(usage[sizes[-1], True], usage[sizes[-1], False])}
+        if len(sizes) > 1:  # the gap at the largest size against the gap at the smallest, each cell's noise summed
+            gap = {n: usage[n, True].mean - usage[n, False].mean for n in (sizes[0], sizes[-1])}
+            noise = sum(usage[n, bn].sd for n in (sizes[0], sizes[-1]) for bn in (True, False))
+            growth = gap[sizes[-1]] - gap[sizes[0]]
+            parts["more so as it grows"] = HOLDS if growth > noise else FAILS if growth < -noise else NOISE
+        out.append((name, _verdicts(parts), "; ".join(
+            f"{_slots_label(t2[n, True].slots())} slots: usage {usage[n, True].text()}% with BN vs "
+            f"{usage[n, False].text()}% without" for n in sizes) + f" ({_seeds(t2.values())})"))
     else:
         out.append((name, "not run", ""))
 
     name = "Product keys use more of the memory than flat keys, and run faster (Table 4)"
     sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
     if sizes:
-        more = faster = True
-        text = []
+        more, faster, text = [], [], []
         for n in sizes:
-            (pp, up, kp, sp), (pf, uf, kf, sf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
-            more, faster = more and up > uf, faster and (sp or 0) > (sf or 0)
-            text.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up:.1f}% vs {uf:.1f}% (KL {kp:.2f} "
-                        f"vs {kf:.2f}), ppl {pp:.1f} vs {pf:.1f}, {sp:,.0f} vs {sf:,.0f} words/s")
-        out.append((name, _verdicts({"usage": more, "speed": faster}), "; ".join(text)))
+            (pp, up, kp), (pf, uf, kf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
+            verdict, speed_text = _speed(speeds, ("table4", n, "product"), ("table4", n, "flat"))
+            more.append(shows(up, uf))
+            faster.append(verdict)
+            text.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up.text()}% vs {uf.text()}% "
+                        f"(KL {kp.text(2)} vs {kf.text(2)}), ppl {pp.text()} vs {pf.text()}; at {_slots_label(n * n)} "
+                        f"slots, {speed_text}")
+        out.append((name, _verdicts({"usage": _combined(more), "speed": _combined(faster)}),
+                    "; ".join(text) + f" ({_seeds(t4.values())})"))
     else:
         out.append((name, "not run", ""))
 
     name = "A memory in an upper-middle layer (4 or 5 of 6) beats one at layer 1 (Table 3)"
     upper = [t3[(p,)] for p in (4, 5) if (p,) in t3]
     if upper and (1,) in t3:
-        best = min(r.test["ppl"] for r in upper)
-        out.append((name, _verdict(best < t3[(1,)].test["ppl"]),
-                    f"test ppl {best:.1f} (layer 4/5) vs {t3[(1,)].test['ppl']:.1f} (layer 1)"))
+        best = min((c.measure("ppl") for c in upper), key=lambda m: m.mean)
+        first = t3[(1,)].measure("ppl")
+        out.append((name, shows(best, first, higher_is_better=False),
+                    f"test ppl {best.text()} (best of layers 4/5) vs {first.text()} (layer 1) ({_seeds(t3.values())})"))
+    else:
+        out.append((name, "not run", ""))
+
+    name = "The best position is layer 4 or 5 of 6 (Table 3: 5 best, 4 next)"
+    others = {p: t3[(p,)].measure("ppl") for p in (1, 2, 3, 6) if (p,) in t3}
+    if upper and others:
+        best = min((c.measure("ppl") for c in upper), key=lambda m: m.mean)
+        rival, rival_ppl = min(others.items(), key=lambda item: item[1].mean)
+        out.append((name, shows(best, rival_ppl, higher_is_better=False),
+                    f"test ppl {best.text()} (best of layers 4/5) vs {rival_ppl.text()} (layer {rival}, the best of "
+                    f"the others run: {', '.join(map(str, others))})"))
     else:
         out.append((name, "not run", ""))
 
@@ -324,10 +442,10 @@ def directions(runs: list[RunData]) -> list[tuple[str, str, str]]:
     steps = [(a, b) for a in f6 for b in f6 if a != b and a[0] <= b[0] and a[1] <= b[1]
              and (a[0] < b[0]) + (a[1] < b[1]) == 1]  # one coordinate grows
     if steps:
-        rises = [f6[b].memory()["usage"] > f6[a].memory()["usage"] for a, b in steps]
-        out.append((name, _verdict(all(rises)), "; ".join(
-            f"{_hk(f6[a])} {f6[a].memory()['usage']:.1f}% -> {_hk(f6[b])} {f6[b].memory()['usage']:.1f}%"
-            for a, b in sorted(steps))))
+        usage = {key: cell.measure("usage") for key, cell in f6.items()}
+        out.append((name, _combined([shows(usage[b], usage[a]) for a, b in steps]), "; ".join(
+            f"{_hk(f6[a])} {usage[a].text()}% -> {_hk(f6[b])} {usage[b].text()}%" for a, b in sorted(steps))
+            + f" ({_seeds(f6.values())})"))
     else:
         out.append((name, "not run", ""))
     return out
@@ -357,11 +475,13 @@ def plot_learning_curves(runs: list[RunData], path: Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    colors = {}  # one color per run name, its seeds alike; labelled once
     for run, valid in curves:
-        start = run.events[0]["time"]
+        start, name = run.events[0]["time"], run.path.parent.name
         steps, times, ppl = ([e["step"] for e in valid], [(e["time"] - start) / 60 for e in valid],
                              [e["ppl"] for e in valid])
-        line, = by_step.plot(steps, ppl, marker=".", label=run.path.parent.name)
+        line, = by_step.plot(steps, ppl, marker=".", color=colors.get(name), label=None if name in colors else name)
+        colors[name] = line.get_color()
         by_time.plot(times, ppl, marker=".", color=line.get_color())
     by_step.set(xlabel="step", ylabel="valid perplexity", yscale="log", title="valid perplexity vs step")
     by_time.set(xlabel="wall time (min, from the run's first event)", title="valid perplexity vs wall time")
@@ -369,40 +489,41 @@ def plot_learning_curves(runs: list[RunData], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_figure4(runs: list[RunData], path: Path) -> Path | None:
-    points = [r for r in by_cell(runs, "table1").values() if r.test.get("words_per_sec")]
+def plot_figure4(runs: list[RunData], speeds: dict[tuple, float], path: Path) -> Path | None:
+    """Our test perplexity (mean ± sd over seeds) of each Table 1 cell against the benchmark's inference
+    speed of that cell's paper-size model."""
+    points = [(key, cell) for key, cell in by_cell(runs, "table1").items() if ("table1", *key) in speeds]
     if not points:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for with_memory, marker in ((False, "o"), (True, "s")):
-        group = [r for r in points if bool(r.test.get("memories")) == with_memory]
+        group = [(speeds["table1", *key], cell.measure("ppl"), key) for key, cell in points if (key[2] > 0) == with_memory]
         if group:
-            ax.scatter([r.test["words_per_sec"] for r in group], [r.test["ppl"] for r in group], marker=marker,
-                       label="with memory" if with_memory else "without memory")
-        for r in group:
-            ax.annotate(f"{r.config['model']['n_layers']}L d{r.config['model']['dim']}",
-                        (r.test["words_per_sec"], r.test["ppl"]), fontsize=7, xytext=(3, 3), textcoords="offset points")
-    ax.set(xlabel="inference speed (words/s, test evaluation)", ylabel="test perplexity",
-           title="Figure 4: perplexity vs inference speed")
+            ax.errorbar([g[0] for g in group], [g[1].mean for g in group], yerr=[g[1].sd for g in group],
+                        fmt=marker, capsize=3, label="with memory" if with_memory else "without memory")
+        for speed, ppl, (layers, dim, n) in group:
+            ax.annotate(f"{layers}L d{dim} N={n}", (speed, ppl.mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set(xlabel="inference speed of the paper-size model (words/s, benchmark)",
+           ylabel="test perplexity (ours, reduced scale)", title="Figure 4: perplexity vs inference speed")
     ax.legend()
     return _save(fig, path)
 
 
 def plot_table2(runs: list[RunData], path: Path) -> Path | None:
     cells = by_cell(runs, "table2")
-    if not any(r.memory() for r in cells.values()):
+    if not any(c.slots() for c in cells.values()):
         return None
     plt = _pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
     for bn, marker in ((False, "o"), (True, "s")):
-        group = sorted((r.slots(), r) for (n, b), r in cells.items() if b == bn and r.memory())
+        group = sorted((c.slots(), _stats(c)) for (n, b), c in cells.items() if b == bn and c.slots())
         if not group:
             continue
         slots = [s for s, _ in group]
-        for ax, values in zip(axes, ([r.memory()["usage"] for _, r in group], [r.memory()["kl"] for _, r in group],
-                                     [r.test["ppl"] for _, r in group])):
-            ax.plot(slots, values, marker=marker, label="BatchNorm" if bn else "no BatchNorm")
+        for ax, i in zip(axes, (1, 2, 0)):  # usage, KL, perplexity: mean ± sd over seeds
+            ax.errorbar(slots, [g[i].mean for _, g in group], yerr=[g[i].sd for _, g in group], marker=marker,
+                        capsize=3, label="BatchNorm" if bn else "no BatchNorm")
     for ax, label in zip(axes, ("memory usage (%)", "KL to uniform (nats)", "test perplexity")):
         ax.set(xscale="log", xlabel="memory slots", ylabel=label)
         ax.legend()
@@ -419,7 +540,8 @@ def plot_figure6(runs: list[RunData], path: Path) -> Path | None:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (i, title) in zip(axes, ((0, "test perplexity"), (1, "memory usage (%)"))):
-        grid = np.array([[_stats(cells.get((h, k)))[i] or np.nan for k in KNNS] for h in HEADS], dtype=float)
+        grid = np.array([[getattr(_stats(cells.get((h, k)))[i], "mean", np.nan) for k in KNNS] for h in HEADS],
+                        dtype=float)
         image = ax.imshow(grid, cmap="viridis_r" if i == 0 else "viridis")
         for (row, col), value in np.ndenumerate(grid):
             if not np.isnan(value):
@@ -434,17 +556,14 @@ def plot_figure6(runs: list[RunData], path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def plot_figure7(runs: list[RunData], benches: list[dict], path: Path) -> Path | None:
-    """Speed vs memory size per key type: benchmark rows (solid) and the runs' test speed (dashed)."""
+def plot_figure7(benches: list[dict], path: Path) -> Path | None:
+    """Speed vs memory size per key type, from the benchmark's rows (one line per benchmark file and key type)."""
     series = {}
     for bench in benches:
         for row in bench.get("table4", {}).get("rows", []):
             speed = row.get("words_per_s") or row.get("tokens_per_s")
             series.setdefault((f"benchmark, {bench['settings'].get('dtype', '')}", row["key_type"]), []).append(
                 (row["slots"], speed))
-    for (n, kind), run in by_cell(runs, "table4").items():
-        if run.test.get("words_per_sec") and run.slots():
-            series.setdefault(("runs' test evaluation", kind), []).append((run.slots(), run.test["words_per_sec"]))
     if not series:
         return None
     plt = _pyplot()
@@ -452,7 +571,7 @@ def plot_figure7(runs: list[RunData], benches: list[dict], path: Path) -> Path |
     for (source, kind), points in sorted(series.items()):
         points.sort()
         ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if kind == "product" else "x",
-                linestyle="-" if source.startswith("benchmark") else "--", label=f"{kind} keys ({source})")
+                label=f"{kind} keys ({source})")
     ax.set(xscale="log", yscale="log", xlabel="memory slots", ylabel="inference speed (words/s)",
            title="Figure 7: speed vs memory size")
     ax.legend(fontsize=8)
@@ -489,28 +608,38 @@ def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), intro
     """Writes out/report.md and the figures; returns the report's path."""
     out.mkdir(parents=True, exist_ok=True)
     scales = sorted({r.scale for r in runs if r.scale})
-    base = baseline_run(runs)
+    seeds = sorted({r.config["train"]["seed"] for r in runs})
+    base, speeds = baseline_runs(runs), bench_speeds(list(benches))
     figures = {
         "learning_curves.png": plot_learning_curves(runs, out / "learning_curves.png"),
-        "figure4.png": plot_figure4(runs, out / "figure4.png"),
+        "figure4.png": plot_figure4(runs, speeds, out / "figure4.png"),
         "table2.png": plot_table2(runs, out / "table2.png"),
         "figure6.png": plot_figure6(runs, out / "figure6.png"),
-        "figure7.png": plot_figure7(runs, list(benches), out / "figure7.png"),
+        "figure7.png": plot_figure7(list(benches), out / "figure7.png"),
     }
     parts = [
         "# Reproduction report: Large Memory Layers with Product Keys (Lample et al. 2019)",
-        f"{len(runs)} runs" + (f", scale {', '.join(scales)}" if scales else "") + (f"; made by `{command}`." if command else "."),
+        f"{len(runs)} runs" + (f", scale {', '.join(scales)}" if scales else "")
+        + f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        + (f"; made by `{command}`." if command else "."),
         "Each table cell is ours, then the paper's number in parentheses; `·` is a cell not run, `-` one the "
-        "paper does not report. At a reduced scale the sizes differ from the paper's (see xlm_pkm/reproduce.py); "
-        "the column labels give ours. Speeds are the words/s of the test evaluation of each run on the machine "
-        "it ran on.",
+        "paper does not report. Ours is the mean ± the standard deviation over the cell's seeds (a bare number: "
+        "one seed). At a reduced scale the sizes differ from the paper's (see xlm_pkm/reproduce.py); the column "
+        "labels give ours.",
+        "A direction **holds** when the gap between the two cells' means, in the paper's direction, exceeds the sum "
+        "of their standard deviations over seeds (with one seed, any gap), **does not hold** when the opposite gap "
+        "does, and is **within noise** otherwise.",
+        "Speeds are never the runs' own: a training run's words/s measures whatever else shared the machine (two "
+        "runs of the same cost differed by 2× here). Speed verdicts and the speed row of Table 4 come from the "
+        "inference_speed benchmark (every model timed in one process, interleaved; paper-size, untrained models) "
+        "given with --bench, at the paper's sizes; without it they are \"not measured\".",
         "## The paper's directions\n\n" + _md_table(["direction", "here", "numbers"],
-                                                     [list(d) for d in directions(runs)]),
+                                                     [list(d) for d in directions(runs, speeds)]),
         "## Table 1: test perplexity, with and without memory\n\n" + table1_md(runs),
         "## Table 2: memory size, with and without query BatchNorm\n\n" + table2_md(runs)
-        + "\n\nWithout memory (§4.5): " + _pair(base.test["ppl"] if base else None, PAPER["baseline"]),
+        + "\n\nWithout memory (§4.5): " + _pair(base.measure("ppl") if base else None, PAPER["baseline"]),
         "## Table 3: memory position in the 6-layer model\n\n" + table3_md(runs),
-        "## Table 4: product keys vs flat keys\n\n" + table4_md(runs),
+        "## Table 4: product keys vs flat keys\n\n" + table4_md(runs, speeds),
         "## Figure 6: memory heads × k\n\nThe paper gives Figure 6 only as a plot (h × k = 64: usage about 70%, "
         "perplexity about 20.5); rows are memory heads, columns the paper's k.\n\n" + figure6_md(runs),
         "## Figures\n\n" + "\n\n".join(f"![{name}]({name})" for name, path in figures.items() if path),

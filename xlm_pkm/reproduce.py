@@ -1,6 +1,6 @@
 """Run every cell of one of the paper's tables or figures, at the paper's size or scaled down.
 
-    python -m xlm_pkm.reproduce table2 --scale tiny [--dry-run] [--only NAME...] [--set key=value...]
+    python -m xlm_pkm.reproduce table2 --scale tiny [--seeds 0 1 2] [--dry-run] [--only NAME...] [--set key=value...]
     python -m xlm_pkm.reproduce table1 --scale paper --slurm --partition learn --gpus-per-node 8
     scripts/reproduce.sh figure6 --scale small --data data/processed/ccnews
 
@@ -12,7 +12,9 @@ table1, table2, table3, table4, figure6. Each run is a normal run directory
 `DUMP/<run>/<scale>` (train.exp_name=<run>, train.exp_id=<scale>) made by train.py, then
 evaluate.py --json writes its test result to `test.json` there, and `reproduce.json` records the
 cells it serves and both commands. A run with test.json is done and skipped; an interrupted one
-resumes from its checkpoint.pt (same exp_id). Locally the runs go one after another as
+resumes from its checkpoint.pt (same exp_id). With `--seeds S...` every run is made once per seed
+(train.seed=S: the initial weights, the data order and dropout), in `DUMP/<run>/<scale>-seed<S>`, and
+the report gives each cell's mean and spread over them. Locally the runs go one after another as
 subprocesses; with --slurm they are one submitit job array (--cluster local or debug to try it
 without SLURM), each job requeued on timeout or pre-emption and resumed.
 
@@ -260,17 +262,20 @@ def _identity(cell: Cell, overrides: list[str]) -> str:
 
 
 def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list[str] = (),
-         test_max_batches: int = 0) -> tuple[list[Run], list[str]]:
+         test_max_batches: int = 0, seed: int | None = None) -> tuple[list[Run], list[str]]:
     """The runs of `table` at `scale` in `dump`, and one line per cell that cannot be scaled.
 
     Cells whose configs resolve to the same run share it; the run is named after the first of them in
-    BASELINES then CANONICAL_ORDER, and lists every cell of every table it fills."""
+    BASELINES then CANONICAL_ORDER, and lists every cell of every table it fills. A `seed` sets
+    train.seed in every run and names its directory `<scale>-seed<seed>` (None: the configs' seed, `<scale>`)."""
     if table not in TABLES:
         raise ConfigError(f"unknown table {table!r}; choose from {', '.join(TABLES)}")
     unknown = sorted(set(only) - {c.name for c in TABLES[table]})
     if unknown:
         raise ConfigError(f"--only {' '.join(unknown)}: not a cell of {table} (its cells: "
                           f"{', '.join(c.name for c in TABLES[table])})")
+    if seed is not None:
+        extra = [*extra, f"train.seed={seed}"]
     members: dict[str, list[Cell]] = {}  # identity -> every cell with that run, first one names it
     wanted: dict[str, list[str]] = {}  # identity -> overrides, for the cells of `table` to run
     skipped = []
@@ -285,8 +290,8 @@ def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list
         members.setdefault(identity, []).append(cell)
         if cell in TABLES[table] and (not only or cell.name in only):
             wanted.setdefault(identity, (cell, overrides))
-    dump = Path(dump).resolve()
-    return [Run(members[i][0].name, cell.config, overrides, dump / members[i][0].name / scale.name,
+    dump, exp_id = Path(dump).resolve(), scale.name if seed is None else f"{scale.name}-seed{seed}"
+    return [Run(members[i][0].name, cell.config, overrides, dump / members[i][0].name / exp_id,
                 [c for c in members[i] if c.table != "baseline" or c is NO_MEMORY], test_max_batches)
             for i, (cell, overrides) in wanted.items()], skipped
 
@@ -364,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", help="processed data directory (default: the scale's, else the config's)")
     parser.add_argument("--set", nargs="+", default=[], metavar="key.sub=value", help="overrides for every run")
     parser.add_argument("--only", nargs="+", default=[], metavar="CELL", help="run only these cells")
+    parser.add_argument("--seeds", nargs="+", type=int, metavar="S",
+                        help="make every run once per seed, in DUMP/<run>/<scale>-seed<S> (default: once, with the "
+                             "configs' seed, in DUMP/<run>/<scale>)")
     parser.add_argument("--test-max-batches", type=int, default=0, help="evaluate on this many test batches (0: all)")
     parser.add_argument("--dry-run", action="store_true", help="print the runs and their commands")
     slurm = parser.add_argument_group("SLURM (submitit job array)")
@@ -378,7 +386,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     extra = [*([f"data.path={Path(args.data).resolve()}"] if args.data else []), *args.set]  # the caller's relative path
     try:
-        runs, skipped = plan(args.table, SCALES[args.scale], Path(args.dump), extra, args.only, args.test_max_batches)
+        runs, skipped = [], []
+        for seed in args.seeds or [None]:
+            seed_runs, skipped = plan(args.table, SCALES[args.scale], Path(args.dump), extra, args.only,
+                                      args.test_max_batches, seed)
+            runs += seed_runs
     except (ConfigError, ValueError) as e:
         print(f"reproduce: error: {e}", file=sys.stderr)
         return 2
