@@ -131,6 +131,8 @@ class OptimConfig:
     clip_scope: Literal["group", "global"] = "group"  # one norm per optimizer group (XLM), or over all
     clip_per_tensor: float = 0.0  # adagrad: each tensor's step scaled to this gradient norm (all-attention)
     accumulate: int = 1  # forward/backward passes per optimizer step
+    # all | memory (keys, query networks, values) | memory_values | glob patterns over parameter names
+    trainable: list[str] = field(default_factory=lambda: ["all"])
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
     # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim.py).
     values_optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim:VALUE_OPTIMIZERS"})

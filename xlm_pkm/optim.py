@@ -154,19 +154,22 @@ class OptimGroup:
 
 
 class Optimizers:
-    """The optimizer groups of a model: 'dense' and, when the model has memories, 'values'."""
+    """The optimizer groups of a model: 'dense' and, when the model has memories, 'values' (each when it has
+    a trainable parameter)."""
 
     def __init__(self, model: nn.Module, cfg: OptimConfig):
         if cfg.clip_per_tensor and cfg.optimizer != "adagrad":
             raise ConfigError(f"optim.clip_per_tensor is Adagrad's (optim.optimizer=adagrad), "
                               f"got optim.optimizer={cfg.optimizer}")
-        values = list(model.memory_value_parameters())
+        values = [p for p in model.memory_value_parameters() if p.requires_grad]
         value_ids = {id(p) for p in values}
         dense = [p for p in model.parameters() if p.requires_grad and id(p) not in value_ids]
         self.global_clip = cfg.clip_grad_norm if cfg.clip_scope == "global" else 0.0
         group_clip = 0.0 if self.global_clip else cfg.clip_grad_norm
-        self.groups = [OptimGroup("dense", dense, DENSE_OPTIMIZERS[cfg.optimizer](dense, cfg),
-                                  lambda step: scheduled_lr(step, cfg), group_clip)]
+        self.groups = []  # a group whose parameters are all frozen (optim.trainable) is left out
+        if dense:
+            self.groups.append(OptimGroup("dense", dense, DENSE_OPTIMIZERS[cfg.optimizer](dense, cfg),
+                                          lambda step: scheduled_lr(step, cfg), group_clip))
         if values:
             self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
                                           lambda step: cfg.values_lr, group_clip,

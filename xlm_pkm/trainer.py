@@ -37,6 +37,7 @@ from xlm_pkm.run_dir import lock_run_directory, record_config, run_directory
 from xlm_pkm.run_log import RunLogger
 from xlm_pkm.train_state import TrainState, from_earlier_version
 from xlm_pkm.train_step import loss_backward, optimizer_update
+from xlm_pkm.trainable import freeze
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's warning before the time limit (sbatch --signal)
@@ -61,6 +62,7 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         set_vocab_size(cfg, len(self.dictionary))
         self.model = build_model(cfg, self.device)
+        self.trainable = freeze(self.model, cfg.optim.trainable)
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
@@ -118,6 +120,7 @@ class Trainer:
         self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
+                      + f"; trainable {self.trainable:,} ({' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
         self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
                       f"words/s are means since the previous line; lr and grad_norm (before clipping) are "
