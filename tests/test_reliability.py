@@ -272,7 +272,7 @@ def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrid
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:
         for line in ranks[0].stdout:
-            if "train step 3 " in line:
+            if "train step 3/" in line:
                 break
         os.kill(ranks[1].pid, getattr(signals, signum))
         assert ranks[0].wait(timeout=60) == 2
