@@ -58,18 +58,14 @@ test-cluster: install
 	eval "$$(scripts/local_slurm.sh env)"; \
 	XLM_PKM_TEST_CLUSTER=1 timeout 1500 $(PY) -m pytest -q tests/cluster
 
-# Benchmarks (each writes JSON with the machine's description to benchmarks/results/). The model-level
-# ones (inference_speed, training_speed; words/s from the sample) and value_read_bandwidth are sized for a
-# GPU: on CPU, shrink them. benchmarks/gpu_suite.sh runs the GPU ones on a machine without this venv.
+# Benchmarks, sized for this machine (CPU: the reduced sizes of the committed *_cpu.json), each writing
+# <benchmark>_<cpu|cuda>.json to BENCH_OUT: dumped/bench unless asked (BENCH_OUT=benchmarks/results replaces
+# the committed figures). benchmarks/gpu_suite.sh runs the GPU ones on a machine without this venv.
+BENCH_OUT ?= dumped/bench
+
 bench: install data
 	$(PIP) install --no-deps -r requirements-bench.txt
-	$(PY) benchmarks/preprocess_throughput.py
-	$(PY) benchmarks/memory_layer_speed.py
-	$(PY) benchmarks/sparse_training_step.py
-	$(PY) benchmarks/inference_speed.py
-	$(PY) benchmarks/training_speed.py
-	$(PY) benchmarks/value_read_bandwidth.py
-	$(PY) benchmarks/generation_speed.py
+	PYTHON=$(PY) bash benchmarks/run_all.sh $(BENCH_OUT)
 
 clean:
 	rm -rf $(VENV) tools $(SAMPLE)

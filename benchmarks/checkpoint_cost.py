@@ -7,7 +7,7 @@ default), gives every optimizer its state (one step on zero gradients: Adam's tw
 writes checkpoint.pt as the trainer does (xlm_pkm.trainer.Trainer.save_checkpoint on one process):
 the non-finite scan, then torch.save to a temporary file, fsync and rename (checkpoint.save_atomic).
 Reports the median of --repeats writes (and each), so that `train.save_every_steps/minutes` can be
-chosen knowing what a save costs. Writes benchmarks/results/checkpoint_cost_cpu.json.
+chosen knowing what a save costs. Writes dumped/bench/checkpoint_cost_cpu.json (--out elsewhere).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info
-from model_setup import REPO, benchmark_parser, build_model, write_result
+from machine import machine_info, write_result
+from model_setup import REPO, benchmark_parser, build_model
 
 from xlm_pkm import build, checkpoint
 from xlm_pkm.config import to_dict

@@ -1,5 +1,5 @@
 """Generation speed with and without the key/value cache, written to
-benchmarks/results/generation_speed_<cpu|cuda>.json.
+dumped/bench/generation_speed_<cpu|cuda>.json (--out elsewhere).
 
     .venv/bin/python benchmarks/generation_speed.py [--config configs/default.yaml] [--batch 1] [--seq 128]
 
@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info
-from model_setup import REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free, write_result
+from machine import machine_info, write_result
+from model_setup import REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free
 from timing import best_of_rounds
 
 from xlm_pkm.generation import generate

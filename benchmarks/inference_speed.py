@@ -1,5 +1,5 @@
 """Inference speed of whole models (paper Table 4 / Figure 7 and Figure 4), written to
-benchmarks/results/inference_speed_<cpu|cuda>.json.
+dumped/bench/inference_speed_<cpu|cuda>.json (--out elsewhere).
 
     .venv/bin/python benchmarks/inference_speed.py [--device cuda] [--dtype fp16] [--parts table4 figure4]
 
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info
+from machine import machine_info, write_result
 from model_setup import (REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free,
-                         random_tokens, write_result)
+                         random_tokens)
 from timing import best_of_rounds
 
 from xlm_pkm.precision import autocast, check_precision

@@ -1,7 +1,10 @@
-"""What a benchmark ran on, for its JSON: processor or GPU, threads, load, library versions."""
+"""What a benchmark ran on, for its JSON (processor or GPU, threads, load, library versions), and where
+the JSON goes: dumped/bench/<benchmark>_<cpu|cuda>.json unless --out says otherwise, so a run never
+overwrites the committed figures in benchmarks/results/ unless asked to."""
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 from pathlib import Path
@@ -24,3 +27,15 @@ def machine_info(device: str = "cpu") -> dict:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def write_result(result: dict, args, name: str) -> None:
+    """Writes `result` to args.out, by default dumped/bench/<name>_<device type>.json."""
+    device = torch.device(getattr(args, "device", "cpu")).type
+    out = Path(args.out or REPO / "dumped" / "bench" / f"{name}_{device}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {out}")

@@ -1,4 +1,4 @@
-"""Speed of one memory layer, written to benchmarks/results/memory_layer_speed.json.
+"""Speed of one memory layer, written to dumped/bench/memory_layer_speed_<cpu|cuda>.json.
 
     .venv/bin/python benchmarks/memory_layer_speed.py [--device cpu|cuda] [--min-time 1.0]
 
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import sys
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info
+from machine import machine_info, write_result
 from timing import best_of_rounds
 
 from xlm_pkm.model.memory import ProductKeyMemory
@@ -58,7 +57,7 @@ def main():
     parser.add_argument("--min-time", type=float, default=1.0, help="seconds measured per entry")
     parser.add_argument("--rounds", type=int, default=2, help="interleaved measurements per entry; best kept")
     parser.add_argument("--train-keys", type=int, nargs="+", default=[128, 256, 512, 1024])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "memory_layer_speed.json"))
+    parser.add_argument("--out", help="default: dumped/bench/memory_layer_speed_<cpu|cuda>.json")
     args = parser.parse_args()
     device, n_tokens = args.device, args.batch * args.seq
     torch.manual_seed(0)
@@ -84,9 +83,7 @@ def main():
         "machine": machine_info(device),
         "train_forward_backward": train,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(result, args, "memory_layer_speed")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ xlm_pkm.data.stats), and models built from config files.
     args = parser.parse_args()
     corpus, vocab = corpus_and_vocab(args)
     model, cfg = build_model("configs/paper/l12_d1024_m1.yaml", ["optim.values_optimizer=lazy_adam"], args, vocab)
-    write_result(result, args, "training_speed")        # benchmarks/results/training_speed_<cpu|cuda>.json
+    write_result(result, args, "training_speed")          # dumped/bench/training_speed_<cpu|cuda>.json
 
 The batch defaults to configs/paper/base.yaml's data.batch_size × bptt (32 × 256); `--override`
 takes dotted config overrides (as train.py does), applied after the benchmark's own, so that a
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 from pathlib import Path
 
 import torch
@@ -28,7 +27,7 @@ from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.stats import split_stats
 from xlm_pkm.model.transformer import TransformerLM
 
-REPO = Path(__file__).resolve().parents[1]
+from machine import REPO
 FALLBACK_VOCAB = 32000  # when neither --vocab nor --data gives one
 
 
@@ -47,7 +46,7 @@ def benchmark_parser(doc: str) -> argparse.ArgumentParser:
     parser.add_argument("--override", nargs="*", default=[], metavar="KEY=VALUE",
                         help="config overrides for every model, e.g. model.dim=64")
     parser.add_argument("--note", default="", help="free text stored in the settings, e.g. what was reduced")
-    parser.add_argument("--out", help="default: benchmarks/results/<benchmark>_<device type>.json")
+    parser.add_argument("--out", help="default: dumped/bench/<benchmark>_<device type>.json")
     return parser
 
 
@@ -94,12 +93,6 @@ def common_settings(args, vocab: int) -> dict:
             "compile": args.compile, "overrides": args.override, "min_time_s": args.min_time,
             "rounds": args.rounds, "statistic": "best of rounds", "note": args.note}
 
-
-def write_result(result: dict, args, name: str) -> None:
-    out = Path(args.out or REPO / "benchmarks" / "results" / f"{name}_{torch.device(args.device).type}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
 
 
 def free(device: str) -> None:

@@ -4,7 +4,7 @@
 
 The corpus is the bundled one repeated `--repeat` times with distinct document ids (2 x 11 MB by
 default). Steps: tokenize (Moses), learnbpe and getvocab (fastBPE CLI, single-threaded), apply_bpe
-(fastBPE binding), binarize (held-out BPE + shards). Writes JSON to benchmarks/results/.
+(fastBPE binding), binarize (held-out BPE + shards). Writes JSON to dumped/bench/ (--out elsewhere).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
-from machine import machine_info  # noqa: E402
+from machine import machine_info, write_result  # noqa: E402
 from xlm_pkm.data.executor import Executor  # noqa: E402
 from xlm_pkm.data.preprocess import preprocess  # noqa: E402
 
@@ -44,7 +44,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--codes", type=int, default=8000)
-    parser.add_argument("--output", default=str(REPO / "benchmarks" / "results" / "preprocess_throughput.json"))
+    parser.add_argument("--out", help="default: dumped/bench/preprocess_throughput_cpu.json")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     result = {"machine": machine_info(), "bpe_codes": args.codes, "runs": []}
@@ -65,8 +65,8 @@ def main() -> None:
             print(json.dumps(run))
     slowest = max(result["runs"][0]["seconds"], key=result["runs"][0]["seconds"].get)
     result["slowest_step"] = slowest
-    Path(args.output).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"slowest step: {slowest}; wrote {args.output}")
+    print(f"slowest step: {slowest}")
+    write_result(result, args, "preprocess_throughput")
 
 
 if __name__ == "__main__":

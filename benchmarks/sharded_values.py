@@ -39,8 +39,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info
-from model_setup import write_result
+from machine import machine_info, write_result
 
 from xlm_pkm.build import build_model, build_optimizers
 from xlm_pkm.config import load_config
@@ -172,7 +171,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--budget-gib", type=float, default=19.0, help="memory all ranks may use together")
     parser.add_argument("--verify", action="store_true", help="train at the largest n_keys of each mode")
-    parser.add_argument("--out", help="default: benchmarks/results/sharded_values_{cpu,cuda}.json")
+    parser.add_argument("--out", help="default: dumped/bench/sharded_values_<cpu|cuda>.json")
     args = parser.parse_args()
     entries, largest = [], []
     for world in args.worlds:

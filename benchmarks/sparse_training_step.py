@@ -10,7 +10,7 @@
    (batch, time, dim) inputs); ours steps its values with LazyAdam, the rest with Adam.
 Each entry runs in its own process, so its peak resident memory (ru_maxrss) is its own; the step
 time is the median of --steps steps after --warmup steps (the first steps allocate Adam's state).
-Writes benchmarks/results/sparse_training_step.json.
+Writes dumped/bench/sparse_training_step_cpu.json (--out elsewhere).
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info  # noqa: E402
+from machine import machine_info, write_result  # noqa: E402
 from timing import median_seconds  # noqa: E402
 from xlm_pkm.build import build_model, build_optimizers  # noqa: E402
 from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig  # noqa: E402
@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--bptt", type=int, default=128)
     parser.add_argument("--vocab", type=int, default=8192)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "sparse_training_step.json"))
+    parser.add_argument("--out", help="default: dumped/bench/sparse_training_step_cpu.json")
     parser.add_argument("--worker", choices=["model", "ours_sparse", "lucidrains_pkm_0.3.0"], help=argparse.SUPPRESS)
     parser.add_argument("--n-keys", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--sparse", action="store_true", help=argparse.SUPPRESS)
@@ -138,8 +138,7 @@ def main() -> None:
     if (args.sizes[0], "sparse") in step_of and (args.sizes[-1], "sparse") in step_of:
         result["sparse_largest_over_smallest"] = round(
             step_of[(args.sizes[-1], "sparse")] / step_of[(args.sizes[0], "sparse")], 3)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    write_result(result, args, "sparse_training_step")
 
 
 if __name__ == "__main__":

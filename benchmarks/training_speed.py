@@ -1,5 +1,5 @@
 """Training speed of the Table 1 model with 12 layers and dim 1024, without and with one memory
-(512² slots, 4 heads, knn 32), written to benchmarks/results/training_speed_<cpu|cuda>.json.
+(512² slots, 4 heads, knn 32), written to dumped/bench/training_speed_<cpu|cuda>.json.
 
     .venv/bin/python benchmarks/training_speed.py [--device cuda] [--precisions bf16 fp16] [--compile]
 
@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info
+from machine import machine_info, write_result
 from model_setup import (REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free,
-                         model_config, random_tokens, write_result)
+                         model_config, random_tokens)
 from timing import best_of_rounds
 
 from xlm_pkm.hardware import peak_flops

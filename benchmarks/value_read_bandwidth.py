@@ -13,20 +13,19 @@ rows written (U·dim, or slots·dim when dense) for the backward; indices and we
 lookup) for both. Achieved GB/s = bytes / median time, beside the device's peak (xlm_pkm.hardware),
 so that "fraction_of_peak" is the issue's ≥ 70% target. Indices are uniform over the slots: rows
 are read from HBM, not from cache, for tables larger than the L2. Writes
-benchmarks/results/value_read_bandwidth_<device>.json.
+dumped/bench/value_read_bandwidth_<device>.json.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
-from machine import machine_info  # noqa: E402
+from machine import machine_info, write_result  # noqa: E402
 from timing import median_seconds  # noqa: E402
 from xlm_pkm.hardware import peak_memory_bandwidth  # noqa: E402
 from xlm_pkm.model.value_read import read_values, triton_usable  # noqa: E402
@@ -71,7 +70,7 @@ def main():
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16", "fp16"], choices=list(DTYPE_OF))
     parser.add_argument("--backends", nargs="+", default=["triton", "torch"], choices=["triton", "torch"])
     parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", help="default: dumped/bench/value_read_bandwidth_<cpu|cuda>.json")
     args = parser.parse_args()
     device = torch.device(args.device)
     backends = [b for b in args.backends if b == "torch" or triton_usable(device)]
@@ -107,10 +106,7 @@ def main():
         "peak_memory_bandwidth_GB_per_s": peak / 1e9 if peak else None,
         "results": rows,
     }
-    out = Path(args.out or Path(__file__).parent / "results" / f"value_read_bandwidth_{device.type}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_result(result, args, "value_read_bandwidth")
 
 
 if __name__ == "__main__":

@@ -111,3 +111,18 @@ def test_checkpoint_cost(tmp_path):
     assert result["parameters"] > 0 and len(result["write_s_each"]) == 2
     assert result["bytes"] > 4 * 3 * result["parameters"]  # weights and Adam's two moments, float32
     assert result["total_s_median"] > 0 and not list(tmp_path.glob("tmp*"))  # its directory removed
+
+
+def test_results_go_beside_the_committed_ones_unless_asked(tmp_path, monkeypatch):
+    """Without --out a benchmark writes dumped/bench/<name>_<device>.json, never benchmarks/results/."""
+    from types import SimpleNamespace
+
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import machine
+
+    monkeypatch.setattr(machine, "REPO", tmp_path)
+    machine.write_result({"x": 1}, SimpleNamespace(out=None, device="cpu"), "some_bench")
+    assert json.loads((tmp_path / "dumped" / "bench" / "some_bench_cpu.json").read_text()) == {"x": 1}
+    machine.write_result({"x": 2}, SimpleNamespace(out=str(tmp_path / "asked.json")), "some_bench")
+    assert json.loads((tmp_path / "asked.json").read_text()) == {"x": 2}
+    assert not (tmp_path / "benchmarks").exists()
