@@ -113,25 +113,41 @@ def test_two_nodes_equal_one_process_with_the_same_global_batch(tiny_overrides, 
     assert_two_processes_equal_one(run_dir, single)
 
 
-@pytest.mark.parametrize("how", ["scontrol requeue", "time limit"])
-def test_preempted_job_checkpoints_requeues_and_resumes_exactly(tiny_overrides, reference_run, tmp_path, how):
-    """`scontrol requeue` mid-run (SIGTERM, SLURM requeues), or the time limit's warning (USR2 60 s
-    before a 1-minute limit: the job requeues itself): the requeued job resumes where it stopped and logs
-    the uninterrupted run's losses, bit for bit."""
+def test_requeued_job_resumes_exactly(tiny_overrides, reference_run, tmp_path):
+    """`scontrol requeue` mid-run (SIGTERM, SLURM requeues): the requeued job resumes where it stopped
+    and logs the uninterrupted run's losses, bit for bit."""
     reference = reference_run(*LONG)
-    limit = ["--time", "1", "--signal-delay", "55"] if how == "time limit" else []
-    job, folder = submit(tmp_path, tiny_overrides, *limit, *LONG)
+    job, folder = submit(tmp_path, tiny_overrides, *LONG)
     run_dir = tmp_path / "tiny" / job
-    if how == "scontrol requeue":
-        wait_for(lambda: logged_step(run_dir) >= 500, 120, "step 500", job, folder)
-        scontrol("requeue", job)
+    wait_for(lambda: logged_step(run_dir) >= 500, 120, "step 500", job, folder)
+    scontrol("requeue", job)
     info = finished(job, folder, seconds=300)
     assert int(info["Restarts"]) >= 1
-    stops = stops_and_resumes(run_dir, "SIGTERM" if how == "scontrol requeue" else "SIGUSR2")
+    stops = stops_and_resumes(run_dir, "SIGTERM")
     assert stops and all(0 < s < 4000 for s in stops)
-    if how == "time limit":
-        assert f"SLURM job {job} requeued" in (run_dir / "train.log").read_text()
     assert logged_losses(run_dir) == logged_losses(reference.run_dir)
+
+
+def test_time_limit_warning_requeues_and_resumes_exactly(tiny_overrides, tiny_run, tmp_path):
+    """The time limit's warning (USR2 55 s before a 1-minute limit; slurmctld sends it at its next
+    periodic check, so when is up to SLURM): the job checkpoints, requeues itself and resumes at the
+    step it stopped. The run is longer than any limit, so the signal always comes mid-training; once it
+    has resumed and trained on, scancel ends it, and its losses equal an uninterrupted run's."""
+    job, folder = submit(tmp_path, tiny_overrides, "--time", "1", "--signal-delay", "55",
+                         "train.max_steps=1000000", *LONG[1:])
+    run_dir = tmp_path / "tiny" / job
+    log = lambda: (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
+    stop = int(wait_for(lambda: re.search(r"stopping at step (\d+) \(SIGUSR2\)", log()), 180,
+                        "the time limit's warning", job, folder).group(1))
+    wait_for(lambda: f"resumed at step {stop})" in log(), 120, "the requeued job to resume", job, folder)
+    wait_for(lambda: logged_step(run_dir) >= stop + 200, 120, "200 steps after the resume", job, folder)
+    subprocess.run(["scancel", job], check=True, timeout=30)
+    wait_for(lambda: job_info(job)["JobState"] == "CANCELLED", 60, "the job to be cancelled", job, folder)
+    assert int(job_info(job)["Restarts"]) >= 1 and f"SLURM job {job} requeued" in log()
+    assert stops_and_resumes(run_dir, "SIGUSR2")[0] == stop
+    ours = logged_losses(run_dir)
+    reference = tiny_run(tmp_path / "reference", "train.exp_id=ref", f"train.max_steps={max(ours)}", *LONG[1:])
+    assert ours == logged_losses(reference.run_dir)
 
 
 def test_scancel_ends_the_job_and_the_run_resumes_by_hand(tiny_overrides, reference_run, tiny_run, tmp_path):
