@@ -140,3 +140,25 @@ def assert_two_processes_equal_one(run_dir: Path, single) -> None:
     assert [rank["data"]["world_size"] for rank in state["train_state"]] == [2, 2]
     for name, p in single.model.state_dict().items():  # Adam magnifies float rounding of tiny gradients
         torch.testing.assert_close(state["model"][name], p, rtol=1e-3, atol=1e-3)
+
+
+@pytest.fixture
+def signal_at_step(monkeypatch):
+    """signal_at_step(step, signum=SIGUSR2): every Trainer sends itself `signum` during step `step`, as
+    SLURM's time-limit warning (or scancel, or a preemption) would."""
+    import signal
+
+    from xlm_pkm.trainer import Trainer
+
+    step_once = Trainer.train_step
+
+    def arm(step: int, signum: int = signal.SIGUSR2) -> None:
+        def step_then_signal(self, batches):
+            out = step_once(self, batches)
+            if self.step == step:
+                os.kill(os.getpid(), signum)
+            return out
+
+        monkeypatch.setattr(Trainer, "train_step", step_then_signal)
+
+    return arm

@@ -32,17 +32,6 @@ def fake_command(tmp_path, monkeypatch, name: str, script: str) -> Path:
     return calls
 
 
-def signal_at_step(monkeypatch, step: int, signum: int) -> None:
-    step_once = Trainer.train_step
-
-    def step_then_signal(self, batches):
-        out = step_once(self, batches)
-        if self.step == step:
-            os.kill(os.getpid(), signum)
-        return out
-
-    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
-
 
 @pytest.mark.parametrize("signum, scontrol, requeued", [
     (signal.SIGUSR2, "exit 0", "requeued"),  # the time-limit warning
@@ -51,11 +40,11 @@ def signal_at_step(monkeypatch, step: int, signum: int) -> None:
     (signal.SIGTERM, "exit 0", None),  # scancel, or SLURM pre-empting/requeueing the job itself
 ])
 def test_only_the_time_limit_warning_requeues_and_a_refused_requeue_is_one_line(
-        tiny_overrides, tmp_path, monkeypatch, signum, scontrol, requeued):
+        tiny_overrides, tmp_path, monkeypatch, signal_at_step, signum, scontrol, requeued):
     calls = fake_command(tmp_path, monkeypatch, "scontrol", scontrol)
     monkeypatch.setenv("SLURM_JOB_ID", "123")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    signal_at_step(monkeypatch, 3, signum)
+    signal_at_step(3, signum)
     argv = ["--no-test", *tiny_overrides(tmp_path)]
     assert train_main(argv) == 75
     run_dir = tmp_path / "tiny" / "123"  # named by the job id

@@ -3,7 +3,6 @@
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ import torch
 from xlm_pkm import checkpoint
 from xlm_pkm.cli import evaluate_main, train_main
 from xlm_pkm.config import ConfigError, load_config
-from xlm_pkm.trainer import Trainer
 
 from conftest import assert_two_processes_equal_one
 
@@ -50,22 +48,10 @@ def test_resume_equals_uninterrupted_run(tiny_run, reference_run, train_losses, 
         assert torch.equal(p, resumed.model.state_dict()[name]), name
 
 
-def signal_at_step(monkeypatch, step: int, signum=signal.SIGUSR2) -> None:
-    """Every Trainer sends itself `signum` during step `step`, as SLURM's time-limit warning would."""
-    step_once = Trainer.train_step
-
-    def step_then_signal(self, batches):
-        out = step_once(self, batches)
-        if self.step == step:
-            os.kill(os.getpid(), signum)
-        return out
-
-    monkeypatch.setattr(Trainer, "train_step", step_then_signal)
-
 
 def test_stop_signal_saves_exits_75_and_resumes_exactly(tiny_overrides, tiny_run, reference_run, train_losses,
-                                                        tmp_path, monkeypatch):
-    signal_at_step(monkeypatch, 4)
+                                                        tmp_path, monkeypatch, signal_at_step):
+    signal_at_step(4)
     assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=sig", "train.log_every=3")]) == 75
     assert checkpoint.load(tmp_path / "tiny" / "sig" / "checkpoint.pt")["step"] == 4
     monkeypatch.undo()
