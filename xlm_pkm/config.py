@@ -162,6 +162,10 @@ class TrainConfig:
     max_nonfinite: int = 10  # consecutive non-finite losses before stopping (fp32/bf16)
     num_threads: int = 0  # torch CPU threads; 0: torch's default
     collective_timeout_minutes: float = 10.0  # a collective waiting longer fails, naming the missing ranks
+    # a trained model to start from (best.pt, checkpoint.pt or an exported folder): its weights only, the run
+    # keeps its own step 0, optimizers and data (init_from.py); ignored when the run directory resumes
+    init_from: str = ""
+    init_strict: bool = True  # both models have the same tensors; false: retrofit (load the shared ones)
 
 
 @dataclass

@@ -70,12 +70,13 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
 
 def load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary]:
     """(model in eval mode on the CPU, dictionary) of a folder written by export()."""
-    model, dictionary, _, _ = _load_exported(out_dir)
+    model, dictionary, _, _ = read_exported(out_dir)
     return model, dictionary
 
 
-def _load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Config, str]:
-    """(model, dictionary, config, the data's unit) of an exported folder."""
+def read_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Config, dict[str, str]]:
+    """(model, dictionary, config, the weights' metadata: step, vocab_fingerprint, unit...) of an exported
+    folder."""
     from safetensors import safe_open
     from safetensors.torch import load_model as load_weights
 
@@ -102,15 +103,15 @@ def _load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Conf
     except RuntimeError as e:
         raise ValueError(f"{out / WEIGHTS}: weights of another architecture than {out / CONFIG} "
                          f"({' '.join(str(e).split())[:300]})") from None
-    return model.eval(), dictionary, cfg, metadata.get("unit", BPE_UNIT)  # exported before units: BPE
+    return model.eval(), dictionary, cfg, metadata
 
 
 def load_model(path: str | Path, data_dir: str | Path | None = None) -> tuple[TransformerLM, LineCodec, Config]:
     """(model in eval mode on the CPU, its text codec, the run's config) from a run checkpoint (vocab and
     codes from `data_dir`, default the run's) or from an exported folder (its own)."""
     if Path(path).is_dir():
-        model, _, cfg, unit = _load_exported(path)
-        return model, text_codec(path, unit), cfg
+        model, _, cfg, metadata = read_exported(path)
+        return model, text_codec(path, metadata.get("unit", BPE_UNIT)), cfg  # exported before units: BPE
     model, cfg, _, data_dir = load_trained(path, data_dir)
     return model, text_codec(data_dir, data_unit(data_dir)), cfg
 

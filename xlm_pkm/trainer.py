@@ -30,6 +30,7 @@ from xlm_pkm.distributed import (all_reduce_sum, any_rank, average_value_grads_,
                                  init_distributed, synced_values)
 from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
+from xlm_pkm.init_from import load_weights, summarize, trained_weights
 from xlm_pkm.optim import value_optimizer
 from xlm_pkm.precision import check_precision, grad_scaler, resolve_device
 from xlm_pkm.progress import format_duration
@@ -76,8 +77,11 @@ class Trainer:
         self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None
         self.ckpt_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
         self.resumed = self.ckpt_path.exists()
+        self.initialised = None  # (TrainedWeights, InitReport) when train.init_from loaded a trained model
         if self.resumed:
             self.resume()
+        elif cfg.train.init_from:
+            self.initialise(cfg.train.init_from)
         self.saved_step = self.state.step if self.resumed else None  # step of the last good checkpoint.pt
         self.stopped = False  # by a signal or the time limit, before max_steps
         self.stop_signal: int | None = None  # the signal that asked to stop, if one did
@@ -87,6 +91,7 @@ class Trainer:
             if changes:
                 self.log.info(f"resumed with another config than the run's (previous one kept as "
                               f"config.until-step{self.step}.yaml): " + "; ".join(changes))
+        self._log_init()
         self.flops_per_token = self.model.dense_flops_per_token(cfg.data.bptt)
         self.peak_flops = peak_flops(self.device, cfg.train.precision)
         self._log_start()
@@ -182,6 +187,25 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         ranks = state["train_state"] if "train_state" in state else from_earlier_version(state)
         self.state.load_state_dict(ranks[self.env.rank])
+
+    def initialise(self, path: str) -> None:
+        """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""
+        weights = trained_weights(path)
+        checkpoint.check_vocabulary({"vocab_fingerprint": weights.vocab_fingerprint}, self.vocab_fingerprint,
+                                    f"{self.cfg.data.path}/vocab", path)
+        self.initialised = weights, load_weights(self.model, weights, self.cfg.train.init_strict)
+
+    def _log_init(self) -> None:
+        if self.resumed and self.cfg.train.init_from:
+            self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: the run resumes from its own checkpoint")
+        if self.initialised is None:
+            return
+        weights, report = self.initialised
+        self.log.info(f"initialised from {weights.source} (step {weights.step} of its run): "
+                      f"{len(report.loaded)} tensors loaded, {len(report.new)} new, {len(report.dropped)} dropped")
+        for kind in ("loaded", "new", "dropped"):
+            if getattr(report, kind):
+                self.log.info(f"  {kind}: {summarize(getattr(report, kind), limit=1000)}")
 
     # ---- one optimizer step ------------------------------------------------------------------
     def train_step(self, batches) -> dict:
