@@ -114,6 +114,13 @@ class DataConfig:
 
 
 @dataclass
+class MemoryFinetuneConfig:
+    """Sparse memory finetuning (memory_finetune.py): each step updates only its top_t slots by TF-IDF."""
+    top_t: int = 0  # slots updated per value table and step; 0: off (every slot read is updated)
+    background: str = ""  # slot counts on the pretraining data: python -m xlm_pkm.slot_counts
+
+
+@dataclass
 class OptimConfig:
     """Adam with the inverse square-root schedule (Vaswani et al.); memory values in their own group."""
 
@@ -133,6 +140,7 @@ class OptimConfig:
     accumulate: int = 1  # forward/backward passes per optimizer step
     # all | memory (keys, query networks, values) | memory_values | glob patterns over parameter names
     trainable: list[str] = field(default_factory=lambda: ["all"])
+    memory_finetune: MemoryFinetuneConfig = field(default_factory=MemoryFinetuneConfig)
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
     # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim.py).
     values_optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim:VALUE_OPTIMIZERS"})
@@ -190,7 +198,7 @@ NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.e
                 "model.persistent_vectors", "model.span.loss_coeff",
                 "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
                 "optim.clip_per_tensor",
-                "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
+                "optim.values_weight_decay", "optim.memory_finetune.top_t", "train.max_time_minutes", "train.eval_max_batches",
                 "train.save_every_steps", "train.save_every_minutes",
                 "train.num_threads")
 PROBABILITIES = ("model.dropout", "model.attention_dropout", "model.memory.input_dropout",
@@ -356,6 +364,9 @@ def validate(cfg, prefix: str = ""):
         raise ConfigError(f"train.device: expected auto, cpu, cuda or cuda:N, got {cfg.train.device!r}")
     if isinstance(cfg, Config):
         _check_family(cfg.model, cfg.data.shuffle_blocks)
+    if isinstance(cfg, Config) and cfg.optim.memory_finetune.top_t and not cfg.optim.memory_finetune.background:
+        raise ConfigError("optim.memory_finetune.top_t needs optim.memory_finetune.background: the slot counts "
+                          "of python -m xlm_pkm.slot_counts CHECKPOINT --data DIR --out FILE")
     return cfg
 
 

@@ -31,6 +31,7 @@ from xlm_pkm.distributed import (all_reduce_sum, any_rank, average_value_grads_,
 from xlm_pkm.evaluation import evaluate
 from xlm_pkm.hardware import peak_flops
 from xlm_pkm.init_from import load_weights, summarize, trained_weights
+from xlm_pkm.memory_finetune import SparseMemoryFinetuning
 from xlm_pkm.optim import value_optimizer
 from xlm_pkm.precision import check_precision, grad_scaler, resolve_device
 from xlm_pkm.progress import format_duration
@@ -82,6 +83,9 @@ class Trainer:
             self.resume()
         elif cfg.train.init_from:
             self.initialise(cfg.train.init_from)
+        self.memory_finetune = None if not cfg.optim.memory_finetune.top_t else SparseMemoryFinetuning(
+            self.model, cfg.optim.memory_finetune, value_optimizer(cfg.optim).sparse, self.env,
+            check_fingerprint=not self.resumed)
         self.saved_step = self.state.step if self.resumed else None  # step of the last good checkpoint.pt
         self.stopped = False  # by a signal or the time limit, before max_steps
         self.stop_signal: int | None = None  # the signal that asked to stop, if one did
@@ -111,10 +115,12 @@ class Trainer:
         return (torch.device("cuda", env.local_rank) if device.type == "cuda" else device), env
 
     def _wrap_model(self) -> torch.nn.Module:
-        """The module the step calls: the model, in DDP when distributed (sparse or sharded values left
-        out of its all-reduce: average_value_grads_ synchronises them), compiled when asked."""
+        """The module the step calls: the model, in DDP when distributed and a parameter trains outside the
+        values that average_value_grads_ synchronises (sparse or sharded ones, left out of DDP's all-reduce),
+        compiled when asked."""
         model = self.model
-        if self.env.is_distributed:
+        synced = {id(p) for p in self.synced_values}
+        if self.env.is_distributed and any(p.requires_grad and id(p) not in synced for p in model.parameters()):
             model = data_parallel(model, self.synced_values, self.device)
         return torch.compile(model) if self.cfg.train.compile else model
 
@@ -128,8 +134,8 @@ class Trainer:
                       + f"; trainable {self.trainable:,} ({' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
         self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
-                      f"words/s are means since the previous line; lr and grad_norm (before clipping) are "
-                      f"the last step's; ETA from this run's steps so far, evaluations included")
+                      f"words/s are means since the previous line; lr, grad_norm (before clipping) and, with "
+                      f"optim.memory_finetune, slots_read/slots_updated are the last step's; ETA from this run's steps so far, evaluations included")
         accumulate, streams = self.cfg.optim.accumulate, self.cfg.data.batch_size
         if accumulate > 1 and self.model.stream_layers() and self.env.is_main:
             self.log.warning(f"optim.accumulate={accumulate} with stream caches: a step reads {accumulate} "
@@ -216,6 +222,8 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         tokens = words = 0
         spans = self.model.span_loss if self.model.spans() else None  # training-only loss term
+        if self.memory_finetune:
+            self.memory_finetune.begin_step()
         for i in range(accumulate):
             epoch = self.train_stream.epoch
             x, y = next(batches)  # (B, T) each, on the CPU: counting words there needs no device sync
@@ -225,11 +233,13 @@ class Trainer:
             tokens += y.numel()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
             last = i == accumulate - 1
-            sync = nullcontext() if last or not self.env.is_distributed else self.forward_model.no_sync()
+            in_ddp = hasattr(self.forward_model, "no_sync")  # also through torch.compile's wrapper
+            sync = self.forward_model.no_sync() if in_ddp and not last else nullcontext()
             with sync:
                 loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
                                           accumulate, spans)
         average_value_grads_(self.synced_values, self.env)  # host sync if sparse and replicated: row counts
+        slots = self.memory_finetune.restrict_gradients() if self.memory_finetune else {}  # host sync
         loss = loss_sum / accumulate
         norms, scale, skipped = optimizer_update(self.optimizers, self.scaler, loss)  # host sync: finite check
         if not skipped:
@@ -240,7 +250,7 @@ class Trainer:
         if state.nonfinite_streak >= cfg.train.max_nonfinite:
             raise NonFiniteLossError(f"loss or gradients were not finite for {state.nonfinite_streak} consecutive "
                                      f"steps (last at step {state.step}); stopping. {self._last_good()}")
-        return {"loss": loss, "norms": norms, "lrs": lrs, "scale": scale, "tokens": tokens, "words": words}
+        return {"loss": loss, "norms": norms, "lrs": lrs, "scale": scale, "tokens": tokens, "words": words, **slots}
 
     # ---- the loop ----------------------------------------------------------------------------
     def train(self) -> dict:
@@ -321,6 +331,7 @@ class Trainer:
             "grad_norm": {k: float(v) for k, v in out["norms"].items()},
             "loss_scale": out["scale"],
             "skipped_steps": state.skipped_steps,
+            **{k: out[k] for k in ("slots_read", "slots_updated") if k in out},  # the last step's
             "tokens_per_sec": tokens_per_sec,
             "words_per_sec": words / elapsed,
         }

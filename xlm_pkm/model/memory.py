@@ -111,7 +111,8 @@ class ProductKeyMemory(nn.Module):
 
         self.sparse_values = False
         self.track_stats = False
-        self.slot_stats = SlotStats(self.n_slots)
+        self.slot_stats = SlotStats(self.n_slots)  # evaluation's reads, while track_stats
+        self.step_reads: SlotStats | None = None  # training's reads, when set (memory_finetune.py)
         self.read_backend = choose_backend(cfg.value_read, self.values.weight.device)
         self.read = read_values  # or, with a shard of a table split over processes, the exchanging read
         if self.shard is not None and self.shard.world > 1:
@@ -132,8 +133,9 @@ class ProductKeyMemory(nn.Module):
         N = x.shape[0]
         backend = self.read_backend or resolve_backend(self.cfg.value_read, self.values.weight.device)  # None: why
         with torch.autocast(x.device.type, enabled=False):
-            if self.track_stats and not self.training:
-                self.slot_stats.add(indices, weights)
+            reads = self.step_reads if self.training else self.slot_stats if self.track_stats else None
+            if reads is not None:
+                reads.add(indices, weights)
             out = self.read(self.values.weight, indices.view(N, -1), weights.view(N, -1), self.sparse_values,
                             backend)  # (N, output_dim), heads summed by the bag
         out = self.value_dropout(out)

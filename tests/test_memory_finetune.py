@@ -1,0 +1,173 @@
+"""Sparse memory finetuning: the TF-IDF ranking by hand, each step's updated rows against a brute-force
+selection from the slots the step read, everything else bit-identical, the background counts against a
+brute-force count, sharded values on 2 processes, and the error lines."""
+
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import read_events
+from xlm_pkm.cli import train_main
+from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.memory_finetune import Background, tf_idf, top_slots
+from xlm_pkm.model.memory import ProductKeyMemory
+from xlm_pkm.slot_counts import main as slot_counts_main
+from xlm_pkm.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = "blocks.1.sublayers.1.values.weight"  # the tiny model's value table (its memory at layer 2)
+
+
+def test_tf_idf_ranking_equals_a_hand_computation():
+    reads = torch.tensor([0, 4, 2, 2, 0, 1])  # 9 reads in the batch
+    doc_freq = torch.tensor([5, 9, 0, 4, 1, 0])  # of 9 background documents
+    # tf = [0, 4/9, 2/9, 2/9, 0, 1/9], idf = log(10 / (df + 1)) = [log 10/6, 0, log 10, log 2, log 5, log 10]
+    expected = [0.0, 0.0, 2 / 9 * math.log(10), 2 / 9 * math.log(2), 0.0, 1 / 9 * math.log(10)]
+    assert tf_idf(reads, doc_freq, 9).tolist() == pytest.approx(expected, abs=1e-12)
+    # 0.512 (slot 2) > 0.256 (slot 5) > 0.154 (slot 3) > 0 (slot 1, read by every document); 0 and 4 unread
+    assert top_slots(reads, doc_freq, 9, 3).tolist() == [2, 5, 3]
+    assert top_slots(reads, doc_freq, 9, 10).tolist() == [2, 5, 3, 1]
+    assert top_slots(torch.tensor([1, 0, 1, 1]), torch.zeros(4), 5, 2).tolist() == [0, 2]  # ties: lower slot
+
+
+@pytest.fixture(scope="module")
+def source(tiny_run, tiny_data_dir, tmp_path_factory):
+    """A trained tiny model and its background counted on 40 batches of its training data."""
+    dump = tmp_path_factory.mktemp("source")
+    best = tiny_run(dump, "train.exp_id=src").run_dir / "best.pt"
+    background = dump / "slot_counts.pt"
+    assert slot_counts_main([str(best), "--data", str(tiny_data_dir), "--max-tokens", "2560",
+                             "--out", str(background)]) == 0
+    return best, background
+
+
+def _finetune(source, *extra) -> tuple:
+    best, background = source
+    return (f"train.init_from={best}", "optim.trainable=memory_values", "optim.values_optimizer=sgd",
+            "optim.values_lr=50", "optim.memory_finetune.top_t=3", f"optim.memory_finetune.background={background}",
+            *extra)
+
+
+def test_slot_counts_equal_a_brute_force_count(source, tiny_data_dir):
+    best, file = source
+    counted = Background.from_file(file)
+    from xlm_pkm.build import load_trained
+
+    model, cfg, _, _ = load_trained(best)
+    memory = next(m for m in model.modules() if isinstance(m, ProductKeyMemory))
+    inputs = []
+    memory.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+    stream = TokenStream(tiny_data_dir, "train", cfg.data.batch_size, cfg.data.bptt, train=False, shuffle=False)
+    doc_freq = torch.zeros(memory.n_slots, dtype=torch.int64)
+    reads = torch.zeros(memory.n_slots, dtype=torch.int64)
+    documents = 0
+    with torch.no_grad():
+        for x, _ in stream:
+            if documents * x.numel() >= 2560:
+                break
+            inputs.clear()
+            model(x)
+            _, indices = memory.lookup(inputs[0])
+            counts = torch.bincount(indices.flatten(), minlength=memory.n_slots)
+            doc_freq += counts > 0
+            reads += counts
+            documents += 1
+    assert counted.documents == documents == 2560 // (4 * 16) and counted.tokens == 2560
+    assert torch.equal(counted.doc_freq[TABLE], doc_freq) and torch.equal(counted.reads[TABLE], reads)
+
+
+def test_only_the_top_t_rows_of_each_step_move(source, tiny_trainer, tmp_path, monkeypatch):
+    """Each step's moved value rows are exactly the 3 best by TF-IDF of the slots the step read (recorded
+    from the memory's lookups, ranked by a plain Python loop); every other row and parameter stays."""
+    background = Background.from_file(source[1])
+    lookups = []
+    lookup = ProductKeyMemory.lookup
+    monkeypatch.setattr(ProductKeyMemory, "lookup", lambda self, x: lookups.append(lookup(self, x)) or lookups[-1])
+    trainer = tiny_trainer(tmp_path, "train.exp_id=smf", *_finetune(source), test=False)
+    table = dict(trainer.model.named_parameters())[TABLE]
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    steps = []  # (rows that moved, brute-force selection, distinct slots read)
+    step = Trainer.train_step
+
+    def recorded_step(self, batches):
+        lookups.clear()
+        before = table.detach().clone()
+        out = step(self, batches)
+        reads = torch.bincount(torch.cat([i.flatten() for _, i in lookups]), minlength=table.shape[0]).tolist()
+        total, docs = sum(reads), background.documents
+        scores = {slot: c / total * math.log((docs + 1) / (int(background.doc_freq[TABLE][slot]) + 1))
+                  for slot, c in enumerate(reads) if c}
+        best = sorted(scores, key=lambda slot: (-scores[slot], slot))[:3]
+        moved = (table.detach() != before).any(dim=1).nonzero().flatten().tolist()
+        steps.append((sorted(moved), sorted(best), len(scores)))
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", recorded_step)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    assert len(steps) == 8
+    for moved, best, _ in steps:
+        assert moved == best
+    end = trainer.model.state_dict()
+    touched = {row for moved, _, _ in steps for row in moved}
+    for name, tensor in end.items():
+        if name != TABLE:
+            assert torch.equal(tensor, start[name]), name
+    untouched = [row for row in range(table.shape[0]) if row not in touched]
+    assert torch.equal(end[TABLE][untouched], start[TABLE][untouched])
+    logged = [(e["slots_read"], e["slots_updated"]) for e in read_events(trainer.run_dir)]
+    assert logged == [(read, 3) for _, _, read in steps]
+
+
+def test_two_processes_with_sharded_values_update_the_rows_of_one_process(source, tiny_overrides, tiny_run,
+                                                                          tmp_path):
+    """torchrun, 2 ranks holding half the value columns each, 2 x 2 streams: the same rows move, to the
+    same values (within float rounding), as on one process with 4 streams."""
+    best, _ = source
+    extra = _finetune(source, "train.max_steps=4")
+    single = tiny_run(tmp_path, "train.exp_id=one", *extra, "data.batch_size=8")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
+           "--no-test", *tiny_overrides(tmp_path, *extra), "train.exp_id=two", "data.batch_size=4",
+           "model.memory.shard_values=true", "train.num_threads=1"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    from xlm_pkm import checkpoint, value_checkpoint
+
+    path = tmp_path / "tiny" / "two" / "checkpoint.pt"
+    two = value_checkpoint.attach(checkpoint.load(path), path, None)["model"][TABLE]
+    start, one = checkpoint.load(best)["model"][TABLE], single.model.state_dict()[TABLE]
+    moved = (one != start).any(dim=1)
+    assert moved.sum() >= 3 and torch.equal((two != start).any(dim=1), moved)
+    torch.testing.assert_close(two, one, rtol=1e-4, atol=1e-6)
+    logged = [e["slots_updated"] for e in read_events(tmp_path / "tiny" / "two")]
+    assert logged == [e["slots_updated"] for e in read_events(single.run_dir)] == [3, 3, 3, 3]
+
+
+def test_bad_settings_are_one_line(source, tiny_overrides, tmp_path, capsys):
+    best, background = source
+    other = Background.from_file(background)
+    other.fingerprint = "0" * 16
+    other.to_file(tmp_path / "other.pt", source="elsewhere")
+    (tmp_path / "notes.txt").write_text("not counts")
+    cases = {
+        "no background": (("optim.memory_finetune.background=",), "top_t needs optim.memory_finetune.background"),
+        "dense values": (("optim.values_optimizer=adam",), "needs a values optimizer on sparse rows"),
+        "no memory": (("model.mem_layers=[]", "model.n_memories=0", "train.init_from=", "optim.trainable=all"),
+                      "the model has no memory"),
+        "frozen values": (("optim.trainable=[blocks.0.*]",), "the memory values do not train"),
+        "other model": ((f"optim.memory_finetune.background={tmp_path / 'other.pt'}",), "counted on another model"),
+        "missing": ((f"optim.memory_finetune.background={tmp_path / 'none.pt'}",), "none.pt does not exist"),
+        "not counts": ((f"optim.memory_finetune.background={tmp_path / 'notes.txt'}",), "is not readable"),
+    }
+    for i, (name, (extra, message)) in enumerate(cases.items()):
+        code = train_main(["--no-test", *tiny_overrides(tmp_path, f"train.exp_id=e{i}", *_finetune(source, *extra))])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and message in err[0], (name, err)
