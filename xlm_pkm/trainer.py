@@ -64,6 +64,13 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         set_vocab_size(cfg, len(self.dictionary))
         self.model = build_model(cfg, self.device)
+        self.run_dir, cfg.train.exp_id = run_directory(cfg.train.dump_path, cfg.train.exp_name, cfg.train.exp_id,
+                                                       self.env)  # created below, once every input is checked
+        self.ckpt_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
+        self.resumed = self.ckpt_path.exists()
+        self.initialised = None  # (TrainedWeights, InitReport) when train.init_from loaded a trained model
+        if cfg.train.init_from and not self.resumed:  # before anything wraps or freezes the weights
+            self.initialise(cfg.train.init_from)
         self.trainable = freeze(self.model, cfg.optim.trainable)
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
@@ -73,16 +80,9 @@ class Trainer:
         random.seed(cfg.train.seed * 1000 + self.env.rank)
         self.state = TrainState(self.train_stream, self.device, self.model)
 
-        self.run_dir, cfg.train.exp_id = run_directory(cfg.train.dump_path, cfg.train.exp_name, cfg.train.exp_id,
-                                                       self.env)  # created only now that the inputs are valid
-        self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None
-        self.ckpt_path, self.best_path = self.run_dir / "checkpoint.pt", self.run_dir / "best.pt"
-        self.resumed = self.ckpt_path.exists()
-        self.initialised = None  # (TrainedWeights, InitReport) when train.init_from loaded a trained model
+        self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None  # creates the directory
         if self.resumed:
             self.resume()
-        elif cfg.train.init_from:
-            self.initialise(cfg.train.init_from)
         self.memory_finetune = None if not cfg.optim.memory_finetune.top_t else SparseMemoryFinetuning(
             self.model, cfg.optim.memory_finetune, value_optimizer(cfg.optim).sparse, self.env,
             check_fingerprint=not self.resumed)
