@@ -22,7 +22,7 @@ from contextlib import nullcontext
 
 import torch
 
-from xlm_pkm import checkpoint, slurm_env, value_checkpoint
+from xlm_pkm import checkpoint, lora, slurm_env, value_checkpoint
 from xlm_pkm.build import build_model, build_optimizers, build_stream, set_vocab_size
 from xlm_pkm.checkpoint import NonFiniteError
 from xlm_pkm.config import Config, to_dict
@@ -62,7 +62,9 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         set_vocab_size(cfg, len(self.dictionary))
         self.model = build_model(cfg, self.device)
-        self.trainable = freeze(self.model, cfg.optim.trainable)
+        self.lora = lora.uses_lora(cfg.optim)  # adapters on the loaded weights; best.pt gets them merged
+        self.trainable = lora.add_adapters(self.model, cfg.optim) if self.lora else freeze(self.model,
+                                                                                          cfg.optim.trainable)
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
@@ -152,8 +154,11 @@ class Trainer:
         self.saved_step = self.step
 
     def save_best(self) -> None:
-        """best.pt: the model only (for evaluation)."""
-        self._write(self._model_record(), self.best_path)
+        """best.pt: the model only (for evaluation), LoRA adapters merged into plain weights."""
+        record = self._model_record()
+        if self.lora:
+            record["model"] = lora.merged_state_dict(self.model)
+        self._write(record, self.best_path)
 
     def _write(self, record: dict, path) -> None:
         """Writes a run record: sharded values by every rank (value_checkpoint.py), then the rest by rank 0."""
