@@ -109,7 +109,7 @@ def plot(rows: list[dict], path: Path) -> None:
                         textcoords="offset points")
     for r in rows:
         if r["method"] == PRETRAINED:
-            ax.plot([0], [100 * r["em"]], "k*", markersize=10)
+            ax.plot([0], [100 * r["em"]], "*", markersize=10, label=f"{r['model']}: {PRETRAINED}")
     ax.set_xlabel("forgetting: valid perplexity change on the pretraining corpus")
     ax.set_ylabel("learning: exact match on the new facts (%)")
     ax.grid(alpha=0.3)
