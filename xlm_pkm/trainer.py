@@ -122,7 +122,7 @@ class Trainer:
         self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
-                      + f"; trainable {self.trainable:,} ({' '.join(self.cfg.optim.trainable)})"
+                      + f"; trainable {self.trainable:,} ({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
         self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
                       f"words/s are means since the previous line; lr and grad_norm (before clipping) are "

@@ -9,7 +9,8 @@
 # 5. score every model (EM on the facts and their paraphrases; valid perplexity on the pretraining corpus)
 #    and write report.md + learning_forgetting.png here.
 # Every run's command is logged to commands.txt. A finished run is skipped and an interrupted one resumes,
-# so re-running the script finishes what is missing. PYTHON, DUMP, FT_STEPS override the defaults.
+# so re-running the script finishes what is missing. PYTHON, DUMP, FT_STEPS override the defaults; PRETRAIN_ARGS
+# adds overrides to both pretraining runs (a smoke test: PRETRAIN_ARGS="train.max_steps=50 train.eval_every=50").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -31,7 +32,7 @@ run() {
   touch "$DUMP/done/$name"
 }
 
-PRE=(train.dump_path="$DUMP" train.exp_id=run)
+read -r -a PRE <<< "train.dump_path=$DUMP train.exp_id=run ${PRETRAIN_ARGS:-}"
 run pretrain_memory "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test "${PRE[@]}"
 run pretrain_dense "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test "${PRE[@]}" \
   model.n_memories=0 train.exp_name=pretrain_dense
