@@ -137,6 +137,30 @@ def test_given_codes_are_used(tiny_data_dir, tmp_path):
     assert (out / "codes").read_bytes() == (tiny_data_dir / "codes").read_bytes()
 
 
+def test_given_vocab_is_reused_and_unknown_words_become_unk(tiny_data_dir, tmp_path):
+    """--vocab: another corpus binarized with the pretraining vocabulary (a model trained on one reads the
+    other); train BPE is limited to it, so only characters it lacks become <unk>."""
+    corpus = tmp_path / "new.jsonl"
+    corpus.write_text("\n".join(json.dumps({"text": f"the fox {i} saw Ωmega."}) for i in range(6)) + "\n")
+    out = tmp_path / "out"
+    preprocess([str(corpus)], out, codes=str(tiny_data_dir / "codes"), valid_docs=1, test_docs=1,
+               keep_intermediate=True, vocab=str(tiny_data_dir / "vocab"))
+    assert (out / "vocab").read_bytes() == (tiny_data_dir / "vocab").read_bytes()
+    d = Dictionary.load(tiny_data_dir / "vocab")
+    assert json.loads((out / "meta.json").read_text())["fingerprint"] == d.fingerprint()
+    tokens = np.concatenate([read_shard(p, d.fingerprint()).tokens for p in shard_paths(out, "train")])
+    decoded = " ".join(d[t] for t in tokens if t not in (d.bos, d.eos)).replace("@@ ", "").split()
+    tokenized = (out / "train.tok").read_text(encoding="utf-8").split()
+    assert "Ωmega" in tokenized  # every word as it was, but Ω (a character the vocab lacks): <unk>
+    assert decoded == " ".join(tokenized).replace("Ω", "<unk> ").split()
+
+
+def test_vocab_without_codes_is_refused(tiny_data_dir, tmp_path):
+    corpus = write_jsonl(tmp_path / "tiny.jsonl", 4)
+    with pytest.raises(PlanError, match="--vocab needs --codes"):
+        preprocess([str(corpus)], tmp_path / "out", valid_docs=1, test_docs=1, vocab=str(tiny_data_dir / "vocab"))
+
+
 def test_non_utf8_bytes_are_replaced_and_counted(tmp_path, caplog):
     path = tmp_path / "bad.txt"
     path.write_bytes(b"caf\xe9 au lait .\nsecond line\n\nok doc\n\n\xff\xfe third doc\n\nfourth\n\nfifth\n")

@@ -121,6 +121,16 @@ class MemoryFinetuneConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, through peft) on the linears `targets` names; only the adapters train."""
+
+    rank: int = 0  # 0: off
+    alpha: float = 16.0  # the adapter's output is scaled by alpha / rank
+    # module-name globs, or the preset attention_ffn: every attention (qkv, out) and FFN (fc1, fc2) linear
+    targets: list[str] = field(default_factory=lambda: ["attention_ffn"])
+
+
+@dataclass
 class OptimConfig:
     """Adam with the inverse square-root schedule (Vaswani et al.); memory values in their own group."""
 
@@ -149,6 +159,7 @@ class OptimConfig:
     values_beta2: float = 0.999
     values_eps: float = 1e-8
     values_weight_decay: float = 0.0
+    lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: adapters only (optim.trainable must be all)
 
 
 @dataclass
@@ -191,14 +202,14 @@ class Config:
 POSITIVE = ("model.dim", "model.n_layers", "model.n_heads", "model.max_len", "model.memory.n_keys",
             "model.memory.k_dim", "model.memory.heads", "model.memory.knn", "model.memory.temperature",
             "model.memory.query_hidden", "data.batch_size", "data.bptt", "optim.lr", "optim.eps",
-            "optim.accumulate", "optim.values_lr", "optim.values_eps", "train.max_steps", "train.log_every",
+            "optim.accumulate", "optim.values_lr", "optim.lora.alpha", "optim.values_eps", "train.max_steps", "train.log_every",
             "train.eval_every", "train.max_nonfinite", "train.collective_timeout_minutes",
             "model.span.max_span", "model.span.ramp", "model.adaptive_cutoffs", "model.adaptive_factor")
 NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.eval_batch_size",
                 "model.persistent_vectors", "model.span.loss_coeff",
                 "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
-                "optim.clip_per_tensor",
-                "optim.values_weight_decay", "optim.memory_finetune.top_t", "train.max_time_minutes", "train.eval_max_batches",
+                "optim.clip_per_tensor", "optim.lora.rank", "optim.memory_finetune.top_t",
+                "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
                 "train.save_every_steps", "train.save_every_minutes",
                 "train.num_threads")
 PROBABILITIES = ("model.dropout", "model.attention_dropout", "model.memory.input_dropout",

@@ -22,7 +22,7 @@ from contextlib import nullcontext
 
 import torch
 
-from xlm_pkm import checkpoint, slurm_env, value_checkpoint
+from xlm_pkm import checkpoint, lora, slurm_env, value_checkpoint
 from xlm_pkm.build import build_model, build_optimizers, build_stream, set_vocab_size
 from xlm_pkm.checkpoint import NonFiniteError
 from xlm_pkm.config import Config, to_dict
@@ -71,7 +71,9 @@ class Trainer:
         self.initialised = None  # (TrainedWeights, InitReport) when train.init_from loaded a trained model
         if cfg.train.init_from and not self.resumed:  # before anything wraps or freezes the weights
             self.initialise(cfg.train.init_from)
-        self.trainable = freeze(self.model, cfg.optim.trainable)
+        self.lora = lora.uses_lora(cfg.optim)  # adapters on the loaded weights; best.pt gets them merged
+        self.trainable = lora.add_adapters(self.model, cfg.optim) if self.lora else freeze(self.model,
+                                                                                          cfg.optim.trainable)
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
@@ -131,7 +133,7 @@ class Trainer:
         self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
-                      + f"; trainable {self.trainable:,} ({' '.join(self.cfg.optim.trainable)})"
+                      + f"; trainable {self.trainable:,} ({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
         self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
                       f"words/s are means since the previous line; lr, grad_norm (before clipping) and, with "
@@ -163,8 +165,11 @@ class Trainer:
         self.saved_step = self.step
 
     def save_best(self) -> None:
-        """best.pt: the model only (for evaluation)."""
-        self._write(self._model_record(), self.best_path)
+        """best.pt: the model only (for evaluation), LoRA adapters merged into plain weights."""
+        record = self._model_record()
+        if self.lora:
+            record["model"] = lora.merged_state_dict(self.model)
+        self._write(record, self.best_path)
 
     def _write(self, record: dict, path) -> None:
         """Writes a run record: sharded values by every rank (value_checkpoint.py), then the rest by rank 0."""

@@ -1,7 +1,7 @@
 """Raw text -> Moses tokens -> fastBPE -> binary shards, streaming and in parallel.
 
     python -m xlm_pkm.data.preprocess --input PATH [PATH ...] --output DIR
-        [--bpe-codes N | --codes FILE] [--workers N] [--valid-docs N] [--test-docs N]
+        [--bpe-codes N | --codes FILE [--vocab FILE]] [--workers N] [--valid-docs N] [--test-docs N]
         [--seed S] [--chunk-mb MB] [--keep-intermediate] [--slurm-partition P]
 
 Steps (see plan.py for the held-out split and the chunks):
@@ -10,7 +10,8 @@ Steps (see plan.py for the held-out split and the chunks):
      document) into DIR/work/NNNNN.{train,valid,test}.tok;
   3. learn DIR/codes with `fast learnbpe` on the train text (unless --codes);
   4. apply BPE to the train text with the fastBPE binding (same bytes as `fast applybpe`);
-  5. DIR/vocab with `fast getvocab` on the train BPE text; valid/test BPE is limited to it, as in XLM;
+  5. DIR/vocab with `fast getvocab` on the train BPE text (unless --vocab: then that file, given before
+     step 4, which is then limited to it too); valid/test BPE is limited to it, as in XLM;
   6. binarize: one DIR/train.NNN.bin per chunk, DIR/valid.000.bin, DIR/test.000.bin (shard.py),
      and DIR/meta.json, written last (meta.py). With --keep-intermediate, DIR/{train,valid,test}.{tok,bpe} too.
 Every output is written under a temporary name unique to its process and renamed (xlm_pkm/atomic.py); a
@@ -186,18 +187,19 @@ def _is_complete(out: Path, plan: Plan) -> bool:
 
 def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, codes: str | None = None,
                valid_docs: int = 5000, test_docs: int = 5000, seed: int = 0, chunk_mb: float | None = None,
-               keep_intermediate: bool = False, executor: Executor | None = None) -> dict:
-    """Run the pipeline; return {step: seconds} (steps skipped on a re-run take ~0 s)."""
+               keep_intermediate: bool = False, executor: Executor | None = None, vocab: str | None = None) -> dict:
+    """Run the pipeline; return {step: seconds} (steps skipped on a re-run take ~0 s). `vocab` (with
+    `codes`): reuse that vocabulary (e.g. a pretraining corpus's), words outside it become <unk>."""
     out, work = Path(output), Path(output) / "work"
-    options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb)
+    options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
     with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it"), executor:
         _remove_temporary_files(out)
-        return _run(inputs, out, work, options, codes, keep_intermediate, executor)
+        return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor)
 
 
-def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb) -> dict:
+def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab) -> dict:
     """The options that must match on a re-run, after checking the inputs and the codes."""
     for p in inputs:
         if not Path(p).is_file():
@@ -209,11 +211,17 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
         codes_digest = hashlib.sha256(Path(codes).read_bytes()).hexdigest()
     elif n_codes < 1:
         raise PlanError(f"--bpe-codes must be positive, got {n_codes}")
-    return {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
-            "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
+    options = {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
+               "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
+    if vocab:  # a key only then: data dirs made without --vocab stay complete
+        if not codes:
+            raise PlanError("--vocab needs --codes (the codes that vocabulary was made with)")
+        Dictionary.load(vocab)  # DictionaryError if missing or malformed
+        options["vocab_sha256"] = hashlib.sha256(Path(vocab).read_bytes()).hexdigest()
+    return options
 
 
-def _run(inputs, out, work, options, codes, keep_intermediate, executor) -> dict:
+def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor) -> dict:
     """The body of `preprocess`, run while holding the output lock and the executor's worker pool."""
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -248,7 +256,10 @@ def _run(inputs, out, work, options, codes, keep_intermediate, executor) -> dict
     elif not (out / "codes").exists():
         step("learnbpe", learn_codes, options["n_codes"], train_tok, out / "codes")
     check_codes(out / "codes")
-    step("apply_bpe", executor.map, _call_apply_bpe, [(t, b, out / "codes", None) for t, b in zip(train_tok, train_bpe)],
+    if vocab:  # train BPE limited to it too, as valid/test's always is
+        step("vocab", _concatenate, [Path(vocab)], out / "vocab")
+    limit = out / "vocab" if vocab else None
+    step("apply_bpe", executor.map, _call_apply_bpe, [(t, b, out / "codes", limit) for t, b in zip(train_tok, train_bpe)],
          "apply BPE", sizes)
     if not (out / "vocab").exists():
         step("getvocab", get_vocab, train_bpe, out / "vocab")
@@ -307,6 +318,8 @@ def main(argv: list[str] | None = None) -> None:
     bpe = parser.add_mutually_exclusive_group()
     bpe.add_argument("--bpe-codes", type=int, default=60000, help="BPE merges to learn on train (default 60000, the paper's)")
     bpe.add_argument("--codes", help="use this fastBPE codes file instead of learning one")
+    parser.add_argument("--vocab", help="with --codes: use this vocab file (e.g. the pretraining corpus's, so that "
+                                        "its models read this data) instead of making one; other words become <unk>")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
     parser.add_argument("--valid-docs", type=int, default=5000, help="documents held out for valid (default 5000)")
     parser.add_argument("--test-docs", type=int, default=5000, help="documents held out for test (default 5000)")
@@ -322,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
                         slurm_parallelism=args.slurm_parallelism)
     try:
         times = preprocess(args.input, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
-                           args.seed, args.chunk_mb, args.keep_intermediate, executor)
+                           args.seed, args.chunk_mb, args.keep_intermediate, executor, args.vocab)
     except (CorpusError, PlanError, FastBPEError, ShardError, DictionaryError, OutputError, DirectoryBusy) as e:
         sys.exit(f"error: {e}")
     log.info("done in %.1f s: %s", sum(times.values()), args.output)
