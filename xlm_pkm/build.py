@@ -4,13 +4,15 @@
     model = build_model(cfg, device)                    # seeded: identical on every rank
     optimizers = build_optimizers(model, cfg)           # sets the model's value gradients sparse or not
     model, cfg, state, data_dir = load_trained("dumped/x/y/best.pt")   # a trained model, vocabulary checked
+    model, dictionary, cfg, metadata = read_exported("exported/demo")  # a folder of python -m xlm_pkm.export
 """
 
 from __future__ import annotations
 
-import torch
-
+import json
 from pathlib import Path
+
+import torch
 
 from xlm_pkm import checkpoint, value_checkpoint
 from xlm_pkm.config import Config, ConfigError, load_config_dict
@@ -66,3 +68,38 @@ def load_trained(path: str | Path, data_dir: str | Path | None = None) -> tuple[
     state = value_checkpoint.attach(state, Path(path), value_checkpoint.model_shard(model))
     checkpoint.load_model_state(model, state["model"], path)
     return model.eval(), cfg, state, data_dir
+
+
+WEIGHTS, CONFIG = "model.safetensors", "config.json"  # an exported folder's weights and config
+
+
+def read_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Config, dict[str, str]]:
+    """(model, dictionary, config, the weights' metadata: step, vocab_fingerprint, unit...) of an exported
+    folder."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model as load_weights
+
+    out = Path(out_dir)
+    for name in (WEIGHTS, CONFIG, "vocab"):
+        if not (out / name).is_file():
+            raise FileNotFoundError(f"{out / name} not found: not a folder written by python -m xlm_pkm.export")
+    try:
+        raw = json.loads((out / CONFIG).read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{out / CONFIG}: not valid JSON ({e})") from None
+    cfg = load_config_dict(raw, source=str(out / CONFIG))
+    dictionary = Dictionary.load(out / "vocab")
+    try:
+        with safe_open(str(out / WEIGHTS), "pt") as f:
+            metadata = f.metadata() or {}
+    except Exception as e:  # a truncated or foreign file
+        raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
+    checkpoint.check_vocabulary({"vocab_fingerprint": metadata.get("vocab_fingerprint")}, dictionary.fingerprint(),
+                                out / "vocab", out / WEIGHTS)
+    model = TransformerLM(cfg.model)
+    try:
+        load_weights(model, str(out / WEIGHTS))
+    except RuntimeError as e:
+        raise ValueError(f"{out / WEIGHTS}: weights of another architecture than {out / CONFIG} "
+                         f"({' '.join(str(e).split())[:300]})") from None
+    return model.eval(), dictionary, cfg, metadata

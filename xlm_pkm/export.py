@@ -21,17 +21,14 @@ import os
 import sys
 from pathlib import Path
 
-from xlm_pkm import __version__, checkpoint
+from xlm_pkm import __version__
 from xlm_pkm.atomic import temporary_name, write_bytes, write_error
-from xlm_pkm.build import load_trained
-from xlm_pkm.config import Config, load_config_dict, to_dict
+from xlm_pkm.build import CONFIG, WEIGHTS, load_trained, read_exported
+from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.program import program_name
 from xlm_pkm.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
-
-WEIGHTS, CONFIG = "model.safetensors", "config.json"
-
 
 def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = None) -> Path:
     """Writes model.safetensors, config.json, vocab (and BPE codes) of the checkpoint at `path` to
@@ -72,38 +69,6 @@ def load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary]:
     """(model in eval mode on the CPU, dictionary) of a folder written by export()."""
     model, dictionary, _, _ = read_exported(out_dir)
     return model, dictionary
-
-
-def read_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Config, dict[str, str]]:
-    """(model, dictionary, config, the weights' metadata: step, vocab_fingerprint, unit...) of an exported
-    folder."""
-    from safetensors import safe_open
-    from safetensors.torch import load_model as load_weights
-
-    out = Path(out_dir)
-    for name in (WEIGHTS, CONFIG, "vocab"):
-        if not (out / name).is_file():
-            raise FileNotFoundError(f"{out / name} not found: not a folder written by python -m xlm_pkm.export")
-    try:
-        raw = json.loads((out / CONFIG).read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{out / CONFIG}: not valid JSON ({e})") from None
-    cfg = load_config_dict(raw, source=str(out / CONFIG))
-    dictionary = Dictionary.load(out / "vocab")
-    try:
-        with safe_open(str(out / WEIGHTS), "pt") as f:
-            metadata = f.metadata() or {}
-    except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
-    checkpoint.check_vocabulary({"vocab_fingerprint": metadata.get("vocab_fingerprint")}, dictionary.fingerprint(),
-                                out / "vocab", out / WEIGHTS)
-    model = TransformerLM(cfg.model)
-    try:
-        load_weights(model, str(out / WEIGHTS))
-    except RuntimeError as e:
-        raise ValueError(f"{out / WEIGHTS}: weights of another architecture than {out / CONFIG} "
-                         f"({' '.join(str(e).split())[:300]})") from None
-    return model.eval(), dictionary, cfg, metadata
 
 
 def load_model(path: str | Path, data_dir: str | Path | None = None) -> tuple[TransformerLM, LineCodec, Config]:

@@ -24,8 +24,8 @@ import torch
 from torch import nn
 
 from xlm_pkm import checkpoint, value_checkpoint
+from xlm_pkm.build import read_exported
 from xlm_pkm.config import ConfigError
-from xlm_pkm.export import read_exported
 
 
 @dataclass
