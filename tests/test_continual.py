@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from xlm_pkm.config import load_config
-from xlm_pkm.continual import exact_match, greedy_matches, prompt_and_object, with_ppl_change, write_report
+from xlm_pkm.continual import (exact_match, greedy_matches, prior_em, prompt_and_object, with_ppl_change,
+                               write_report)
 from xlm_pkm.data.dictionary import Dictionary
-from xlm_pkm.facts import RELATIONS, generate_facts, load_facts, write_facts_data
+from xlm_pkm.facts import RELATIONS, Fact, generate_facts, load_facts, write_facts_data
 from xlm_pkm.generation import generate
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.sampling import Sampling
@@ -105,3 +106,14 @@ def test_report_table_and_figure(tmp_path):
     assert (tmp_path / "out" / "learning_forgetting.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no pretrained row for model"):
         with_ppl_change(rows[1:2])
+
+
+def test_the_subject_blind_guess_scores_each_relations_most_frequent_object(tmp_path):
+    facts = [Fact(f"S{i}", relation, "p", None, obj, "s") for i, (relation, obj) in enumerate(
+        [("colour", "red"), ("colour", "red"), ("colour", "blue"), ("type", "int"), ("type", "str")])]
+    assert prior_em(facts) == pytest.approx(3 / 5)  # red for both red subjects, one of int/str
+    (tmp_path / "facts").mkdir()
+    (tmp_path / "facts" / "facts.jsonl").write_text("".join(json.dumps(f.__dict__) + "\n" for f in facts))
+    rows = [{"model": "m", "method": "pretrained", "setting": "-", "em": 0.0, "em_paraphrase": 0.0, "valid_ppl": 9.0}]
+    (tmp_path / "r.jsonl").write_text(json.dumps(rows[0]) + "\n")
+    assert "scores EM 60.0% (dashed line)" in write_report(tmp_path / "r.jsonl", tmp_path / "out", tmp_path / "facts").read_text()

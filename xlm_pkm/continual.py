@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -72,6 +73,15 @@ def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Pa
             "em_paraphrase": exact_match(model, codec, facts, paraphrase=True), "valid_ppl": forgetting["ppl"]}
 
 
+def prior_em(facts: list[Fact]) -> float:
+    """EM of a guess that ignores the subject: each relation's most frequent object. A model above it has
+    learnt something about the subjects, not only which objects go with which relation."""
+    counts: dict[str, Counter] = {}
+    for f in facts:
+        counts.setdefault(f.relation, Counter())[f.object] += 1
+    return sum(max(c.values()) for c in counts.values()) / len(facts)
+
+
 def with_ppl_change(rows: list[dict]) -> list[dict]:
     """Each row with `ppl_change`: its valid perplexity minus that of its model's pretrained row."""
     base = {r["model"]: r["valid_ppl"] for r in rows if r["method"] == PRETRAINED}
@@ -89,8 +99,9 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path) -> None:
-    """EM against the valid-ppl change, one curve per (model, method), points labelled with their setting."""
+def plot(rows: list[dict], path: Path, prior: float | None = None) -> None:
+    """EM against the valid-ppl change, one curve per (model, method), points labelled with their setting;
+    the subject-blind guess's EM (`prior`) as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -110,6 +121,8 @@ def plot(rows: list[dict], path: Path) -> None:
     for r in rows:
         if r["method"] == PRETRAINED:
             ax.plot([0], [100 * r["em"]], "*", markersize=10, label=f"{r['model']}: {PRETRAINED}")
+    if prior is not None:
+        ax.axhline(100 * prior, color="gray", linestyle="--", linewidth=1, label="subject-blind guess")
     ax.set_xlabel("forgetting: valid perplexity change on the pretraining corpus")
     ax.set_ylabel("learning: exact match on the new facts (%)")
     ax.grid(alpha=0.3)
@@ -119,16 +132,20 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def write_report(results: str | Path, out: str | Path) -> Path:
-    """out/report.md (the table) and out/learning_forgetting.png from the rows of `results` (JSONL)."""
+def write_report(results: str | Path, out: str | Path, facts_dir: str | Path | None = None) -> Path:
+    """out/report.md (the table) and out/learning_forgetting.png from the rows of `results` (JSONL); with
+    the facts, the EM of the subject-blind guess (prior_em) too."""
     rows = with_ppl_change([json.loads(line) for line in Path(results).read_text().splitlines() if line])
+    prior = prior_em(load_facts(Path(facts_dir) / "facts.jsonl")) if facts_dir else None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(rows, out / "learning_forgetting.png")
+    plot(rows, out / "learning_forgetting.png", prior)
+    blind = ("" if prior is None else f" A guess that ignores the subject (each relation's most frequent object) "
+             f"scores EM {100 * prior:.1f}% (dashed line): only EM above it shows facts learnt about the subjects.")
     text = ("# Learning new facts vs forgetting\n\n"
             "EM: greedy completion of the object equals it exactly (prompts as trained; paraphrases never seen). "
-            "Δ ppl: valid perplexity on the pretraining corpus minus the pretrained model's (★ in the figure).\n\n"
-            + markdown_table(rows) + "\n![learning vs forgetting](learning_forgetting.png)\n")
+            "Δ ppl: valid perplexity on the pretraining corpus minus the pretrained model's (★ in the figure)."
+            + blind + "\n\n" + markdown_table(rows) + "\n![learning vs forgetting](learning_forgetting.png)\n")
     (out / "report.md").write_text(text, encoding="utf-8")
     return out / "report.md"
 
@@ -148,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     report = sub.add_parser("report", help="report.md and the figure from a JSONL file of scores")
     report.add_argument("results")
     report.add_argument("--out", required=True, help="output directory")
+    report.add_argument("--facts", help="the data dir of xlm_pkm.facts: adds the subject-blind guess's EM")
     args = parser.parse_args(argv)
     try:
         if args.command == "score":
@@ -157,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row))
         else:
-            print(write_report(args.results, args.out))
+            print(write_report(args.results, args.out, args.facts))
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
