@@ -123,7 +123,9 @@ def plot(rows: list[dict], path: Path, prior: float | None = None) -> None:
             ax.plot([0], [100 * r["em"]], "*", markersize=10, label=f"{r['model']}: {PRETRAINED}")
     if prior is not None:
         ax.axhline(100 * prior, color="gray", linestyle="--", linewidth=1, label="subject-blind guess")
-    ax.set_xlabel("forgetting: valid perplexity change on the pretraining corpus")
+    ax.set_xscale("symlog", linthresh=1.0)  # linear below 1, logarithmic above: changes of 0.4 and 700 both show
+    ax.set_xlim(left=min(0.0, *(r["ppl_change"] for r in rows)))
+    ax.set_xlabel("forgetting: valid perplexity change on the pretraining corpus (symlog)")
     ax.set_ylabel("learning: exact match on the new facts (%)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Learning new facts vs forgetting (issue 21), in one command from the repository root after `make data`:
-#   results/continual/run.sh            (about 40 minutes on 2 CPU cores)
+#   results/continual/run.sh            (about 70 minutes on 2 CPU cores)
 # 1. pretrain the default model with one memory (pretrain_memory.yaml) and its dense twin (n_memories=0);
 # 2. write 300 made-up facts with the pretraining vocabulary (python -m xlm_pkm.facts);
 # 3. count how often the pretraining corpus reads each memory slot (background for sparse memory finetuning);
@@ -66,10 +66,10 @@ score() {
 score "$DUMP/pretrain_memory/run/best.pt" memory pretrained -
 score "$DUMP/pretrain_dense/run/best.pt" dense pretrained -
 for model in memory dense; do
-  for lr in 1e-4 3e-4; do
+  for lr in 3e-5 1e-4 3e-4; do
     finetune "$model" full "lr=$lr" optim.trainable=all optim.lr="$lr" optim.values_lr="$lr"
   done
-  for lr in 1e-3 3e-3; do
+  for lr in 3e-4 1e-3 3e-3; do
     finetune "$model" lora "rank=8,lr=$lr" optim.lora.rank=8 optim.lora.alpha=16 optim.lr="$lr"
   done
 done
@@ -85,6 +85,10 @@ for top_t in 100 500 2000; do
 done
 finetune memory sparse_memory "top_t=500,lr=10000" optim.trainable=memory_values optim.values_optimizer=sgd \
   optim.values_lr=10000 optim.memory_finetune.top_t=500 optim.memory_finetune.background="$DUMP/background_counts.pt"
+# and 4x as many steps (the step count is the last override: it wins over FT_STEPS)
+finetune memory sparse_memory "top_t=500,lr=3000,steps=600" optim.trainable=memory_values optim.values_optimizer=sgd \
+  optim.values_lr=3000 optim.memory_finetune.top_t=500 optim.memory_finetune.background="$DUMP/background_counts.pt" \
+  train.max_steps=600 train.eval_every=600
 
 cat "$DUMP"/scores/*.jsonl > "$OUT/scores.jsonl"
-"$PY" -m xlm_pkm.continual report "$OUT/scores.jsonl" --out "$OUT"
+"$PY" -m xlm_pkm.continual report "$OUT/scores.jsonl" --facts "$FACTS" --out "$OUT"
