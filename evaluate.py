@@ -2,7 +2,7 @@
 
 import sys
 
-from xlm_pkm.cli import evaluate_main
+from xlm_pkm.launch.cli import evaluate_main
 
 if __name__ == "__main__":
     sys.exit(evaluate_main())

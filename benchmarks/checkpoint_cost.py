@@ -4,7 +4,7 @@
 
 Builds the config's model and optimizers on the CPU (vocabulary: --vocab, the paper's 60k BPE codes by
 default), gives every optimizer its state (one step on zero gradients: Adam's two moments), then
-writes checkpoint.pt as the trainer does (xlm_pkm.trainer.Trainer.save_checkpoint on one process):
+writes checkpoint.pt as the trainer does (xlm_pkm.train.trainer.Trainer.save_checkpoint on one process):
 the non-finite scan, then torch.save to a temporary file, fsync and rename (checkpoint.save_atomic).
 Reports the median of --repeats writes (and each), so that `train.save_every_steps/minutes` can be
 chosen knowing what a save costs. Writes dumped/bench/checkpoint_cost_cpu.json (--out elsewhere).
@@ -24,8 +24,9 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from machine import machine_info, write_result
 from model_setup import REPO, benchmark_parser, build_model
 
-from xlm_pkm import build, checkpoint
+from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.config import to_dict
+from xlm_pkm.train import build
 
 
 def main() -> None:

@@ -4,7 +4,7 @@ dumped/bench/generation_speed_<cpu|cuda>.json (--out elsewhere).
     .venv/bin/python benchmarks/generation_speed.py [--config configs/default.yaml] [--batch 1] [--seq 128]
 
 One step generates --seq tokens for --batch samples from the prompt <s>, sampling from the full
-softmax (xlm_pkm.generation.generate), in eval mode, with a context window of --seq tokens (so it
+softmax (xlm_pkm.inference.generation.generate), in eval mode, with a context window of --seq tokens (so it
 never restarts): cached, each token is one forward of one position attending to the cached keys and
 values; uncached, each token is a full forward over the whole context so far. Models: --config with
 its memories and the same with none (model.n_memories=0). Weights are the initialisation (the cost
@@ -22,7 +22,7 @@ from machine import machine_info, write_result
 from model_setup import REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free
 from timing import best_of_rounds
 
-from xlm_pkm.generation import generate
+from xlm_pkm.inference.generation import generate
 
 MODELS = {"memory": [], "no memory": ["model.n_memories=0", "model.mem_layers=[]"]}
 

@@ -30,11 +30,10 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info, write_result
-from model_setup import (REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free,
-                         random_tokens)
+from model_setup import REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free, random_tokens
 from timing import best_of_rounds
 
-from xlm_pkm.precision import autocast, check_precision
+from xlm_pkm.runtime.precision import autocast, check_precision
 
 PAPER = REPO / "configs" / "paper"
 # Paper Table 4, inference speed in words/s by n_keys (|K| = n_keys²): (flat keys, product keys).

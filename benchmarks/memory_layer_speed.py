@@ -25,7 +25,7 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from machine import machine_info, write_result
 from timing import best_of_rounds
 
-from xlm_pkm.model.memory import ProductKeyMemory
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
 
 DIM, HEADS, KNN, K_DIM = 512, 4, 32, 512
 

@@ -20,14 +20,14 @@ import gc
 from pathlib import Path
 
 import torch
+from machine import REPO
 
-from xlm_pkm import build
 from xlm_pkm.config import Config, load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.stats import split_stats
 from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.train import build
 
-from machine import REPO
 FALLBACK_VOCAB = 32000  # when neither --vocab nor --data gives one
 
 
@@ -78,7 +78,7 @@ def model_config(config: str | Path, overrides: list[str], args, vocab: int) -> 
 
 
 def build_model(config: str | Path, overrides: list[str], args, vocab: int) -> tuple[TransformerLM, Config]:
-    """The trainer's model of model_config(...) (xlm_pkm.build), on args.device."""
+    """The trainer's model of model_config(...) (xlm_pkm.train.build), on args.device."""
     cfg = model_config(config, overrides, args, vocab)
     return build.build_model(cfg, torch.device(args.device)), cfg
 

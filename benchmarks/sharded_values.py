@@ -41,12 +41,13 @@ import torch.multiprocessing as mp
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info, write_result
 
-from xlm_pkm.build import build_model, build_optimizers
 from xlm_pkm.config import load_config
-from xlm_pkm.distributed import average_value_grads_, data_parallel, free_port, init_distributed, shutdown, synced_values
-from xlm_pkm.optim import value_optimizer
-from xlm_pkm.precision import grad_scaler
-from xlm_pkm.train_step import loss_backward, optimizer_update
+from xlm_pkm.optim.optimizers import value_optimizer
+from xlm_pkm.runtime.distributed import (average_value_grads_, data_parallel, free_port, init_distributed, shutdown,
+                                         synced_values)
+from xlm_pkm.runtime.precision import grad_scaler
+from xlm_pkm.train.build import build_model, build_optimizers
+from xlm_pkm.train.step import loss_backward, optimizer_update
 
 GIB = 2**30
 

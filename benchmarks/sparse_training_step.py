@@ -4,7 +4,7 @@
 
 1. The 6-layer ablation model (dim 512, 8 heads, one memory at layer 5: 4 heads, k=32, k_dim 512)
    for |K| = 128²..1024²: one step = forward, backward and the optimizer step of every group
-   (xlm_pkm.optim.Optimizers), sparse (row-sparse gradient + LazyAdam) vs dense (AdamW).
+   (xlm_pkm.optim.optimizers.Optimizers), sparse (row-sparse gradient + LazyAdam) vs dense (AdamW).
 2. One memory layer + its optimizer step at 512², beside product-key-memory==0.3.0 with
    torch.optim.Adam (LayerNorm queries for both: the package's BatchNorm path does not run on
    (batch, time, dim) inputs); ours steps its values with LazyAdam, the rest with Adam.
@@ -27,18 +27,19 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info, write_result  # noqa: E402
 from timing import median_seconds  # noqa: E402
-from xlm_pkm.build import build_model, build_optimizers  # noqa: E402
+
 from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig  # noqa: E402
-from xlm_pkm.lazy_adam import LazyAdam  # noqa: E402
-from xlm_pkm.model.memory import ProductKeyMemory  # noqa: E402
-from xlm_pkm.precision import grad_scaler  # noqa: E402
-from xlm_pkm.train_step import loss_backward, optimizer_update  # noqa: E402
+from xlm_pkm.model.memory.pkm import ProductKeyMemory  # noqa: E402
+from xlm_pkm.optim.lazy_adam import LazyAdam  # noqa: E402
+from xlm_pkm.runtime.precision import grad_scaler  # noqa: E402
+from xlm_pkm.train.build import build_model, build_optimizers  # noqa: E402
+from xlm_pkm.train.step import loss_backward, optimizer_update  # noqa: E402
 
 DIM = 512
 
 
 def model_step(n_keys: int, sparse: bool, batch: int, bptt: int, vocab: int):
-    """One step of the trainer's own functions (xlm_pkm/train_step.py) on the 6-layer ablation model."""
+    """One step of the trainer's own functions (xlm_pkm/train/step.py) on the 6-layer ablation model."""
     memory = MemoryConfig(n_keys=n_keys, k_dim=512, heads=4, knn=32)
     cfg = Config(model=ModelConfig(vocab_size=vocab, dim=DIM, n_layers=6, n_heads=8, max_len=bptt, mem_layers=[5],
                                    memory=memory),

@@ -6,13 +6,13 @@
 Each --configs model is measured in each of --precisions and, when it has memories, with each kind
 of memory-value gradient in --values (sparse: row-sparse gradient and LazyAdam; dense: AdamW).
 One step is the trainer's for one micro-batch on (batch, seq) random tokens, through the same
-functions (xlm_pkm/train_step.py): forward under autocast, float32 cross-entropy, backward of the
+functions (xlm_pkm/train/step.py): forward under autocast, float32 cross-entropy, backward of the
 scaled loss, unscale and per-group clipping, the non-finite check, the step of every optimizer group
-(xlm_pkm.optim.Optimizers), scaler update, gradients dropped. Entries run one after another, one
+(xlm_pkm.optim.optimizers.Optimizers), scaler update, gradients dropped. Entries run one after another, one
 model on the device at a time, so the peak GPU memory (torch.cuda.max_memory_allocated, from the
 first step on) is the entry's own; the speed is the best of --rounds after --warmup steps.
 MFU = tokens/s × model.dense_flops_per_token(seq) / the GPU's peak for the precision
-(xlm_pkm.hardware; null on CPU). memory_step_share = 1 − speed(with memories) / speed(without),
+(xlm_pkm.runtime.hardware; null on CPU). memory_step_share = 1 − speed(with memories) / speed(without),
 per precision and kind of values; issue 6's target: one memory costs ≤ 10% of the step.
 fp16 needs CUDA: the CPU default is fp32 and bf16.
 """
@@ -27,15 +27,15 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info, write_result
-from model_setup import (REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free,
-                         model_config, random_tokens)
+from model_setup import (REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free, model_config,
+                         random_tokens)
 from timing import best_of_rounds
 
-from xlm_pkm.hardware import peak_flops
 from xlm_pkm.model.transformer import resolve_memory_layers
-from xlm_pkm.build import build_optimizers
-from xlm_pkm.precision import check_precision, grad_scaler
-from xlm_pkm.train_step import loss_backward, optimizer_update
+from xlm_pkm.runtime.hardware import peak_flops
+from xlm_pkm.runtime.precision import check_precision, grad_scaler
+from xlm_pkm.train.build import build_optimizers
+from xlm_pkm.train.step import loss_backward, optimizer_update
 
 CONFIGS = [str(REPO / "configs" / "paper" / f"l12_d1024_m{m}.yaml") for m in (0, 1)]
 

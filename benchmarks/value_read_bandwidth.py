@@ -10,7 +10,7 @@ For N tokens each reading L = heads·knn rows of a (slots, dim) table (the paper
 Bytes counted are those the operation must move at least: the value rows gathered (N·L·dim) and the
 output written (N·dim) for the forward; the gradient rows gathered (N·L·dim) and the distinct table
 rows written (U·dim, or slots·dim when dense) for the backward; indices and weights (12 bytes a
-lookup) for both. Achieved GB/s = bytes / median time, beside the device's peak (xlm_pkm.hardware),
+lookup) for both. Achieved GB/s = bytes / median time, beside the device's peak (xlm_pkm.runtime.hardware),
 so that "fraction_of_peak" is the issue's ≥ 70% target. Indices are uniform over the slots: rows
 are read from HBM, not from cache, for tables larger than the L2. Writes
 dumped/bench/value_read_bandwidth_<device>.json.
@@ -27,9 +27,10 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info, write_result  # noqa: E402
 from timing import median_seconds  # noqa: E402
-from xlm_pkm.hardware import peak_memory_bandwidth  # noqa: E402
-from xlm_pkm.model.value_read import read_values, triton_usable  # noqa: E402
-from xlm_pkm.precision import DTYPES  # noqa: E402
+
+from xlm_pkm.model.memory.value_read import read_values, triton_usable  # noqa: E402
+from xlm_pkm.runtime.hardware import peak_memory_bandwidth  # noqa: E402
+from xlm_pkm.runtime.precision import DTYPES  # noqa: E402
 
 DTYPE_OF = {"fp32": torch.float32, **DTYPES}
 INDEX_BYTES = 8 + 4  # an int64 index and a float32 weight per lookup
@@ -100,7 +101,7 @@ def main():
         "benchmark": "value_read_bandwidth",
         "settings": {"tokens": args.tokens, "lookups_per_token": args.lookups, "slots": slots, "dim": args.dim,
                      "distinct_slots_read": distinct, "repeats": args.repeats, "statistic": "median",
-                     "backends": {"triton": "xlm_pkm/model/triton_value_read.py",
+                     "backends": {"triton": "xlm_pkm/model/memory/triton_value_read.py",
                                   "torch": "nn.EmbeddingBag (+ CSR product for sparse rows)"}},
         "machine": machine_info(args.device),
         "peak_memory_bandwidth_GB_per_s": peak / 1e9 if peak else None,

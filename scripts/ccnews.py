@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # xlm_pkm, run from anywhere
 
-from xlm_pkm.atomic import atomic_file  # noqa: E402
+from xlm_pkm.utils.atomic import atomic_file  # noqa: E402
 
 ARTICLE_FIELDS = ("url", "title", "maintext", "language", "date_publish")
 
@@ -67,7 +67,7 @@ def articles(raw_dir: Path):
 
 
 def export(raw_dir: Path, out_dir: Path, per_file: int) -> None:
-    """Write the articles in files of `per_file`, each written whole or not at all (xlm_pkm.atomic)."""
+    """Write the articles in files of `per_file`, each written whole or not at all (xlm_pkm.utils.atomic)."""
     if not raw_dir.is_dir():
         raise SystemExit(f"error: raw directory not found: {raw_dir}")
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from xlm_pkm.model import triton_value_read as kernels  # noqa: E402
+from xlm_pkm.model.memory import triton_value_read as kernels  # noqa: E402
 
 POINTER_TYPES = {"indices": "*i64", "order": "*i64", "row_starts": "*i64", "weights": "*fp32", "grad_weights": "*fp32"}
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

@@ -70,7 +70,7 @@ def tiny_overrides(tiny_data_dir):
 def tiny_trainer(tiny_overrides):
     """trainer(dump, *extra, test=True): a Trainer of the tiny config (not trained yet)."""
     from xlm_pkm.config import load_config
-    from xlm_pkm.trainer import Trainer
+    from xlm_pkm.train.trainer import Trainer
 
     return lambda dump, *extra, test=True: Trainer(load_config(None, tiny_overrides(dump, *extra)), test=test)
 
@@ -129,14 +129,15 @@ def train_losses():
 def assert_two_processes_equal_one(run_dir: Path, single) -> None:
     """The 4-step run in run_dir, trained on 2 processes, logged the losses of `single` (a finished 1-process
     Trainer with the same global batch) and ends with its weights (sharded values gathered whole)."""
-    from xlm_pkm import checkpoint, value_checkpoint
+    from xlm_pkm.checkpoint import files as checkpoint
+    from xlm_pkm.checkpoint import sharded_values
 
     two, one = logged_losses(run_dir), logged_losses(single.run_dir)
     assert sorted(two) == sorted(one) == [1, 2, 3, 4]
     for step in one:
         assert math.isclose(two[step], one[step], rel_tol=1e-5), (step, two[step], one[step])
     path = Path(run_dir) / "checkpoint.pt"
-    state = value_checkpoint.attach(checkpoint.load(path), path, None)
+    state = sharded_values.attach(checkpoint.load(path), path, None)
     assert [rank["data"]["world_size"] for rank in state["train_state"]] == [2, 2]
     for name, p in single.model.state_dict().items():  # Adam magnifies float rounding of tiny gradients
         torch.testing.assert_close(state["model"][name], p, rtol=1e-3, atol=1e-3)
@@ -148,7 +149,7 @@ def signal_at_step(monkeypatch):
     SLURM's time-limit warning (or scancel, or a preemption) would."""
     import signal
 
-    from xlm_pkm.trainer import Trainer
+    from xlm_pkm.train.trainer import Trainer
 
     step_once = Trainer.train_step
 

@@ -9,17 +9,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xlm_pkm import checkpoint
-from xlm_pkm.build import set_vocab_size
-from xlm_pkm.cli import evaluate_main
+from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.config import ConfigError, load_config, load_config_dict
 from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.stream import TokenStream
-from xlm_pkm.evaluation import evaluate
-from xlm_pkm.export import export, load_model
-from xlm_pkm.generation import main as generate_main
+from xlm_pkm.data.text_codec import ByteCodec
+from xlm_pkm.inference.export import export, load_model
+from xlm_pkm.inference.generation import main as generate_main
+from xlm_pkm.launch.cli import evaluate_main
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.text_codec import ByteCodec
+from xlm_pkm.train.build import set_vocab_size
+from xlm_pkm.train.evaluation import evaluate
 
 ALL_ATTENTION = ["model.family=all_attention", "model.sublayers=[all_attention]", "model.persistent_vectors=8",
                  "model.span.max_span=32", "model.span.ramp=4", "model.span.loss_coeff=1e-3",

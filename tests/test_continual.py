@@ -7,14 +7,14 @@ import pytest
 import torch
 
 from xlm_pkm.config import load_config
-from xlm_pkm.continual import (exact_match, greedy_matches, prior_em, prompt_and_object, with_ppl_change,
-                               write_report)
 from xlm_pkm.data.dictionary import Dictionary
-from xlm_pkm.facts import RELATIONS, Fact, generate_facts, load_facts, write_facts_data
-from xlm_pkm.generation import generate
+from xlm_pkm.data.text_codec import TextCodec
+from xlm_pkm.experiments.continual import (exact_match, greedy_matches, prior_em, prompt_and_object, with_ppl_change,
+                                           write_report)
+from xlm_pkm.experiments.facts import RELATIONS, Fact, generate_facts, load_facts, write_facts_data
+from xlm_pkm.inference.generation import generate
+from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.sampling import Sampling
-from xlm_pkm.text_codec import TextCodec
 
 SAMPLE = Path(__file__).resolve().parent.parent / "data" / "processed" / "sample"
 needs_sample = pytest.mark.skipif(not (SAMPLE / "vocab").exists(), reason="data/processed/sample not built (make data)")

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import read_events
 
-from xlm_pkm.hardware import peak_flops
-from xlm_pkm.model.value_read import resolve_backend
+from xlm_pkm.model.memory.value_read import resolve_backend
+from xlm_pkm.runtime.hardware import peak_flops
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 

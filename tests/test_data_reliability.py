@@ -16,13 +16,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_data_preprocess import write_jsonl
 
 from xlm_pkm.data.corpus import CorpusError, Reader
 from xlm_pkm.data.plan import PlanError
 from xlm_pkm.data.preprocess import main, preprocess
 from xlm_pkm.data.shard import ShardWriter, read_shard
-
-from test_data_preprocess import write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = dict(n_codes=30, valid_docs=2, test_docs=2)
@@ -77,7 +76,7 @@ def test_killed_run_takes_its_workers_with_it(tiny_corpus, tmp_path, sig):
 
 
 def test_second_run_into_a_busy_directory_is_refused_and_a_stale_lock_is_not(tmp_path):
-    from xlm_pkm.lock import DirectoryBusy, DirectoryLock
+    from xlm_pkm.utils.lock import DirectoryBusy, DirectoryLock
 
     corpus = write_jsonl(tmp_path / "in.jsonl", 12)
     out = tmp_path / "out"
@@ -172,7 +171,7 @@ def test_full_disk_while_rewriting_keeps_the_previous_good_file(tmp_path, monkey
     good = (out / "meta.json").read_bytes()
     monkeypatch.setattr(builtins, "open", lambda f, mode="r", *a, open=builtins.open, **k:
                         FullDisk(open(f, mode, *a, **k)) if "w" in mode and ".tmp" in str(f) else open(f, mode, *a, **k))
-    from xlm_pkm.atomic import OutputError, atomic_file
+    from xlm_pkm.utils.atomic import OutputError, atomic_file
 
     with pytest.raises(OutputError, match="meta.json"):
         with atomic_file(out / "meta.json", "w") as f:

@@ -9,7 +9,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from test_data_preprocess import write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +38,7 @@ def test_get_ccnews_sh_with_a_relative_data_dir(tmp_path):
     assert (tmp_path / "cc" / "processed" / "meta.json").exists()
 
 
-@pytest.mark.parametrize("script, module", [("train_torchrun.sh", "torch.distributed.run"), ("train_slurm.sh", "xlm_pkm.slurm")])
+@pytest.mark.parametrize("script, module", [("train_torchrun.sh", "torch.distributed.run"), ("train_slurm.sh", "xlm_pkm.launch.slurm")])
 def test_train_scripts_run_in_the_callers_directory(tmp_path, script, module):
     """A stand-in for python records where it runs and what it is given."""
     fake = tmp_path / "python"

@@ -6,14 +6,14 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from xlm_pkm import checkpoint
+from xlm_pkm.checkpoint import files as checkpoint
+from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import load_config, to_dict
 from xlm_pkm.data.dictionary import Dictionary
-from xlm_pkm.build import load_trained
-from xlm_pkm.export import export, load_exported, load_model, main
-from xlm_pkm.generation import generate
+from xlm_pkm.inference.export import export, load_exported, load_model, main
+from xlm_pkm.inference.generation import generate
+from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.sampling import Sampling
 
 SHARED = ["model.dim=32", "model.n_layers=3", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[1,3]",
           "model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2", "model.memory.knn=4",
@@ -75,7 +75,7 @@ def test_export_errors_are_one_line(reference_run, tmp_path, capsys):
     capsys.readouterr()
     missing = tmp_path / "missing.pt"
     assert main([str(missing), str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err == f"python -m xlm_pkm.export: error: checkpoint not found: {missing}\n"
+    assert capsys.readouterr().err == f"python -m xlm_pkm.inference.export: error: checkpoint not found: {missing}\n"
     with open(out / "vocab", "a") as f:
         f.write("extra 1\n")
     with pytest.raises(ValueError, match="trained with another vocabulary than .*vocab"):

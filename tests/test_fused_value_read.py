@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from xlm_pkm.model.memory import ProductKeyMemory
-from xlm_pkm.model import memory as memory_module
-from xlm_pkm.model.value_read import read_values, resolve_backend
+from xlm_pkm.model.memory import pkm as memory_module
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.value_read import read_values, resolve_backend
 
 pytest.importorskip("triton")
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")

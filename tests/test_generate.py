@@ -11,13 +11,13 @@ import torch
 from sacremoses import MosesDetokenizer
 
 from xlm_pkm.config import MemoryConfig, ModelConfig, SpanConfig
-from xlm_pkm.data.moses import tokenize_line
-from xlm_pkm.generation import generate, main
-from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.sampling import Sampling, allowed_probs, sample
 from xlm_pkm.data.bytes import preprocess_bytes
+from xlm_pkm.data.moses import tokenize_line
+from xlm_pkm.data.text_codec import ByteCodec, TextCodec, WordCodec, data_unit, text_codec
 from xlm_pkm.data.words import preprocess_words
-from xlm_pkm.text_codec import ByteCodec, TextCodec, WordCodec, data_unit, text_codec
+from xlm_pkm.inference.generation import generate, main
+from xlm_pkm.inference.sampling import Sampling, allowed_probs, sample
+from xlm_pkm.model.transformer import TransformerLM
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {  # name -> model config overrides

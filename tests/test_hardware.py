@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from xlm_pkm import hardware
+from xlm_pkm.runtime import hardware
 
 
 @pytest.mark.parametrize("name, bf16, bandwidth", [

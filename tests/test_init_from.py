@@ -4,10 +4,10 @@ retrofits a memory into a dense model, refuses what does not fit in one line, an
 import pytest
 import torch
 
-from xlm_pkm import checkpoint
-from xlm_pkm.cli import train_main
+from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.config import ConfigError
-from xlm_pkm.export import export
+from xlm_pkm.inference.export import export
+from xlm_pkm.launch.cli import train_main
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,7 @@ def test_bad_sources_are_one_line(trained, tiny_overrides, tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("not a model")
     (tmp_path / "empty").mkdir()
     cases = {"missing.pt": "missing.pt does not exist", "notes.txt": "not a readable checkpoint",
-             "empty": "not a folder written by python -m xlm_pkm.export",
+             "empty": "not a folder written by python -m xlm_pkm.inference.export",
              "other_vocab.pt": "trained with another vocabulary"}
     for name, message in cases.items():
         code = train_main(["--no-test", *tiny_overrides(tmp_path, f"train.exp_id={name}",

@@ -4,14 +4,13 @@ import sys
 
 import pytest
 import torch
-
-from xlm_pkm import checkpoint
-from xlm_pkm.build import load_trained
-from xlm_pkm.cli import evaluate_main
-from xlm_pkm.config import ConfigError
-from xlm_pkm.lora import MISSING_PEFT
-
 from conftest import logged_losses
+
+from xlm_pkm.checkpoint import files as checkpoint
+from xlm_pkm.checkpoint.trained import load_trained
+from xlm_pkm.config import ConfigError
+from xlm_pkm.finetune.lora import MISSING_PEFT
+from xlm_pkm.launch.cli import evaluate_main
 
 LORA = ("optim.lora.rank=2", "optim.lora.alpha=4", "optim.lr=1e-2")
 

@@ -7,8 +7,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from xlm_pkm.config import ConfigError, MemoryConfig
-from xlm_pkm.model.keys import KEY_SEARCHES
-from xlm_pkm.model.memory import ProductKeyMemory, value_table
+from xlm_pkm.model.memory.keys import KEY_SEARCHES
+from xlm_pkm.model.memory.pkm import ProductKeyMemory, value_table
 
 
 def small_memory(**kw):

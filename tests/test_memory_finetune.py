@@ -10,14 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import read_events
-from xlm_pkm.cli import train_main
+
 from xlm_pkm.data.stream import TokenStream
-from xlm_pkm.memory_finetune import Background, tf_idf, top_slots
-from xlm_pkm.model.memory import ProductKeyMemory
-from xlm_pkm.slot_counts import main as slot_counts_main
-from xlm_pkm.trainer import Trainer
+from xlm_pkm.finetune.memory_finetune import Background, tf_idf, top_slots
+from xlm_pkm.finetune.slot_counts import main as slot_counts_main
+from xlm_pkm.launch.cli import train_main
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 TABLE = "blocks.1.sublayers.1.values.weight"  # the tiny model's value table (its memory at layer 2)
@@ -56,7 +56,7 @@ def _finetune(source, *extra) -> tuple:
 def test_slot_counts_equal_a_brute_force_count(source, tiny_data_dir):
     best, file = source
     counted = Background.from_file(file)
-    from xlm_pkm.build import load_trained
+    from xlm_pkm.checkpoint.trained import load_trained
 
     model, cfg, _, _ = load_trained(best)
     memory = next(m for m in model.modules() if isinstance(m, ProductKeyMemory))
@@ -139,10 +139,11 @@ def test_two_processes_with_sharded_values_update_the_rows_of_one_process(source
     proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    from xlm_pkm import checkpoint, value_checkpoint
+    from xlm_pkm.checkpoint import files as checkpoint
+    from xlm_pkm.checkpoint import sharded_values
 
     path = tmp_path / "tiny" / "two" / "checkpoint.pt"
-    two = value_checkpoint.attach(checkpoint.load(path), path, None)["model"][TABLE]
+    two = sharded_values.attach(checkpoint.load(path), path, None)["model"][TABLE]
     start, one = checkpoint.load(best)["model"][TABLE], single.model.state_dict()[TABLE]
     moved = (one != start).any(dim=1)
     assert moved.sum() >= 3 and torch.equal((two != start).any(dim=1), moved)

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from xlm_pkm.model.memory import ProductKeyMemory
-from xlm_pkm.model.memory_stats import SlotStats
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.stats import SlotStats
 
 
 def test_hand_computed_example():

@@ -4,9 +4,10 @@ torch's own implementations."""
 import pytest
 import torch
 
-from xlm_pkm.adagrad import ClippedAdagrad
 from xlm_pkm.config import ConfigError, OptimConfig, load_config
-from xlm_pkm.optim import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, Optimizers, scheduled_lr
+from xlm_pkm.optim.adagrad import ClippedAdagrad
+from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, Optimizers
+from xlm_pkm.optim.schedule import scheduled_lr
 
 
 def params_with_grads(seed=0, scale=1.0):

@@ -11,20 +11,20 @@ from pathlib import Path
 
 import pytest
 
-from xlm_pkm.generation import main as generate_main
-from xlm_pkm.program import program_name
+from xlm_pkm.inference.generation import main as generate_main
+from xlm_pkm.utils.program import program_name
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE_FILES = ["pyproject.toml", "requirements.txt", "README.md", "xlm_pkm", "configs"]
 BLOCKED = ["sacremoses", "fastBPE", "tensorboard", "submitit", "yaml", "tqdm", "safetensors", "triton"]
 
-# The README's "The layer on its own" example: a plain PyTorch model, the values in their own optimizer
+# docs/layer.md's "The layer on its own" example: a plain PyTorch model, the values in their own optimizer
 # with sparse gradients and lazy Adam.
 LAYER_SNIPPET = """\
 import torch
 from torch import nn
 from xlm_pkm import ProductKeyMemory
-from xlm_pkm.lazy_adam import LazyAdam
+from xlm_pkm.optim.lazy_adam import LazyAdam
 
 memory = ProductKeyMemory(256, 256, n_keys=128, k_dim=128, heads=4, knn=16)  # 128² = 16k slots
 model = nn.Sequential(nn.Embedding(1000, 256), memory, nn.Linear(256, 1000))
@@ -71,8 +71,8 @@ def test_the_layer_needs_only_torch():
     assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
 
 
-def test_readme_shows_the_tested_layer_snippet():
-    section = (ROOT / "README.md").read_text().split("## The layer on its own", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_show_the_tested_layer_snippet():
+    section = (ROOT / "docs" / "layer.md").read_text().split("## The layer on its own", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     assert LAYER_SNIPPET in blocks
 
@@ -132,7 +132,7 @@ def test_console_commands_of_the_installed_package(installed, reference_run, tmp
 
 @pytest.mark.parametrize("argv0, expected", [
     ("/opt/venv/bin/xlm-pkm-train", "xlm-pkm-train"), (str(ROOT / "train.py"), "train.py"),
-    (str(ROOT / "xlm_pkm" / "export.py"), "python -m xlm_pkm.export"),
+    (str(ROOT / "xlm_pkm" / "inference" / "export.py"), "python -m xlm_pkm.inference.export"),
     (str(ROOT / "xlm_pkm" / "data" / "preprocess.py"), "python -m xlm_pkm.data.preprocess"),
     ("/usr/bin/pytest", "the default"), (str(ROOT / "benchmarks" / "training_speed.py"), "the default")])
 def test_program_name_is_how_the_command_was_started(monkeypatch, argv0, expected):

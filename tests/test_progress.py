@@ -4,9 +4,9 @@ evaluation lines."""
 import itertools
 
 import pytest
-
 from conftest import read_events
-from xlm_pkm.progress import Progress, format_duration
+
+from xlm_pkm.utils.progress import Progress, format_duration
 
 
 @pytest.mark.parametrize("seconds, text", [(7.4, "7s"), (60, "1m00s"), (125, "2m05s"), (3725, "1h02m")])
@@ -16,7 +16,7 @@ def test_format_duration(seconds, text):
 
 def test_progress_prints_done_total_and_eta_then_stays_silent_at_the_end(capsys, monkeypatch):
     clock = itertools.count(0.0, 10.0)
-    monkeypatch.setattr("xlm_pkm.progress.perf_counter", lambda: next(clock))
+    monkeypatch.setattr("xlm_pkm.utils.progress.perf_counter", lambda: next(clock))
     progress = Progress("evaluating valid", total=4, every=5.0)  # started at t = 0
     progress.update(1)  # t = 10: 10 s per batch, 3 to go
     progress.update(4)  # t = 20: done, no line

@@ -7,14 +7,14 @@ import textwrap
 import pytest
 
 from xlm_pkm.config import ConfigError, load_config, load_config_dict, to_dict
-from xlm_pkm.model.keys import KEY_SEARCHES
+from xlm_pkm.model.memory.keys import KEY_SEARCHES
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.optim import SCHEDULES, scheduled_lr
+from xlm_pkm.optim.schedule import SCHEDULES, scheduled_lr
 
 PLUGIN = textwrap.dedent('''
     """A user's key search and schedule, registered from outside xlm_pkm."""
-    from xlm_pkm.model.keys import KEY_SEARCHES
-    from xlm_pkm.optim import SCHEDULES
+    from xlm_pkm.model.memory.keys import KEY_SEARCHES
+    from xlm_pkm.optim.schedule import SCHEDULES
 
 
     @KEY_SEARCHES.register("user_flat")

@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 import torch
 
-from xlm_pkm import checkpoint
-from xlm_pkm.atomic import OutputError
-from xlm_pkm.checkpoint import NonFiniteError
-from xlm_pkm.cli import evaluate_main, train_main
+from xlm_pkm.checkpoint import files as checkpoint
+from xlm_pkm.checkpoint.files import NonFiniteError
 from xlm_pkm.config import ConfigError, load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.shard import read_shard, shard_paths, write_shard
-from xlm_pkm.distributed import free_port
-from xlm_pkm.lazy_adam import LazyAdam
-from xlm_pkm.lock import DirectoryBusy
-from xlm_pkm.run_dir import lock_run_directory
-from xlm_pkm.trainer import NonFiniteLossError
+from xlm_pkm.launch.cli import evaluate_main, train_main
+from xlm_pkm.optim.lazy_adam import LazyAdam
+from xlm_pkm.runtime.distributed import free_port
+from xlm_pkm.train.run_dir import lock_run_directory
+from xlm_pkm.train.trainer import NonFiniteLossError
+from xlm_pkm.utils.atomic import OutputError
+from xlm_pkm.utils.lock import DirectoryBusy
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,7 +100,7 @@ def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trai
 
 def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from xlm_pkm.run_dir import lock_run_directory; held = lock_run_directory(Path(sys.argv[1])); "
+                               "from xlm_pkm.train.run_dir import lock_run_directory; held = lock_run_directory(Path(sys.argv[1])); "
                                "print('locked', flush=True); time.sleep(60)", str(tmp_path)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert holder.stdout.readline().strip() == "locked"
@@ -173,9 +173,9 @@ def test_disk_full_while_logging_metrics_leaves_whole_lines(tiny_trainer, tmp_pa
 
 
 def test_evaluate_json_into_a_missing_folder_fails_before_evaluating(reference_run, tmp_path, capsys, monkeypatch):
-    import xlm_pkm.cli
+    import xlm_pkm.launch.cli
 
-    monkeypatch.setattr(xlm_pkm.cli, "evaluate_checkpoint", lambda *a, **k: pytest.fail("evaluated anyway"))
+    monkeypatch.setattr(xlm_pkm.launch.cli, "evaluate_checkpoint", lambda *a, **k: pytest.fail("evaluated anyway"))
     best = reference_run().best_path
     assert evaluate_main(["--checkpoint", str(best), "--json", str(tmp_path / "no" / "r.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -282,3 +282,17 @@ def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrid
         for p in ranks:
             p.kill()
             p.wait()
+
+
+def test_every_one_line_error_derives_from_user_error():
+    """Commands catch USER_ERRORS (xlm_pkm/errors.py); each error written for the user is a UserError, and
+    keeps the built-in base that code catching it before the regroup relied on."""
+    from xlm_pkm.data.fastbpe import FastBPEError
+    from xlm_pkm.errors import USER_ERRORS, UserError
+    from xlm_pkm.runtime.distributed import CollectiveError
+
+    for error, base in [(ConfigError, ValueError), (OutputError, RuntimeError), (DirectoryBusy, RuntimeError),
+                        (NonFiniteError, RuntimeError), (NonFiniteLossError, RuntimeError),
+                        (CollectiveError, RuntimeError), (FastBPEError, RuntimeError)]:
+        assert issubclass(error, UserError) and issubclass(error, base), error
+        assert issubclass(error, USER_ERRORS)

@@ -11,13 +11,13 @@ import pytest
 import torch
 import yaml
 
-from xlm_pkm import checkpoint
+from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.config import Config, to_dict
-from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.moses import detokenize_pieces
-from xlm_pkm.introspect import slot_contexts
+from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.experiments.introspect import slot_contexts
+from xlm_pkm.experiments.report import Measure, bench_speeds, directions, find_runs, load_run, main, shows, write_report
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.report import Measure, bench_speeds, directions, find_runs, load_run, main, shows, write_report
 
 
 def make_run(root, name, cells, ppl, usage=None, kl=None, words_per_sec=1000.0, n_keys=8, heads=4, knn=2,

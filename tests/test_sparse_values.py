@@ -5,14 +5,14 @@ import math
 import pytest
 import torch
 
-from xlm_pkm.build import build_model, build_optimizers
 from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig
-from xlm_pkm.lazy_adam import LazyAdam
-from xlm_pkm.model.memory import ProductKeyMemory
-from xlm_pkm.model.value_read import read_values
-from xlm_pkm.optim import clip_grad_norm
-from xlm_pkm.precision import grad_scaler
-from xlm_pkm.train_step import loss_backward, optimizer_update
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.value_read import read_values
+from xlm_pkm.optim.clipping import clip_grad_norm
+from xlm_pkm.optim.lazy_adam import LazyAdam
+from xlm_pkm.runtime.precision import grad_scaler
+from xlm_pkm.train.build import build_model, build_optimizers
+from xlm_pkm.train.step import loss_backward, optimizer_update
 
 
 def lookups(n_slots=500, dim=6, tokens=40, per_token=12, seed=0):
@@ -60,7 +60,7 @@ def test_lazy_adam_equals_dense_adamw_on_touched_rows(weight_decay):
         before = param.detach().clone()
         opt.step()
         # reference: AdamW's formulas computed densely on the touched rows, with the global step for
-        # bias correction (the rule documented in xlm_pkm/lazy_adam.py)
+        # bias correction (the rule documented in xlm_pkm/optim/lazy_adam.py)
         m[rows] = 0.9 * m[rows] + 0.1 * grad
         v[rows] = 0.98 * v[rows] + 0.02 * grad**2
         m_hat, v_hat = m[rows] / (1 - 0.9**step), v[rows] / (1 - 0.98**step)

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
-from xlm_pkm import checkpoint
-from xlm_pkm.cli import evaluate_main, train_main
-from xlm_pkm.config import ConfigError, load_config
-
 from conftest import assert_two_processes_equal_one
+
+from xlm_pkm.checkpoint import files as checkpoint
+from xlm_pkm.config import ConfigError, load_config
+from xlm_pkm.launch.cli import evaluate_main, train_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,7 +163,7 @@ def test_checkpoint_of_another_architecture_names_the_shapes(tiny_run, tiny_trai
 
 
 def test_slurm_submission_with_submitit_debug_executor(tiny_overrides, tmp_path, monkeypatch):
-    from xlm_pkm import slurm
+    from xlm_pkm.launch import slurm
 
     monkeypatch.chdir(tmp_path)
     job = slurm.main(["--cluster", "debug", "--gpus-per-node", "0", "--folder", str(tmp_path / "submitit"),

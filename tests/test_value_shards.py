@@ -15,19 +15,18 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-from xlm_pkm import value_checkpoint
-from xlm_pkm.atomic import OutputError
-from xlm_pkm.config import Config, ModelConfig, OptimConfig
-from xlm_pkm.distributed import DistEnv, average_value_grads_, free_port, init_distributed, shutdown
-from xlm_pkm.model import value_shards
-from xlm_pkm.model.memory import value_table
-from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.model.value_shards import ValueShard, init_shard
-from xlm_pkm.optim import Optimizers, value_optimizer
-from xlm_pkm.train_step import optimizer_update
-
 from conftest import assert_two_processes_equal_one
+
+from xlm_pkm.checkpoint import sharded_values
+from xlm_pkm.config import Config, ModelConfig, OptimConfig
+from xlm_pkm.model.memory import value_shards
+from xlm_pkm.model.memory.pkm import value_table
+from xlm_pkm.model.memory.value_shards import ValueShard, init_shard
+from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
+from xlm_pkm.runtime.distributed import DistEnv, average_value_grads_, free_port, init_distributed, shutdown
+from xlm_pkm.train.step import optimizer_update
+from xlm_pkm.utils.atomic import OutputError
 
 
 @pytest.mark.parametrize("n_slots, dim, world", [(100, 12, 4), (37, 3, 3), (5, 8, 2)])
@@ -140,22 +139,22 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
     # checkpoint files: saved by `world` ranks, read back for this rank, for one process and for 2
     record = {"step": 7, "config": {}, "model": model.state_dict(), "optimizers": opt.state_dict()}
     path = Path(folder) / "checkpoint.pt"
-    main = value_checkpoint.save(record, path, model, env, device)
+    main = sharded_values.save(record, path, model, env, device)
     if rank == 0:
         torch.save(main, path)
     dist.barrier()
     name = "blocks.1.sublayers.1.values.weight"
     assert name not in main["model"] and "values" not in main["optimizers"]
-    own = value_checkpoint.attach(torch.load(path, weights_only=False), path, memory.shard)
+    own = sharded_values.attach(torch.load(path, weights_only=False), path, memory.shard)
     assert torch.equal(own["model"][name], memory.values.weight)
     state = opt.state_dict()["values"]["state"][0]
     assert torch.equal(own["optimizers"]["values"]["state"][0]["exp_avg"], state["exp_avg"])
-    whole = value_checkpoint.attach(torch.load(path, weights_only=False), path, None)
+    whole = sharded_values.attach(torch.load(path, weights_only=False), path, None)
     gathered = [torch.empty_like(memory.values.weight) for _ in range(world)]
     dist.all_gather(gathered, memory.values.weight.detach())
     assert torch.equal(whole["model"][name], torch.cat(gathered, dim=1))
     for r in range(2):
-        half = value_checkpoint.attach(torch.load(path, weights_only=False), path, ValueShard(r, 2))
+        half = sharded_values.attach(torch.load(path, weights_only=False), path, ValueShard(r, 2))
         assert torch.equal(half["model"][name], torch.cat(gathered, dim=1)[:, r * 8: (r + 1) * 8])
         assert half["optimizers"]["values"]["state"][0]["step"] == state["step"]
 
@@ -164,8 +163,8 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
     if rank == 0:
         torch.save({"step": 7, "model": ref.state_dict(), "optimizers": ref_opt.state_dict()}, replicated)
     dist.barrier()
-    cut = value_checkpoint.attach(torch.load(replicated, weights_only=False), replicated, memory.shard,
-                                  value_checkpoint.sharded_names(model))
+    cut = sharded_values.attach(torch.load(replicated, weights_only=False), replicated, memory.shard,
+                                  sharded_values.sharded_names(model))
     assert torch.equal(cut["model"][name], ref_memory.values.weight[:, columns])
     ref_state = ref_opt.state_dict()["values"]["state"][0]
     assert torch.equal(cut["optimizers"]["values"]["state"][0]["exp_avg"], ref_state["exp_avg"][:, columns])
@@ -175,21 +174,21 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
     def full_disk(obj, target):
         raise OutputError(f"{target}: no space left on device")
 
-    writer = value_checkpoint.save_atomic
+    writer = sharded_values.save_atomic
     if rank == world - 1:
-        value_checkpoint.save_atomic = full_disk
+        sharded_values.save_atomic = full_disk
     try:
         with pytest.raises(OutputError, match="no space left" if rank == world - 1 else "another rank"):
-            value_checkpoint.save({**record, "step": 8}, path, model, env, device)
+            sharded_values.save({**record, "step": 8}, path, model, env, device)
     finally:
-        value_checkpoint.save_atomic = writer
+        sharded_values.save_atomic = writer
 
 
 def check_uneven_token_counts(rank: int, world: int) -> None:
     """sharded_read with another token count on each rank (rank r reads r + 1 tokens) against read_values
     on the whole table: output, the weights' gradient and this rank's columns of the table's gradient."""
-    from xlm_pkm.model.sharded_read import sharded_read
-    from xlm_pkm.model.value_read import read_values
+    from xlm_pkm.model.memory.sharded_read import sharded_read
+    from xlm_pkm.model.memory.value_read import read_values
 
     g = torch.Generator().manual_seed(2)
     table = torch.randn(30, 8, generator=g, dtype=torch.float64)
@@ -225,7 +224,7 @@ def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
 def spawn(check, world: int, folder) -> None:
     """Runs check(rank, world, folder) on `world` processes, forked from a server that imported torch
     and this module once (a fresh interpreter per rank costs ~3 s of imports each on 2 cores)."""
-    mp.set_forkserver_preload(["torch", "xlm_pkm.model.sharded_read", __name__])
+    mp.set_forkserver_preload(["torch", "xlm_pkm.model.memory.sharded_read", __name__])
     mp.start_processes(run_rank, args=(world, free_port(), str(folder), check), nprocs=world,
                        start_method="forkserver")
 
@@ -246,8 +245,8 @@ def check_then_train(rank: int, world: int, folder: str) -> None:
     import json
 
     from xlm_pkm.config import load_config
-    from xlm_pkm.evaluation import evaluate_checkpoint
-    from xlm_pkm.trainer import Trainer
+    from xlm_pkm.train.evaluation import evaluate_checkpoint
+    from xlm_pkm.train.trainer import Trainer
 
     check_all(rank, world, folder)
     overrides = json.loads((Path(folder) / "overrides.json").read_text())
@@ -267,7 +266,7 @@ def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, re
     resumed) and replicated dense values (AdamW), each equal to one process with the same global batch."""
     import json
 
-    from xlm_pkm.evaluation import evaluate_checkpoint
+    from xlm_pkm.train.evaluation import evaluate_checkpoint
 
     common = ("train.max_steps=4", "train.eval_every=2")
     runs = {"sharded": ("optim.values_optimizer=lazy_adam", "model.memory.shard_values=true"),
@@ -306,7 +305,7 @@ def test_sharded_checkpoint_on_one_process_is_kept_whole_when_a_shard_cannot_be_
     trainer = tiny_trainer(tmp_path, "model.memory.shard_values=true", "train.max_steps=3", "train.exp_id=one")
     try:
         trainer.train_step(iter(trainer.train_stream))
-        monkeypatch.setattr(value_checkpoint, "save_atomic", full_disk)
+        monkeypatch.setattr(sharded_values, "save_atomic", full_disk)
         with pytest.raises(OutputError, match="step3.rank0-of-1.pt: no space left"):
             trainer.save_checkpoint()
     finally:
@@ -316,4 +315,4 @@ def test_sharded_checkpoint_on_one_process_is_kept_whole_when_a_shard_cannot_be_
 
     (run / "checkpoint.values" / files[0]).unlink()
     with pytest.raises(FileNotFoundError, match="value shard .*step2.rank0-of-1.pt is missing"):
-        value_checkpoint.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)
+        sharded_values.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)

@@ -4,6 +4,23 @@
 
 Importing the package imports nothing else; `ProductKeyMemory` and `TransformerLM` are loaded when
 first used (xlm_pkm.model.memory, xlm_pkm.model.transformer), and need only torch.
+
+The subpackages, lowest layer first; each may import only layers below it (its __init__.py says which,
+and tests/test_layout.py checks it):
+
+    errors.py     UserError, the base of every one-line error; exit statuses
+    utils/        atomic output files, directory lock, progress lines, program name
+    config.py     every knob as a dataclass, checked once;  registry.py: name -> implementation
+    runtime/      device and precision, ranks and collectives, SLURM's environment, peak FLOP/s
+    data/         corpus -> Moses -> fastBPE -> shards; streams; text codecs
+    model/        the transformer and the all-attention family; model/memory/: the memory layer
+    optim/        dense and sparse optimizers, the lr schedule, clipping
+    checkpoint/   checkpoint files, sharded values, a run's checkpoints, trained models
+    finetune/     init_from, trainable, LoRA, sparse memory finetuning, slot counts
+    train/        the trainer, its step and state, evaluation, run directory and log
+    inference/    generation, sampling, export
+    launch/       train.py / evaluate.py command lines, SLURM
+    experiments/  reproduction, reports, introspection, the continual-learning study
 """
 
 __version__ = "0.1.0"

@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from xlm_pkm.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A configuration file or override is invalid; the message names the key at fault."""
 
 
@@ -34,8 +36,8 @@ class MemoryConfig:
     k_dim: int = 512  # query / key dimension (product: two halves of k_dim / 2)
     heads: int = 4  # memory heads; each has its own query and keys, the value table is shared
     knn: int = 32  # keys selected per head
-    # product | flat (exhaustive search over |K| full keys, Table 4) | any class in model/keys.py
-    key_type: str = field(default="product", metadata={"choices": "xlm_pkm.model.keys:KEY_SEARCHES"})
+    # product | flat (exhaustive search over |K| full keys, Table 4) | any class in model/memory/keys.py
+    key_type: str = field(default="product", metadata={"choices": "xlm_pkm.model.memory.keys:KEY_SEARCHES"})
     # batchnorm (paper, §4.5; training statistics span the batch) | layernorm (per head, causal) | none
     query_norm: Literal["batchnorm", "layernorm", "none"] = "batchnorm"
     query_hidden: list[int] = field(default_factory=list)  # hidden sizes of the query MLP (ReLU)
@@ -46,9 +48,9 @@ class MemoryConfig:
     qk_norm: bool = False  # L2-normalise queries and keys (product: each half) before scoring
     temperature: float = 1.0  # softmax(scores / temperature) over the selected keys; 1: the paper
     share_values: bool = False  # all memory layers of the model read one value table
-    # each of W processes holds 1/W of every value row and of its optimizer state (model/value_shards.py)
+    # each of W processes holds 1/W of every value row and of its optimizer state (model/memory/value_shards.py)
     shard_values: bool = False
-    # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/value_read.py)
+    # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/memory/value_read.py)
     value_read: Literal["auto", "torch", "triton"] = "auto"
 
 
@@ -117,7 +119,7 @@ class DataConfig:
 class MemoryFinetuneConfig:
     """Sparse memory finetuning (memory_finetune.py): each step updates only its top_t slots by TF-IDF."""
     top_t: int = 0  # slots updated per value table and step; 0: off (every slot read is updated)
-    background: str = ""  # slot counts on the pretraining data: python -m xlm_pkm.slot_counts
+    background: str = ""  # slot counts on the pretraining data: python -m xlm_pkm.finetune.slot_counts
 
 
 @dataclass
@@ -134,14 +136,14 @@ class LoraConfig:
 class OptimConfig:
     """Adam with the inverse square-root schedule (Vaswani et al.); memory values in their own group."""
 
-    optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim:DENSE_OPTIMIZERS"})
+    optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim.optimizers:DENSE_OPTIMIZERS"})
     lr: float = 2.5e-4
     beta1: float = 0.9  # adam
     beta2: float = 0.98  # adam
     eps: float = 1e-8
     weight_decay: float = 0.0  # adam
     # inverse_sqrt: linear warmup then lr·sqrt(warmup/step); linear_warmup: linear warmup then constant
-    schedule: str = field(default="inverse_sqrt", metadata={"choices": "xlm_pkm.optim:SCHEDULES"})
+    schedule: str = field(default="inverse_sqrt", metadata={"choices": "xlm_pkm.optim.schedule:SCHEDULES"})
     warmup_steps: int = 4000
     warmup_init_lr: float = 1e-7
     clip_grad_norm: float = 0.0  # 0: off
@@ -153,7 +155,7 @@ class OptimConfig:
     memory_finetune: MemoryFinetuneConfig = field(default_factory=MemoryFinetuneConfig)
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
     # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim.py).
-    values_optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim:VALUE_OPTIMIZERS"})
+    values_optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim.optimizers:VALUE_OPTIMIZERS"})
     values_lr: float = 1e-3
     values_beta1: float = 0.9
     values_beta2: float = 0.999
@@ -349,7 +351,7 @@ def save_config(cfg: Config, path: str | Path) -> None:
     """The resolved config as YAML, written to a temporary name and renamed."""
     import yaml
 
-    from xlm_pkm.atomic import write_text
+    from xlm_pkm.utils.atomic import write_text
 
     write_text(Path(path), yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
@@ -377,7 +379,7 @@ def validate(cfg, prefix: str = ""):
         _check_family(cfg.model, cfg.data.shuffle_blocks)
     if isinstance(cfg, Config) and cfg.optim.memory_finetune.top_t and not cfg.optim.memory_finetune.background:
         raise ConfigError("optim.memory_finetune.top_t needs optim.memory_finetune.background: the slot counts "
-                          "of python -m xlm_pkm.slot_counts CHECKPOINT --data DIR --out FILE")
+                          "of python -m xlm_pkm.finetune.slot_counts CHECKPOINT --data DIR --out FILE")
     return cfg
 
 

@@ -9,7 +9,7 @@
 
 A config field names its implementation with a string; the config loader checks the name against the
 registry (see `choices` in config.py), so adding an implementation never touches the config code.
-The registries: KEY_SEARCHES (model/keys.py, model.memory.key_type), SUBLAYERS (model/blocks.py,
+The registries: KEY_SEARCHES (model/memory/keys.py, model.memory.key_type), SUBLAYERS (model/blocks.py,
 model.sublayers), DENSE_OPTIMIZERS, VALUE_OPTIMIZERS and SCHEDULES (optim.py: optim.optimizer,
 optim.values_optimizer, optim.schedule).
 

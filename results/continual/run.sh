@@ -2,7 +2,7 @@
 # Learning new facts vs forgetting (issue 21), in one command from the repository root after `make data`:
 #   results/continual/run.sh            (about 70 minutes on 2 CPU cores)
 # 1. pretrain the default model with one memory (pretrain_memory.yaml) and its dense twin (n_memories=0);
-# 2. write 300 made-up facts with the pretraining vocabulary (python -m xlm_pkm.facts);
+# 2. write 300 made-up facts with the pretraining vocabulary (python -m xlm_pkm.experiments.facts);
 # 3. count how often the pretraining corpus reads each memory slot (background for sparse memory finetuning);
 # 4. finetune both models on the facts (train.init_from) with each method at a few settings:
 #    full finetuning, LoRA, memory values only, sparse memory finetuning (top-t slots, SGD on the values);
@@ -36,8 +36,8 @@ read -r -a PRE <<< "train.dump_path=$DUMP train.exp_id=run ${PRETRAIN_ARGS:-}"
 run pretrain_memory "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test "${PRE[@]}"
 run pretrain_dense "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test "${PRE[@]}" \
   model.n_memories=0 train.exp_name=pretrain_dense
-run facts "$PY" -m xlm_pkm.facts --out "$FACTS" --n 300 --seed 0 --codes "$DATA/codes" --vocab "$DATA/vocab"
-run slot_counts "$PY" -m xlm_pkm.slot_counts "$DUMP/pretrain_memory/run/best.pt" --data "$DATA" --split train \
+run facts "$PY" -m xlm_pkm.experiments.facts --out "$FACTS" --n 300 --seed 0 --codes "$DATA/codes" --vocab "$DATA/vocab"
+run slot_counts "$PY" -m xlm_pkm.finetune.slot_counts "$DUMP/pretrain_memory/run/best.pt" --data "$DATA" --split train \
   --max-tokens 500000 --out "$DUMP/background_counts.pt"
 
 # finetune MODEL METHOD SETTING OVERRIDES...: FT_STEPS steps on the facts from MODEL's best.pt, one evaluation
@@ -57,9 +57,9 @@ finetune() {
 # score CHECKPOINT MODEL METHOD SETTING: one row of scores (kept: a re-run does not score again)
 score() {
   local file=$DUMP/scores/$2_$3_${4//[^A-Za-z0-9.]/_}.jsonl
-  echo "$PY -m xlm_pkm.continual score $1 --facts $FACTS --data $DATA --model $2 --method $3 --setting $4" \
+  echo "$PY -m xlm_pkm.experiments.continual score $1 --facts $FACTS --data $DATA --model $2 --method $3 --setting $4" \
     >> "$OUT/commands.txt"
-  [[ -s $file ]] || "$PY" -m xlm_pkm.continual score "$1" --facts "$FACTS" --data "$DATA" --model "$2" \
+  [[ -s $file ]] || "$PY" -m xlm_pkm.experiments.continual score "$1" --facts "$FACTS" --data "$DATA" --model "$2" \
     --method "$3" --setting "$4" --out "$file"
 }
 
@@ -91,4 +91,4 @@ finetune memory sparse_memory "top_t=500,lr=3000,steps=600" optim.trainable=memo
   train.max_steps=600 train.eval_every=600
 
 cat "$DUMP"/scores/*.jsonl > "$OUT/scores.jsonl"
-"$PY" -m xlm_pkm.continual report "$OUT/scores.jsonl" --facts "$FACTS" --out "$OUT"
+"$PY" -m xlm_pkm.experiments.continual report "$OUT/scores.jsonl" --facts "$FACTS" --out "$OUT"

@@ -29,5 +29,5 @@ mkdir -p dumped/reproduce
   done
 } > dumped/reproduce/stream_table1.log 2>&1 &
 wait
-.venv/bin/python -m xlm_pkm.report dumped/reproduce/*/tiny-seed* --out results/tiny \
+.venv/bin/python -m xlm_pkm.experiments.report dumped/reproduce/*/tiny-seed* --out results/tiny \
   --bench benchmarks/results/inference_speed_cpu.json

@@ -11,4 +11,9 @@
     shard.py       the binary shard format (readable with numpy alone, checksummed)
     stream.py      TokenStream: rank-disjoint, resumable LM batches, blocks shuffled per epoch
     stats.py       corpus statistics (python -m xlm_pkm.data.stats DIR)
+    bytes.py       character-level data (enwik8, text8): one token per byte
+    words.py       word-level data as the all-attention authors read WikiText-103
+    text_codec.py  text <-> token ids with a run's own preprocessing (generation, export, facts)
+
+May import: errors, utils.
 """

@@ -7,7 +7,7 @@ fastBPE aborts on a malformed codes file, so `check_codes` validates one first.
 When asked for more merges than the corpus allows, `fast learnbpe` pads its output with `a b 0` lines
 (the last pair repeated, count 0: a malformed file); `learn_codes` keeps the merges before the first
 count-0 line and says how many the corpus allowed. Outputs are read from fastBPE's standard output
-and written by Python (xlm_pkm/atomic.py), so a full disk is an error, never a truncated file.
+and written by Python (xlm_pkm/utils/atomic.py), so a full disk is an error, never a truncated file.
 """
 
 from __future__ import annotations
@@ -20,13 +20,14 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from xlm_pkm.atomic import atomic_file
+from xlm_pkm.errors import UserError
+from xlm_pkm.utils.atomic import atomic_file
 
 log = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class FastBPEError(RuntimeError):
+class FastBPEError(UserError, RuntimeError):
     """fastBPE is missing, failed, or was given a malformed codes file."""
 
 

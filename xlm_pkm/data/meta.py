@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from xlm_pkm.atomic import write_text
+from xlm_pkm.utils.atomic import write_text
 
 from .dictionary import Dictionary
 from .shard import ShardError, hash_file, read_header, shard_paths, write_shard

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from xlm_pkm.atomic import write_text
+from xlm_pkm.utils.atomic import write_text
+
 from .corpus import CorpusError, Reader
 from .meta import file_digest
 

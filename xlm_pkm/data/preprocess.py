@@ -14,9 +14,9 @@ Steps (see plan.py for the held-out split and the chunks):
      step 4, which is then limited to it too); valid/test BPE is limited to it, as in XLM;
   6. binarize: one DIR/train.NNN.bin per chunk, DIR/valid.000.bin, DIR/test.000.bin (shard.py),
      and DIR/meta.json, written last (meta.py). With --keep-intermediate, DIR/{train,valid,test}.{tok,bpe} too.
-Every output is written under a temporary name unique to its process and renamed (xlm_pkm/atomic.py); a
+Every output is written under a temporary name unique to its process and renamed (xlm_pkm/utils/atomic.py); a
 write that fails (disk full, read-only) is a one-line error and leaves the previous file. One run at a
-time holds DIR (xlm_pkm/lock.py); its workers die with it. A re-run skips finished work: DIR is complete only
+time holds DIR (xlm_pkm/utils/lock.py); its workers die with it. A re-run skips finished work: DIR is complete only
 when meta.json records these inputs and options and every file it lists is intact (re-hashed); a
 damaged output is rebuilt. A DIR holding outputs but no plan.json is refused (not ours to trust).
 Documents that are empty after tokenization are dropped.
@@ -36,9 +36,9 @@ from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
 
-from xlm_pkm.atomic import OutputError, atomic_file, is_temporary, write_error, write_text
-from xlm_pkm.lock import DirectoryBusy, DirectoryLock
-from xlm_pkm.program import program_name
+from xlm_pkm.utils.atomic import OutputError, atomic_file, is_temporary, write_error, write_text
+from xlm_pkm.utils.lock import DirectoryBusy, DirectoryLock
+from xlm_pkm.utils.program import program_name
 
 from .corpus import CorpusError, Reader
 from .dictionary import Dictionary, DictionaryError

@@ -21,7 +21,7 @@ Layout (little-endian), readable with numpy alone:
 Opening a shard checks its header and size (a truncated shard is detected) and the vocabulary
 fingerprint; `verify` also recomputes the checksum (corruption inside the id range). Version-1 shards
 (no checksum) are refused with a request to re-run preprocessing. Shards are written to a temporary
-name (xlm_pkm/atomic.py) and renamed when complete.
+name (xlm_pkm/utils/atomic.py) and renamed when complete.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from xlm_pkm.atomic import temporary_name, write_error
+from xlm_pkm.utils.atomic import temporary_name, write_error
 
 MAGIC = b"PKMSHARD"
 VERSION = 2

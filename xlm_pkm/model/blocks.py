@@ -21,8 +21,8 @@ from xlm_pkm.config import CONTEXT_SUBLAYERS, ModelConfig
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.all_attention import AllAttention, RelativePositions
 from xlm_pkm.model.attention import KVCache, SelfAttention
-from xlm_pkm.model.keys import KEY_SEARCHES
-from xlm_pkm.model.memory import ProductKeyMemory, value_table
+from xlm_pkm.model.memory.keys import KEY_SEARCHES
+from xlm_pkm.model.memory.pkm import ProductKeyMemory, value_table
 from xlm_pkm.model.stream_attention import StreamAttention
 from xlm_pkm.registry import Registry
 

@@ -49,9 +49,9 @@ from xlm_pkm.model.adaptive_io import AdaptiveEmbedding, AdaptiveLogSoftmax
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.attention import KVCache
 from xlm_pkm.model.blocks import SUBLAYERS, Block, shared_state
-from xlm_pkm.model.memory import ProductKeyMemory, is_memory_value
+from xlm_pkm.model.memory.pkm import ProductKeyMemory, is_memory_value
+from xlm_pkm.model.memory.value_shards import ValueShard
 from xlm_pkm.model.stream_attention import StreamAttention
-from xlm_pkm.model.value_shards import ValueShard
 
 logger = logging.getLogger(__name__)
 

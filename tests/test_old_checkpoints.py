@@ -1,0 +1,45 @@
+"""Run checkpoints written before the package was regrouped by role (issue 30) still load, evaluate and
+resume. tests/data/before_regroup/ holds a tiny run made by the code of commit 6434b32 (make.py, run
+there): the conftest's tiny model on the conftest's tiny corpus, train.eval_every=2, stopped by SIGTERM at
+step 4 of 8; checkpoint.pt and best.pt (step 4), its config.yaml and metrics.jsonl."""
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import torch
+
+from xlm_pkm.checkpoint.trained import load_trained
+from xlm_pkm.train.evaluation import evaluate_checkpoint
+
+OLD = Path(__file__).parent / "data" / "before_regroup"
+EXTRA = ("train.eval_every=2",)  # the old run's one override beyond the conftest's tiny ones
+
+
+def test_the_tiny_corpus_is_the_one_the_old_run_trained_on(tiny_data_dir):
+    assert json.loads((tiny_data_dir / "meta.json").read_text())["fingerprint"] == \
+        torch.load(OLD / "best.pt", weights_only=False)["vocab_fingerprint"]
+
+
+def test_an_old_best_checkpoint_loads_and_evaluates_to_the_perplexity_its_run_logged(tiny_data_dir):
+    model, cfg, state, _ = load_trained(OLD / "best.pt", tiny_data_dir)
+    assert state["step"] == 4 and cfg.model.dim == 32
+    logged = [e for e in map(json.loads, (OLD / "metrics.jsonl").read_text().splitlines()) if e["event"] == "valid"]
+    result = evaluate_checkpoint(OLD / "best.pt", "valid", str(tiny_data_dir), max_batches=4)
+    assert math.isclose(result["ppl"], logged[-1]["ppl"], rel_tol=1e-6), (result["ppl"], logged[-1]["ppl"])
+
+
+def test_an_old_run_checkpoint_resumes_exactly_as_an_uninterrupted_run_of_today(tiny_run, reference_run, train_losses,
+                                                                                 tmp_path):
+    run_dir = tmp_path / "tiny" / "before_regroup"
+    run_dir.mkdir(parents=True)
+    for name in ("checkpoint.pt", "config.yaml", "metrics.jsonl"):
+        shutil.copy(OLD / name, run_dir / name)
+    resumed = tiny_run(tmp_path, "train.exp_id=before_regroup", *EXTRA)
+    assert resumed.resumed
+    full = reference_run(*EXTRA)
+    # steps 1-4 logged by the old code, 5-8 by today's after the resume: all equal today's uninterrupted run
+    assert train_losses(resumed.run_dir) == train_losses(full.run_dir)
+    for name, p in full.model.state_dict().items():
+        assert torch.equal(p, resumed.model.state_dict()[name]), name

@@ -1,0 +1,99 @@
+"""Checkpoints and other run outputs: written atomically, never with non-finite weights; loaded with checks.
+
+Checkpoints are written whole or not at all (xlm_pkm/utils/atomic.py): a crash, a full disk or a
+read-only directory at any moment leaves the previous file intact and no temporary file behind; the
+error is one line naming the file (OutputError).
+
+A run checkpoint is a dict with at least `config`, `model` and `step`; `checkpoint.pt` adds the
+optimizer and run state (resume), `best.pt` holds the model only (evaluation). Both record the
+vocabulary's fingerprint (`vocab_fingerprint`), checked against the data on resume and evaluation.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from torch import nn
+
+from xlm_pkm.errors import UserError
+from xlm_pkm.utils.atomic import atomic_file, write_error
+
+RUN_KEYS = ("config", "model", "step")
+
+
+class NonFiniteError(UserError, RuntimeError):
+    """Parameters or optimizer state are not finite: such a state is never written."""
+
+
+def save_atomic(obj: dict, path: str | Path) -> None:
+    """torch.save to `path`, whole or not at all (xlm_pkm/utils/atomic.py)."""
+    with atomic_file(Path(path)) as f:
+        try:
+            torch.save(obj, f)
+        except OSError as e:  # raised by torch's own writer: about this file too
+            raise write_error(Path(path), e) from None
+
+
+def _tensors(obj, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _tensors(v, f"{prefix}.{k}" if prefix else str(k))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{prefix}.{i}")
+
+
+def first_non_finite(obj) -> str | None:
+    """The name of the first floating-point tensor in `obj` (nested dicts/lists) with a nan or inf."""
+    for name, t in _tensors(obj, ""):
+        if t.is_floating_point() and not bool(torch.isfinite(t.coalesce().values() if t.is_sparse else t).all()):
+            return name
+    return None
+
+
+def load(path: str | Path) -> dict:
+    """A run checkpoint (a dict with config, model and step), on the CPU."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint not found: {path}")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # truncated or foreign file
+        raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
+    if not isinstance(state, dict) or not all(k in state for k in RUN_KEYS):
+        raise ValueError(f"{path}: a torch file, but not a checkpoint of an xlm-pkm run "
+                         f"(expected a dict with {', '.join(RUN_KEYS)})")
+    return state
+
+
+def check_vocabulary(state: dict, fingerprint: str, vocab_path: str | Path, source: str | Path) -> None:
+    """The checkpoint's model was trained on the vocabulary at `vocab_path` (fingerprints equal)."""
+    saved = state.get("vocab_fingerprint")
+    if saved is not None and saved != fingerprint:
+        raise ValueError(f"{source}: the model was trained with another vocabulary than {vocab_path} "
+                         f"(fingerprint {saved}, the data's is {fingerprint})")
+
+
+def migrate_model_state(state: dict, own: dict) -> dict:
+    """Model weights saved by earlier versions under today's names (memory keys: `.keys` became
+    `.keys.weight` when key searches became modules)."""
+    return {(f"{k}.weight" if k not in own and f"{k}.weight" in own else k): v for k, v in state.items()}
+
+
+def load_model_state(model: nn.Module, state: dict, source: str | Path) -> None:
+    """Loads weights after checking that every parameter and buffer exists with the same shape."""
+    own = model.state_dict()
+    state = migrate_model_state(state, own)
+    missing = sorted(set(own) - set(state))
+    unexpected = sorted(set(state) - set(own))
+    mismatched = [f"{k}: checkpoint {tuple(state[k].shape)} vs model {tuple(own[k].shape)}"
+                  for k in own if k in state and state[k].shape != own[k].shape]
+    problems = ([f"missing {', '.join(missing[:5])}"] if missing else []) \
+        + ([f"unexpected {', '.join(unexpected[:5])}"] if unexpected else []) + mismatched[:5]
+    if problems:
+        raise ValueError(f"{source}: checkpoint is of another architecture: " + "; ".join(problems))
+    model.load_state_dict(state)

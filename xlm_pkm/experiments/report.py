@@ -1,0 +1,693 @@
+"""A reproduction report from run directories: the paper's tables beside ours, figures, what the memory stores.
+
+    python -m xlm_pkm.experiments.report dumped/reproduce/*/tiny --out results/tiny \\
+        [--bench benchmarks/results/inference_speed_cpu.json] [--introspect RUN_DIR]
+
+Reads, per run directory: config.yaml, metrics.jsonl (train/valid/test events), the test result
+(test.json from evaluate.py --json, else the last "test" event) and reproduce.json (the table cells
+the run fills, written by xlm_pkm.experiments.reproduce). Runs of one cell with other seeds (reproduce --seeds)
+make one cell: its mean ± the standard deviation over seeds. A direction of the paper "holds" only
+when the gap between the two cells' means, in the paper's direction, exceeds the sum of their
+standard deviations; the opposite gap "does not hold"; a smaller one is "within noise".
+
+Speeds come only from inference_speed benchmark JSON (--bench: every model timed in one process,
+interleaved), never from the runs' own words/s, which measure whatever else shared the machine.
+
+Writes OUT/report.md and OUT/*.png: learning_curves.png (valid perplexity vs step and vs wall
+time), figure4.png (our perplexity vs the benchmark's inference speed of the paper-size model),
+table2.png (usage, KL and perplexity vs memory size, with and without BatchNorm), figure6.png
+(heads × k grids of perplexity and usage), figure7.png (the benchmark's inference speed vs memory
+size, product vs flat keys). Each figure is written only when some run (or benchmark) feeds it.
+Tables list ours then the paper's number in parentheses; "·" is a cell not run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from xlm_pkm.utils.atomic import write_text
+
+# The paper's numbers (Lample et al. 2019). Table 2 and Table 4 by n_keys (|K| = n_keys²):
+# perplexity, usage %, KL; Table 4 adds inference speed in words/s; None: not reported.
+PAPER = {
+    "table1": {(12, 1024, 0): 17.7, (12, 1024, 1): 15.6, (12, 1024, 2): 14.8, (12, 1024, 3): 14.5,
+               (16, 1024, 0): 16.7, (16, 1024, 1): 14.9, (16, 1024, 2): 14.1, (24, 1024, 0): 16.0,
+               (24, 1024, 1): 14.6, (12, 1600, 0): 15.0, (12, 1600, 1): 13.7, (16, 1600, 0): 14.4,
+               (16, 1600, 1): 13.2, (24, 1600, 0): 14.0},
+    "table2": {(128, False): (22.8, 100, 0.56), (128, True): (23.0, 100, 0.56),
+               (256, False): (21.7, 99.0, 0.69), (256, True): (21.9, 100.0, 0.58),
+               (384, False): (20.9, 83.8, 0.94), (384, True): (20.7, 99.6, 0.65),
+               (512, False): (20.5, 64.4, 1.20), (512, True): (19.8, 97.9, 0.68),
+               (768, False): (20.0, 38.0, 1.70), (768, True): (18.7, 90.3, 0.83),
+               (1024, False): (19.8, 25.8, 2.06), (1024, True): (18.0, 80.3, 0.95)},
+    "table3": {1: (21.5, 100.0, 2.23), 2: (20.7, 100.0, 0.95), 3: (20.4, 98.3, 0.74),
+               4: (20.1, 97.1, 0.71), 5: (19.8, 97.9, 0.68), 6: (20.3, 96.9, 1.08)},
+    "table4": {(128, "flat"): (23.2, 19.6, 2.04, 35.0e3), (128, "product"): (23.0, 100, 0.56, 35.8e3),
+               (256, "flat"): (22.6, 13.6, 2.48, 28.5e3), (256, "product"): (21.9, 100.0, 0.58, 36.7e3),
+               (384, "flat"): (22.1, 10.1, 2.77, 13.9e3), (384, "product"): (20.7, 99.6, 0.65, 36.4e3),
+               (512, "flat"): (None, None, None, 7.7e3), (512, "product"): (19.8, 97.9, 0.68, 36.3e3),
+               (768, "flat"): (None, None, None, 4.7e3), (768, "product"): (18.7, 90.3, 0.83, 36.2e3),
+               (1024, "flat"): (None, None, None, 1.2e3), (1024, "product"): (18.0, 80.3, 0.95, 35.7e3)},
+    "baseline": 23.0,  # §4.5: the 6-layer model without memory
+    # Figure 6 gives no numbers in the text beyond: h × k = 64 -> usage about 70%, perplexity about 20.5.
+}
+# The paper's grids: n_keys of Tables 2 and 4, memory heads and k of Figure 6 (xlm_pkm.experiments.reproduce runs these cells).
+KEYS = (128, 256, 384, 512, 768, 1024)
+HEADS, KNNS = (1, 2, 4, 8), (8, 16, 32, 64)
+
+
+@dataclass
+class RunData:
+    """What the report reads from one run directory."""
+
+    path: Path
+    config: dict
+    events: list[dict]
+    test: dict | None
+    cells: list[dict] = field(default_factory=list)  # [{"table", "cell", "key"}]
+    scale: str | None = None  # the reproduction scale it ran at (reproduce.json), None: not from xlm_pkm.experiments.reproduce
+
+    @property
+    def name(self) -> str:
+        return f"{self.path.parent.name}/{self.path.name}"
+
+    def valid(self) -> list[dict]:
+        return [e for e in self.events if e["event"] == "valid"]
+
+    def memory(self) -> dict | None:
+        """The test statistics of the run's first memory (None without memory or test result)."""
+        return self.test["memories"][0] if self.test and self.test.get("memories") else None
+
+    def key(self, table: str) -> tuple | None:
+        for cell in self.cells:
+            if cell["table"] == table:
+                return tuple(cell["key"].values())
+        return None
+
+    def slots(self) -> int | None:
+        return self.config["model"]["memory"]["n_keys"] ** 2 if self.memory() else None
+
+
+def load_run(path: Path) -> RunData:
+    """One run directory; a missing or unreadable config.yaml / metrics.jsonl is a one-line ValueError."""
+    path = Path(path)
+    try:
+        config = yaml.safe_load((path / "config.yaml").read_text())
+        events = [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    except (OSError, yaml.YAMLError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: not a readable run directory ({e})".replace("\n", " ")) from None
+    test = json.loads((path / "test.json").read_text()) if (path / "test.json").is_file() else None
+    if test is None:
+        tests = [e for e in events if e["event"] == "test"]
+        test = tests[-1] if tests else None
+    info = json.loads((path / "reproduce.json").read_text()) if (path / "reproduce.json").is_file() else {}
+    return RunData(path, config, events, test, info.get("cells", []), info.get("scale"))
+
+
+def find_runs(paths: list[Path]) -> list[RunData]:
+    """Every run directory given, or found below a given directory (a config.yaml and metrics.jsonl)."""
+    dirs = []
+    for p in map(Path, paths):
+        if (p / "config.yaml").is_file():
+            dirs.append(p)
+        elif p.is_dir():
+            dirs += sorted(c.parent for c in p.rglob("config.yaml") if (c.parent / "metrics.jsonl").is_file())
+        else:
+            raise ValueError(f"{p}: not a run directory (no config.yaml) nor a directory holding runs")
+    return [load_run(d) for d in dict.fromkeys(dirs)]
+
+
+@dataclass(frozen=True)
+class Measure:
+    """One number of a cell over its seeds: the mean, and the sample standard deviation (0 for one seed)."""
+
+    values: tuple[float, ...]
+
+    @property
+    def mean(self) -> float:
+        return sum(self.values) / len(self.values)
+
+    @property
+    def sd(self) -> float:
+        n = len(self.values)
+        return math.sqrt(sum((v - self.mean) ** 2 for v in self.values) / (n - 1)) if n > 1 else 0.0
+
+    def text(self, digits: int = 1) -> str:
+        return f"{self.mean:,.{digits}f}" + (f" ± {self.sd:.{digits}f}" if len(self.values) > 1 else "")
+
+
+class CellRuns(list):
+    """The runs (one per seed) that fill one cell, each with a test result."""
+
+    def measure(self, metric: str) -> Measure | None:
+        """'ppl', or the first memory's 'usage' or 'kl', over the runs; None when a run lacks it."""
+        values = [run.test["ppl"] if metric == "ppl" else (run.memory() or {}).get(metric) for run in self]
+        return Measure(tuple(values)) if values and None not in values else None
+
+    @property
+    def config(self) -> dict:
+        return self[0].config
+
+    def slots(self) -> int | None:
+        return self[0].slots()
+
+
+def by_cell(runs: list[RunData], table: str) -> dict[tuple, CellRuns]:
+    """{cell key: its runs} for the runs that fill a cell of `table` and have a test result."""
+    cells: dict[tuple, CellRuns] = {}
+    for run in runs:
+        if run.key(table) is not None and run.test:
+            cells.setdefault(run.key(table), CellRuns()).append(run)
+    return cells
+
+
+def baseline_runs(runs: list[RunData]) -> CellRuns | None:
+    """The runs without memory (§4.5's baseline) that have a test result."""
+    return by_cell(runs, "baseline").get(())
+
+
+def bench_speeds(benches: list[dict]) -> dict[tuple, float]:
+    """Words/s of inference_speed benchmark rows: {("table4", n_keys, key_type) | ("table1", layers, dim,
+    memories): words/s}, at the paper's sizes (the benchmark times paper-size models)."""
+    speeds = {}
+    for bench in benches:
+        for row in bench.get("table4", {}).get("rows", []):
+            speeds["table4", row["n_keys"], row["key_type"]] = row.get("words_per_s") or row.get("tokens_per_s")
+        for row in bench.get("figure4", {}).get("rows", []):
+            speeds["table1", row["layers"], row["dim"], row["memories"]] = row.get("words_per_s") or row.get("tokens_per_s")
+    return speeds
+
+
+# ---- formatting ------------------------------------------------------------------------------
+
+def _num(value, digits: int = 1) -> str:
+    if isinstance(value, Measure):
+        return value.text(digits)
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "·"
+    return f"{value:,.{digits}f}"
+
+
+def _pair(ours, paper, digits: int = 1) -> str:
+    """'ours (paper)'; '·' for a missing side."""
+    return f"{_num(ours, digits)} ({_num(paper, digits) if paper is not None else '-'})"
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
+
+
+def _slots_label(n_slots: int) -> str:
+    return f"{n_slots / 1e6:.1f}M" if n_slots >= 1e6 else f"{round(n_slots / 1e3)}k" if n_slots >= 1e3 else str(n_slots)
+
+
+METRICS = ("ppl", "usage", "kl")
+
+
+def _stats(cell: CellRuns | None) -> tuple:
+    """(ppl, usage %, KL) Measures of a cell's test results; Nones when absent."""
+    return tuple(cell.measure(m) if cell else None for m in METRICS)
+
+
+def table1_md(runs: list[RunData]) -> str:
+    cells = by_cell(runs, "table1")
+    ours = {}  # paper's (layers) and (dim) -> ours, where a run says
+    for (layers, dim, _), run in cells.items():
+        ours[("layers", layers)], ours[("dim", dim)] = run.config["model"]["n_layers"], run.config["model"]["dim"]
+
+    def label(kind: str, value: int) -> str:
+        theirs = ours.get((kind, value))
+        return f"{value}" + (f" (ours {theirs})" if theirs is not None and theirs != value else "")
+
+    header = ["", *(f"dim {label('dim', d)}, N={n}" for d, ns in ((1024, range(4)), (1600, range(2))) for n in ns)]
+    rows = []
+    for layers in (12, 16, 24):
+        row = [f"{label('layers', layers)} layers"]
+        for dim, ns in ((1024, range(4)), (1600, range(2))):
+            for n in ns:
+                paper = PAPER["table1"].get((layers, dim, n))
+                run = cells.get((layers, dim, n))
+                row.append(_pair(run.measure("ppl") if run else None, paper) if paper or run else "-")
+        rows.append(row)
+    return _md_table(header, rows)
+
+
+def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tuple[str, int], ...],
+              speeds: dict[tuple, float] | None = None) -> str:
+    """Tables 2 and 4: a column per paper size (ours, where a run says) and variant {key: label}, a row
+    per (metric, digits) of _stats; ours (paper's). With `speeds` (Table 4), a last row of the
+    benchmark's words/s at the paper's size beside the paper's."""
+    cells = by_cell(runs, table)
+    sizes = []
+    for n in KEYS:
+        ours = next((run.slots() for k, run in cells.items() if k[0] == n and run.slots()), None)
+        sizes.append(_slots_label(n * n) + (f" (ours {_slots_label(ours)})" if ours else ""))
+    header = ["", *(f"{s} {label}" for s in sizes for label in variants.values())]
+    rows = [[metric, *(_pair(_stats(cells.get((n, v)))[i], PAPER[table][n, v][i], digits)
+                       for n in KEYS for v in variants)]
+            for i, (metric, digits) in enumerate(metrics)]
+    if speeds is not None:
+        rows.append(["Speed (words/s, benchmark at the paper's size)",
+                     *(_pair(speeds.get((table, n, v)), PAPER[table][n, v][3], 0) for n in KEYS for v in variants)])
+    return _md_table(header, rows)
+
+
+def table2_md(runs: list[RunData]) -> str:
+    return _sizes_md(runs, "table2", {False: "no BN", True: "BN"},
+                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2)))
+
+
+def table3_md(runs: list[RunData]) -> str:
+    cells = by_cell(runs, "table3")
+    rows = [[metric, *(_pair(_stats(cells.get((p,)))[i], PAPER["table3"][p][i], 2 if i == 2 else 1)
+                       for p in range(1, 7))]
+            for i, metric in enumerate(("Perplexity", "Usage (%)", "KL"))]
+    return _md_table(["Position", *map(str, range(1, 7))], rows)
+
+
+def table4_md(runs: list[RunData], speeds: dict[tuple, float]) -> str:
+    return _sizes_md(runs, "table4", {"flat": "flat", "product": "product"},
+                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2)), speeds)
+
+
+def figure6_md(runs: list[RunData]) -> str:
+    cells = by_cell(runs, "figure6")
+    ours = {k: r.config["model"]["memory"]["knn"] for (_, k), r in cells.items()}
+    header = ["", *(f"k={k}" + (f" (ours {ours[k]})" if ours.get(k, k) != k else "") for k in KNNS)]
+    out = []
+    for i, metric in ((0, "Perplexity"), (1, "Usage (%)")):
+        rows = [[f"{h} heads", *(_num(_stats(cells.get((h, k)))[i]) for k in KNNS)] for h in HEADS]
+        out.append(f"{metric}:\n\n" + _md_table(header, rows))
+    return "\n\n".join(out)
+
+
+def runs_md(runs: list[RunData]) -> str:
+    rows = []
+    for run in runs:
+        m, valid = run.config["model"], run.valid()
+        mem = run.memory()
+        wall = run.events[-1]["time"] - run.events[0]["time"] if len(run.events) > 1 else None
+        rows.append([run.name, ", ".join(c["cell"] for c in run.cells) or "-", str(run.config["train"]["seed"]),
+                     f"{m['n_layers']}×{m['dim']}", str(m["mem_layers"] or "-") if mem or not m["mem_layers"] else "?",
+                     _slots_label(run.slots()) if mem else "-", str(valid[-1]["step"] if valid else 0),
+                     _num(valid[-1]["ppl"] if valid else None), _num(run.test["ppl"] if run.test else None),
+                     _num(mem["usage"] if mem else None), _num(mem["kl"] if mem else None, 2),
+                     _num(wall / 60 if wall else None)])
+    return _md_table(["run", "cells", "seed", "layers×dim", "memory layers", "slots", "steps", "valid ppl",
+                      "test ppl", "usage %", "KL", "wall min"], rows)
+
+
+def _hk(cell: CellRuns) -> str:
+    mem = cell.config["model"]["memory"]
+    return f"(h={mem['heads']}, k={mem['knn']})"
+
+
+# ---- the paper's directions, checked on whatever was run ---------------------------------------
+
+HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
+
+
+def shows(better: Measure, worse: Measure, higher_is_better: bool = True) -> str:
+    """Whether `better` beats `worse` beyond noise: the gap between their means, in the claimed
+    direction, against the sum of their standard deviations over seeds."""
+    gap = (better.mean - worse.mean) * (1 if higher_is_better else -1)
+    noise = better.sd + worse.sd
+    return HOLDS if gap > noise else FAILS if gap < -noise else NOISE
+
+
+def _combined(verdicts: list[str]) -> str:
+    """One verdict of several comparisons: theirs when they agree, else 'mixed (n holds, ...)'."""
+    if len(set(verdicts)) == 1:
+        return verdicts[0]
+    counts = {v: verdicts.count(v) for v in (HOLDS, FAILS, NOISE) if v in verdicts}
+    return "mixed (" + ", ".join(f"{n} {v}" for v, n in counts.items()) + ")"
+
+
+def _verdicts(parts: dict[str, str]) -> str:
+    """One verdict of named parts: theirs when they agree, else each part's."""
+    if len(set(parts.values())) == 1:
+        return next(iter(parts.values()))
+    return "partly: " + ", ".join(f"{name} {verdict}" for name, verdict in parts.items())
+
+
+def _speed(speeds: dict[tuple, float], fast: tuple, slow: tuple) -> tuple[str, str]:
+    """(verdict, text) of 'fast is faster' from the benchmark's words/s; 'not measured' without them."""
+    if fast not in speeds or slow not in speeds:
+        return "not measured", "speed: no benchmark row"
+    a, b = speeds[fast], speeds[slow]
+    return (HOLDS if a > b else FAILS), f"benchmark {a:,.0f} vs {b:,.0f} words/s"
+
+
+def _seeds(cells) -> str:
+    n = sorted({len(c) for c in cells})
+    return f"{'/'.join(map(str, n))} seed{'s' if n != [1] else ''}"
+
+
+def directions(runs: list[RunData], speeds: dict[tuple, float] | None = None) -> list[tuple[str, str, str]]:
+    """[(direction, verdict, the numbers)] for the paper's directions; verdict: 'holds', 'does not hold',
+    'within noise' (see shows), a combination of them, or 'not run'. Speeds only from `speeds`
+    (bench_speeds), never from the runs."""
+    speeds = speeds or {}
+    t1, t2, t3, t4, f6 = (by_cell(runs, t) for t in ("table1", "table2", "table3", "table4", "figure6"))
+    base = baseline_runs(runs)
+    out = []
+
+    with_memory = t2.get((512, True)) or t3.get((5,))
+    name = "A memory beats the same model without it at equal steps (§4.5: 23.0 -> 19.8)"
+    if base and with_memory:
+        a, b = with_memory.measure("ppl"), base.measure("ppl")
+        out.append((name, shows(a, b, higher_is_better=False),
+                    f"test ppl {a.text()} with memory vs {b.text()} without ({_seeds([with_memory, base])})"))
+    else:
+        out.append((name, "not run", ""))
+
+    name = ("A shallower model with a memory beats a deeper one without, and is faster (Table 1: 12 layers + 1 "
+            "memory vs 24 layers)")
+    pairs = [(dim, t1[12, dim, 1], t1[24, dim, 0]) for dim in (1024, 1600) if (12, dim, 1) in t1 and (24, dim, 0) in t1]
+    if pairs:
+        better, faster, text = [], [], []
+        for dim, shallow, deep in pairs:
+            ps, pd = shallow.measure("ppl"), deep.measure("ppl")
+            verdict, speed_text = _speed(speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
+            better.append(shows(ps, pd, higher_is_better=False))
+            faster.append(verdict)
+            text.append(f"dim {dim}: ppl {ps.text()} vs {pd.text()} ({_seeds([shallow, deep])}); {speed_text}")
+        out.append((name, _verdicts({"perplexity": _combined(better), "speed": _combined(faster)}), "; ".join(text)))
+    else:
+        out.append((name, "not run", ""))
+
+    name = "BatchNorm raises usage, the more so as the memory grows (Table 2)"
+    sizes = [n for n in KEYS if (n, True) in t2 and (n, False) in t2]
+    if sizes:
+        usage = {(n, bn): t2[n, bn].measure("usage") for n in sizes for bn in (True, False)}
+        parts = {"raises usage": shows(usage[sizes[-1], True], usage[sizes[-1], False])}
+        if len(sizes) > 1:  # the gap at the largest size against the gap at the smallest, each cell's noise summed
+            gap = {n: usage[n, True].mean - usage[n, False].mean for n in (sizes[0], sizes[-1])}
+            noise = sum(usage[n, bn].sd for n in (sizes[0], sizes[-1]) for bn in (True, False))
+            growth = gap[sizes[-1]] - gap[sizes[0]]
+            parts["more so as it grows"] = HOLDS if growth > noise else FAILS if growth < -noise else NOISE
+        out.append((name, _verdicts(parts), "; ".join(
+            f"{_slots_label(t2[n, True].slots())} slots: usage {usage[n, True].text()}% with BN vs "
+            f"{usage[n, False].text()}% without" for n in sizes) + f" ({_seeds(t2.values())})"))
+    else:
+        out.append((name, "not run", ""))
+
+    name = "Product keys use more of the memory than flat keys, and run faster (Table 4)"
+    sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
+    if sizes:
+        more, faster, text = [], [], []
+        for n in sizes:
+            (pp, up, kp), (pf, uf, kf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
+            verdict, speed_text = _speed(speeds, ("table4", n, "product"), ("table4", n, "flat"))
+            more.append(shows(up, uf))
+            faster.append(verdict)
+            text.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up.text()}% vs {uf.text()}% "
+                        f"(KL {kp.text(2)} vs {kf.text(2)}), ppl {pp.text()} vs {pf.text()}; at {_slots_label(n * n)} "
+                        f"slots, {speed_text}")
+        out.append((name, _verdicts({"usage": _combined(more), "speed": _combined(faster)}),
+                    "; ".join(text) + f" ({_seeds(t4.values())})"))
+    else:
+        out.append((name, "not run", ""))
+
+    name = "A memory in an upper-middle layer (4 or 5 of 6) beats one at layer 1 (Table 3)"
+    upper = [t3[(p,)] for p in (4, 5) if (p,) in t3]
+    if upper and (1,) in t3:
+        best = min((c.measure("ppl") for c in upper), key=lambda m: m.mean)
+        first = t3[(1,)].measure("ppl")
+        out.append((name, shows(best, first, higher_is_better=False),
+                    f"test ppl {best.text()} (best of layers 4/5) vs {first.text()} (layer 1) ({_seeds(t3.values())})"))
+    else:
+        out.append((name, "not run", ""))
+
+    name = "The best position is layer 4 or 5 of 6 (Table 3: 5 best, 4 next)"
+    others = {p: t3[(p,)].measure("ppl") for p in (1, 2, 3, 6) if (p,) in t3}
+    if upper and others:
+        best = min((c.measure("ppl") for c in upper), key=lambda m: m.mean)
+        rival, rival_ppl = min(others.items(), key=lambda item: item[1].mean)
+        out.append((name, shows(best, rival_ppl, higher_is_better=False),
+                    f"test ppl {best.text()} (best of layers 4/5) vs {rival_ppl.text()} (layer {rival}, the best of "
+                    f"the others run: {', '.join(map(str, others))})"))
+    else:
+        out.append((name, "not run", ""))
+
+    name = "More memory heads and a larger k raise usage (Figure 6)"
+    steps = [(a, b) for a in f6 for b in f6 if a != b and a[0] <= b[0] and a[1] <= b[1]
+             and (a[0] < b[0]) + (a[1] < b[1]) == 1]  # one coordinate grows
+    if steps:
+        usage = {key: cell.measure("usage") for key, cell in f6.items()}
+        out.append((name, _combined([shows(usage[b], usage[a]) for a, b in steps]), "; ".join(
+            f"{_hk(f6[a])} {usage[a].text()}% -> {_hk(f6[b])} {usage[b].text()}%" for a, b in sorted(steps))
+            + f" ({_seeds(f6.values())})"))
+    else:
+        out.append((name, "not run", ""))
+    return out
+
+
+# ---- figures ---------------------------------------------------------------------------------
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_learning_curves(runs: list[RunData], path: Path) -> Path | None:
+    curves = [(run, run.valid()) for run in runs if run.valid()]
+    if not curves:
+        return None
+    plt = _pyplot()
+    fig, (by_step, by_time) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    colors = {}  # one color per run name, its seeds alike; labelled once
+    for run, valid in curves:
+        start, name = run.events[0]["time"], run.path.parent.name
+        steps, times, ppl = ([e["step"] for e in valid], [(e["time"] - start) / 60 for e in valid],
+                             [e["ppl"] for e in valid])
+        line, = by_step.plot(steps, ppl, marker=".", color=colors.get(name), label=None if name in colors else name)
+        colors[name] = line.get_color()
+        by_time.plot(times, ppl, marker=".", color=line.get_color())
+    by_step.set(xlabel="step", ylabel="valid perplexity", yscale="log", title="valid perplexity vs step")
+    by_time.set(xlabel="wall time (min, from the run's first event)", title="valid perplexity vs wall time")
+    by_step.legend(fontsize=7, ncol=2)
+    return _save(fig, path)
+
+
+def plot_figure4(runs: list[RunData], speeds: dict[tuple, float], path: Path) -> Path | None:
+    """Our test perplexity (mean ± sd over seeds) of each Table 1 cell against the benchmark's inference
+    speed of that cell's paper-size model."""
+    points = [(key, cell) for key, cell in by_cell(runs, "table1").items() if ("table1", *key) in speeds]
+    if not points:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    for with_memory, marker in ((False, "o"), (True, "s")):
+        group = [(speeds["table1", *key], cell.measure("ppl"), key) for key, cell in points if (key[2] > 0) == with_memory]
+        if group:
+            ax.errorbar([g[0] for g in group], [g[1].mean for g in group], yerr=[g[1].sd for g in group],
+                        fmt=marker, capsize=3, label="with memory" if with_memory else "without memory")
+        for speed, ppl, (layers, dim, n) in group:
+            ax.annotate(f"{layers}L d{dim} N={n}", (speed, ppl.mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
+    ax.set(xlabel="inference speed of the paper-size model (words/s, benchmark)",
+           ylabel="test perplexity (ours, reduced scale)", title="Figure 4: perplexity vs inference speed")
+    ax.legend()
+    return _save(fig, path)
+
+
+def plot_table2(runs: list[RunData], path: Path) -> Path | None:
+    cells = by_cell(runs, "table2")
+    if not any(c.slots() for c in cells.values()):
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for bn, marker in ((False, "o"), (True, "s")):
+        group = sorted((c.slots(), _stats(c)) for (n, b), c in cells.items() if b == bn and c.slots())
+        if not group:
+            continue
+        slots = [s for s, _ in group]
+        for ax, i in zip(axes, (1, 2, 0)):  # usage, KL, perplexity: mean ± sd over seeds
+            ax.errorbar(slots, [g[i].mean for _, g in group], yerr=[g[i].sd for _, g in group], marker=marker,
+                        capsize=3, label="BatchNorm" if bn else "no BatchNorm")
+    for ax, label in zip(axes, ("memory usage (%)", "KL to uniform (nats)", "test perplexity")):
+        ax.set(xscale="log", xlabel="memory slots", ylabel=label)
+        ax.legend()
+    fig.suptitle("Table 2: usage, KL and perplexity vs memory size")
+    return _save(fig, path)
+
+
+def plot_figure6(runs: list[RunData], path: Path) -> Path | None:
+    cells = by_cell(runs, "figure6")
+    if not cells:
+        return None
+    import numpy as np
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (i, title) in zip(axes, ((0, "test perplexity"), (1, "memory usage (%)"))):
+        grid = np.array([[getattr(_stats(cells.get((h, k)))[i], "mean", np.nan) for k in KNNS] for h in HEADS],
+                        dtype=float)
+        image = ax.imshow(grid, cmap="viridis_r" if i == 0 else "viridis")
+        for (row, col), value in np.ndenumerate(grid):
+            if not np.isnan(value):
+                ax.text(col, row, f"{value:.1f}", ha="center", va="center", color="w", fontsize=8)
+        knn = {k: r.config["model"]["memory"]["knn"] for (h, k), r in cells.items()}
+        ax.set(xticks=range(len(KNNS)), xticklabels=[f"{k}" + (f" ({knn[k]})" if k in knn and knn[k] != k else "")
+                                                      for k in KNNS],
+               yticks=range(len(HEADS)), yticklabels=HEADS, xlabel="k, paper's (ours)", ylabel="memory heads",
+               title=title)
+        fig.colorbar(image, ax=ax)
+    fig.suptitle("Figure 6: heads × k")
+    return _save(fig, path)
+
+
+def plot_figure7(benches: list[dict], path: Path) -> Path | None:
+    """Speed vs memory size per key type, from the benchmark's rows (one line per benchmark file and key type)."""
+    series = {}
+    for bench in benches:
+        for row in bench.get("table4", {}).get("rows", []):
+            speed = row.get("words_per_s") or row.get("tokens_per_s")
+            series.setdefault((f"benchmark, {bench['settings'].get('dtype', '')}", row["key_type"]), []).append(
+                (row["slots"], speed))
+    if not series:
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    for (source, kind), points in sorted(series.items()):
+        points.sort()
+        ax.plot([p[0] for p in points], [p[1] for p in points], marker="o" if kind == "product" else "x",
+                label=f"{kind} keys ({source})")
+    ax.set(xscale="log", yscale="log", xlabel="memory slots", ylabel="inference speed (words/s)",
+           title="Figure 7: speed vs memory size")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+# ---- the report ------------------------------------------------------------------------------
+
+def introspection_md(run: RunData, found: list[dict]) -> str:
+    lines = [f"Run `{run.name}`: for each memory, its most used slots on the first {found[0]['tokens']:,} test "
+             "tokens (summed read weight), and the contexts that read each most strongly (⟦token⟧ is the "
+             "position reading it, → the next token).", ""]
+    for memory in found:
+        lines.append(f"Memory at layer {memory['layer']}:")
+        lines.append("")
+        for slot in memory["slots"]:
+            lines.append(f"- slot {slot['slot']} (weight {slot['weight']:.1f}):")
+            for read in slot["reads"]:
+                context = (read["context"] + " ⟦" + read["token"] + "⟧ → " + read["next"]).replace("|", "\\|")
+                lines.append(f"    - {read['weight']:.2f}: `{context}`")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def default_introspection_run(runs: list[RunData]) -> RunData | None:
+    """The ablation model (Table 2's 512²/BatchNorm cell) if it has a best.pt, else the first run with a memory."""
+    candidates = [r for r in runs if r.memory() and (r.path / "best.pt").is_file()]
+    preferred = [r for r in candidates if r.key("table2") == (512, True)]
+    return (preferred or candidates or [None])[0]
+
+
+def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), introspect: RunData | None = None,
+                 introspected: list[dict] | None = None, command: str = "") -> Path:
+    """Writes out/report.md and the figures; returns the report's path."""
+    out.mkdir(parents=True, exist_ok=True)
+    scales = sorted({r.scale for r in runs if r.scale})
+    seeds = sorted({r.config["train"]["seed"] for r in runs})
+    base, speeds = baseline_runs(runs), bench_speeds(list(benches))
+    figures = {
+        "learning_curves.png": plot_learning_curves(runs, out / "learning_curves.png"),
+        "figure4.png": plot_figure4(runs, speeds, out / "figure4.png"),
+        "table2.png": plot_table2(runs, out / "table2.png"),
+        "figure6.png": plot_figure6(runs, out / "figure6.png"),
+        "figure7.png": plot_figure7(list(benches), out / "figure7.png"),
+    }
+    parts = [
+        "# Reproduction report: Large Memory Layers with Product Keys (Lample et al. 2019)",
+        f"{len(runs)} runs" + (f", scale {', '.join(scales)}" if scales else "")
+        + f", seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}"
+        + (f"; made by `{command}`." if command else "."),
+        "Each table cell is ours, then the paper's number in parentheses; `·` is a cell not run, `-` one the "
+        "paper does not report. Ours is the mean ± the standard deviation over the cell's seeds (a bare number: "
+        "one seed). At a reduced scale the sizes differ from the paper's (see xlm_pkm/experiments/reproduce.py); the column "
+        "labels give ours.",
+        "A direction **holds** when the gap between the two cells' means, in the paper's direction, exceeds the sum "
+        "of their standard deviations over seeds (with one seed, any gap), **does not hold** when the opposite gap "
+        "does, and is **within noise** otherwise.",
+        "Speeds are never the runs' own: a training run's words/s measures whatever else shared the machine (two "
+        "runs of the same cost differed by 2× here). Speed verdicts and the speed row of Table 4 come from the "
+        "inference_speed benchmark (every model timed in one process, interleaved; paper-size, untrained models) "
+        "given with --bench, at the paper's sizes; without it they are \"not measured\".",
+        "## The paper's directions\n\n" + _md_table(["direction", "here", "numbers"],
+                                                     [list(d) for d in directions(runs, speeds)]),
+        "## Table 1: test perplexity, with and without memory\n\n" + table1_md(runs),
+        "## Table 2: memory size, with and without query BatchNorm\n\n" + table2_md(runs)
+        + "\n\nWithout memory (§4.5): " + _pair(base.measure("ppl") if base else None, PAPER["baseline"]),
+        "## Table 3: memory position in the 6-layer model\n\n" + table3_md(runs),
+        "## Table 4: product keys vs flat keys\n\n" + table4_md(runs, speeds),
+        "## Figure 6: memory heads × k\n\nThe paper gives Figure 6 only as a plot (h × k = 64: usage about 70%, "
+        "perplexity about 20.5); rows are memory heads, columns the paper's k.\n\n" + figure6_md(runs),
+        "## Figures\n\n" + "\n\n".join(f"![{name}]({name})" for name, path in figures.items() if path),
+    ]
+    if introspect is not None and introspected:
+        parts.append("## What the memory stores\n\n" + introspection_md(introspect, introspected))
+    parts.append("## Runs\n\n" + runs_md(runs))
+    report = out / "report.md"
+    write_text(report, "\n\n".join(parts) + "\n")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.report", description=__doc__.split("\n")[0])
+    parser.add_argument("dirs", nargs="+", metavar="DIR", help="run directories, or directories holding them")
+    parser.add_argument("--out", default="report", help="where report.md and the figures go")
+    parser.add_argument("--bench", nargs="+", default=[], help="inference_speed benchmark JSON (Figure 7)")
+    parser.add_argument("--introspect", help="run directory whose best.pt to introspect (default: the ablation "
+                                             "model's, else the first run with a memory and a best.pt)")
+    parser.add_argument("--no-introspect", action="store_true")
+    parser.add_argument("--top-slots", type=int, default=8)
+    parser.add_argument("--per-slot", type=int, default=3)
+    parser.add_argument("--introspect-batches", type=int, default=20)
+    args = parser.parse_args(argv)
+    try:
+        runs = find_runs([Path(d) for d in args.dirs])
+        benches = []
+        for b in args.bench:
+            try:
+                benches.append(json.loads(Path(b).read_text()))
+            except (OSError, json.JSONDecodeError) as e:
+                raise ValueError(f"{b}: not a readable benchmark JSON ({e})") from None
+        target = None if args.no_introspect else (load_run(Path(args.introspect)) if args.introspect
+                                                  else default_introspection_run(runs))
+        found = None
+        if target is not None:
+            from xlm_pkm.experiments.introspect import slot_contexts
+
+            found = slot_contexts(target.path / "best.pt", top_slots=args.top_slots, per_slot=args.per_slot,
+                                  max_batches=args.introspect_batches)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"report: error: {e}", file=sys.stderr)
+        return 2
+    command = "python -m xlm_pkm.experiments.report " + " ".join(argv if argv is not None else sys.argv[1:])
+    path = write_report(runs, Path(args.out), benches, target, found, command)
+    print(f"wrote {path} ({len(runs)} runs)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

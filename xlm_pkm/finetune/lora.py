@@ -1,0 +1,76 @@
+"""LoRA finetuning (`optim.lora`): low-rank adapters, through peft, on the model's attention and FFN linears.
+
+    trainable = add_adapters(model, cfg.optim)   # after the weights are loaded: only the adapters train
+    state = merged_state_dict(model)             # a plain TransformerLM state dict, adapters merged in
+
+Each targeted `nn.Linear` W becomes W + (alpha / rank) · B A with A (rank, in) and B (out, rank); B starts at
+zero, so the adapted model starts as the base model. LoRA replaces `optim.trainable`: it must be `all`,
+read as "every adapter", and every other parameter is frozen (memory values included).
+
+Checkpoints: checkpoint.pt holds the adapted model's state dict (base weights under `….base_layer.…`, the
+adapters under `….lora_A/lora_B.…`) and the adapters' optimizer state, so a run resumes exactly; best.pt holds
+the merged weights under the plain names, so evaluate.py, generate.py, export and train.init_from load it
+as any other model (its config still records optim.lora, which they ignore).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+from torch import nn
+
+from xlm_pkm.config import ConfigError, LoraConfig, OptimConfig
+from xlm_pkm.finetune.trainable import freeze
+
+ADAPTER = "default"  # peft's adapter name
+TARGET_PRESETS = {"attention_ffn": ("*.qkv", "*.out", "*.fc1", "*.fc2")}  # names in model/attention.py, blocks.py
+MISSING_PEFT = "optim.lora needs peft: pip install 'xlm-pkm[lora]' (or pip install peft)"
+
+
+def target_modules(model: nn.Module, targets: list[str]) -> list[str]:
+    """Names of the linears `targets` (globs over module names, or a preset) selects; a glob matching no
+    linear is a ConfigError."""
+    globs = TARGET_PRESETS[targets[0]] if len(targets) == 1 and targets[0] in TARGET_PRESETS else targets
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    for pattern in globs:
+        if not fnmatch.filter(linears, pattern):
+            raise ConfigError(f"optim.lora.targets: {pattern!r} matches no linear layer of the model "
+                              f"(presets: {', '.join(TARGET_PRESETS)})")
+    return [name for name in linears if any(fnmatch.fnmatchcase(name, pattern) for pattern in globs)]
+
+
+def add_adapters(model: nn.Module, optim: OptimConfig) -> int:
+    """Injects optim.lora's adapters into `model` in place and freezes everything else; returns the
+    number of trainable parameter elements."""
+    if optim.trainable != ["all"]:
+        raise ConfigError(f"optim.lora.rank={optim.lora.rank} trains the adapters only: optim.trainable must "
+                          f"be all, got {' '.join(optim.trainable)}")
+    try:
+        import peft
+    except ImportError:
+        raise ConfigError(MISSING_PEFT) from None
+    lora: LoraConfig = optim.lora
+    config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
+                             target_modules=target_modules(model, lora.targets))
+    peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+    return freeze(model, ["*.lora_A.*", "*.lora_B.*"])
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict the model would have without adapters, each adapted weight W + (alpha/rank) B A."""
+    from peft.tuners.lora import LoraLayer
+
+    deltas = {f"{name}.weight": module.get_delta_weight(ADAPTER).detach()
+              for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    merged = {}
+    for key, value in model.state_dict().items():
+        if ".lora_" in key:
+            continue
+        plain = key.replace(".base_layer.", ".")
+        merged[plain] = value + deltas[plain] if plain in deltas else value
+    return merged
+
+
+def uses_lora(optim: OptimConfig) -> bool:
+    return optim.lora.rank > 0

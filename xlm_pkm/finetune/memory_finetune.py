@@ -1,0 +1,163 @@
+"""Sparse memory finetuning (Lin et al. 2025, *Continual Learning via Sparse Memory Finetuning*): each
+optimizer step updates only the t memory slots most specific to its batch (`optim.memory_finetune.top_t`).
+
+A slot's specificity is TF-IDF, the batch being the document. For each value table, at each step:
+
+    tf_i  = c_i / sum_j c_j              c_i: reads of slot i by the step's batch (every token, head and
+                                         selected key; all micro-batches and ranks)
+    idf_i = log((D + 1) / (d_i + 1))     D: background documents, d_i: how many of them read slot i
+    score_i = tf_i * idf_i
+
+and the top_t slots read in the step by score (ties: the lower index) keep their value-table gradient
+rows; the other rows' gradients are dropped before clipping and the update, so with a sparse values
+optimizer (sgd, adagrad, lazy_adam: only rows with a gradient move) every other row stays bit-identical.
+The background (`optim.memory_finetune.background`) is written once by `python -m xlm_pkm.finetune.slot_counts`
+from the model the run starts from: its documents are batches of the pretraining data, shaped as the
+training batches (data.batch_size x data.bptt tokens). It records a fingerprint of that model, checked
+when a run starts (not on resume: the keys may have trained since).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from xlm_pkm.config import ConfigError, MemoryFinetuneConfig
+from xlm_pkm.model.memory.pkm import ProductKeyMemory, is_memory_value
+from xlm_pkm.model.memory.stats import SlotStats
+from xlm_pkm.runtime.distributed import DistEnv, all_reduce_sum
+
+KIND = "xlm_pkm slot counts"  # marks a background file
+
+
+@dataclass
+class Background:
+    doc_freq: dict[str, torch.Tensor]  # value table name -> (n_slots,) int64: documents that read each slot
+    reads: dict[str, torch.Tensor]  # value table name -> (n_slots,) int64: all reads of each slot
+    documents: int  # D
+    tokens: int
+    fingerprint: str  # model_fingerprint() of the model counted
+
+    def to_file(self, path: str | Path, source: str) -> None:
+        torch.save({"kind": KIND, "source": source, **self.__dict__}, path)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Background:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"optim.memory_finetune.background: {path} does not exist (write it with "
+                                    f"python -m xlm_pkm.finetune.slot_counts CHECKPOINT --data DIR --out {path})")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:
+            raise ValueError(f"optim.memory_finetune.background: {path} is not readable ({type(e).__name__})") from None
+        if not isinstance(state, dict) or state.get("kind") != KIND:
+            raise ValueError(f"optim.memory_finetune.background: {path} is not a file of python -m xlm_pkm.finetune.slot_counts")
+        return cls(**{k: state[k] for k in ("doc_freq", "reads", "documents", "tokens", "fingerprint")})
+
+
+def model_fingerprint(model: nn.Module) -> str:
+    """A hash of every tensor of the model but its value tables: what decides which slots a text reads."""
+    values = {name for name, p in model.named_parameters(remove_duplicate=False) if is_memory_value(p)}
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        if name not in values:
+            digest.update(name.encode())
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def value_tables(model: nn.Module) -> dict[str, tuple[nn.Parameter, list[ProductKeyMemory]]]:
+    """Value table name (its first state-dict name) -> (the table, the memories that read it)."""
+    names = {id(p): name for name, p in model.named_parameters() if is_memory_value(p)}
+    tables: dict[str, tuple[nn.Parameter, list[ProductKeyMemory]]] = {}
+    for module in model.modules():
+        if isinstance(module, ProductKeyMemory):
+            weight = module.values.weight
+            tables.setdefault(names[id(weight)], (weight, []))[1].append(module)
+    return tables
+
+
+def table_reads(memories: list[ProductKeyMemory], stats: str) -> torch.Tensor | None:
+    """(n_slots,) float64 reads summed over the memories sharing a table, from their SlotStats `stats`
+    attribute (slot_stats: evaluation, step_reads: training); None if none has read yet."""
+    counts = [getattr(m, stats).counts for m in memories if getattr(m, stats).counts is not None]
+    return torch.stack(counts).sum(0) if counts else None
+
+
+def tf_idf(reads: torch.Tensor, doc_freq: torch.Tensor, documents: int) -> torch.Tensor:
+    """reads, doc_freq: (n_slots,) -> (n_slots,) float64 TF-IDF of each slot (module docstring)."""
+    tf = reads.double() / reads.sum().clamp(min=1)
+    idf = torch.log((documents + 1) / (doc_freq.double().to(reads.device) + 1))
+    return tf * idf
+
+
+def top_slots(reads: torch.Tensor, doc_freq: torch.Tensor, documents: int, t: int) -> torch.Tensor:
+    """The (at most t) slots read (reads > 0) with the highest TF-IDF, ties to the lower index: (n,) int64."""
+    read = reads.nonzero().squeeze(1)  # ascending slot order: a stable sort keeps the lower index first
+    scores = tf_idf(reads, doc_freq, documents)[read]
+    order = torch.sort(scores, descending=True, stable=True).indices[:t]
+    return read[order]
+
+
+def keep_rows_(param: nn.Parameter, rows: torch.Tensor) -> None:
+    """Drops every row of param's sparse gradient but `rows`."""
+    grad = param.grad.coalesce()
+    keep = torch.zeros(param.shape[0], dtype=torch.bool, device=grad.device)
+    keep[rows] = True
+    kept = keep[grad.indices()[0]]
+    param.grad = torch.sparse_coo_tensor(grad.indices()[:, kept], grad.values()[kept], grad.shape,
+                                         is_coalesced=True, check_invariants=False)  # a subset of coalesced rows
+
+
+class SparseMemoryFinetuning:
+    """Records each step's slot reads and keeps the value gradients of the step's top_t slots only."""
+
+    def __init__(self, model: nn.Module, cfg: MemoryFinetuneConfig, sparse_values: bool, env: DistEnv,
+                 check_fingerprint: bool = True):
+        self.tables = value_tables(model)
+        if not self.tables:
+            raise ConfigError("optim.memory_finetune.top_t: the model has no memory")
+        if not sparse_values:
+            raise ConfigError("optim.memory_finetune.top_t needs a values optimizer on sparse rows "
+                              "(optim.values_optimizer=sgd, adagrad or lazy_adam)")
+        if not all(p.requires_grad for p, _ in self.tables.values()):
+            raise ConfigError("optim.memory_finetune.top_t: the memory values do not train (optim.trainable)")
+        self.background = Background.from_file(cfg.background)
+        if check_fingerprint and self.background.fingerprint != model_fingerprint(model):
+            raise ValueError(f"optim.memory_finetune.background: {cfg.background} was counted on another model "
+                             f"than this run's (fingerprint {self.background.fingerprint}, this model's "
+                             f"{model_fingerprint(model)}): count it from the checkpoint the run starts from")
+        sizes = {name: p.shape[0] for name, (p, _) in self.tables.items()}
+        theirs = {name: len(f) for name, f in self.background.doc_freq.items()}
+        if sizes != theirs:
+            raise ValueError(f"optim.memory_finetune.background: {cfg.background} counts value tables {theirs}, "
+                             f"this model has {sizes}")
+        self.top_t, self.env = cfg.top_t, env
+        for _, memories in self.tables.values():
+            for m in memories:
+                m.step_reads = SlotStats(m.n_slots)
+
+    def begin_step(self) -> None:
+        for _, memories in self.tables.values():
+            for m in memories:
+                m.step_reads.reset()
+
+    def restrict_gradients(self) -> dict[str, int]:
+        """Keeps each table's gradient rows of its top_t slots this step (reads summed over ranks: every
+        rank selects the same); returns the step's slots_read and slots_updated, summed over tables."""
+        read = updated = 0
+        for name, (param, memories) in self.tables.items():
+            reads = table_reads(memories, "step_reads")
+            if reads is None or param.grad is None:
+                continue
+            reads = all_reduce_sum(reads, self.env)
+            rows = top_slots(reads, self.background.doc_freq[name], self.background.documents, self.top_t)
+            keep_rows_(param, rows)
+            read += int((reads > 0).sum())
+            updated += int(param.grad.indices().shape[1])
+        return {"slots_read": read, "slots_updated": updated}

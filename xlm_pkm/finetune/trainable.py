@@ -1,0 +1,54 @@
+"""Which parameters a run trains (`optim.trainable`): all of them, the memories, the value tables only,
+or those whose names match glob patterns.
+
+Frozen parameters get requires_grad=False, so no gradient and no optimizer state. A module none of whose
+parameters train (a frozen query network's BatchNorm, say) stays in eval mode whatever model.train()
+asks, so its running statistics do not drift and the key search of a memory whose values alone train
+stays as it was.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+from torch import nn
+
+from xlm_pkm.config import ConfigError
+from xlm_pkm.model.memory.pkm import ProductKeyMemory, is_memory_value
+
+PRESETS = ("all", "memory", "memory_values")
+
+
+def trains(name: str, param: nn.Parameter, memory_names: set[str], spec: list[str]) -> bool:
+    """Whether parameter `name` trains under `spec` (one preset, or glob patterns over parameter names)."""
+    if spec == ["all"]:
+        return True
+    if spec == ["memory_values"]:
+        return is_memory_value(param)
+    if spec == ["memory"]:
+        return is_memory_value(param) or any(name.startswith(prefix + ".") for prefix in memory_names)
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in spec)
+
+
+def freeze(model: nn.Module, spec: list[str]) -> int:
+    """Freezes the parameters `spec` does not train and pins fully frozen modules to eval mode; returns
+    the number of trainable parameter elements. A pattern matching no parameter is a ConfigError."""
+    names = [name for name, _ in model.named_parameters()]
+    if not (len(spec) == 1 and spec[0] in PRESETS):
+        for pattern in spec:
+            if not fnmatch.filter(names, pattern):
+                raise ConfigError(f"optim.trainable: pattern {pattern!r} matches no parameter of the model")
+    memory_names = {name for name, m in model.named_modules() if isinstance(m, ProductKeyMemory)}
+    for name, p in model.named_parameters():
+        p.requires_grad_(trains(name, p, memory_names, spec))
+    for module in model.modules():
+        params = list(module.parameters())
+        if params and not any(p.requires_grad for p in params):
+            module.train = _pinned_eval(module)
+            module.train(False)
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _pinned_eval(module: nn.Module):
+    """A train() for `module` that keeps it (and its children) in eval mode."""
+    return lambda mode=True: nn.Module.train(module, False)

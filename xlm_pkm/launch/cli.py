@@ -1,0 +1,121 @@
+"""Command lines of train.py and evaluate.py (exit statuses and one-line errors: xlm_pkm/errors.py)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from xlm_pkm.config import load_config
+from xlm_pkm.errors import EXIT_STOPPED, USER_ERRORS, fail
+from xlm_pkm.runtime.distributed import CollectiveError, describe_failure, init_distributed, read_env, shutdown
+from xlm_pkm.runtime.precision import check_precision, resolve_device
+from xlm_pkm.train.evaluation import evaluate_checkpoint
+from xlm_pkm.train.trainer import Trainer
+from xlm_pkm.utils.atomic import check_writable, write_text
+from xlm_pkm.utils.program import program_name
+
+# configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
+PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+CHECKOUT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
+DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
+
+
+def _collective_failure(error: BaseException) -> CollectiveError | None:
+    """A failed collective (a rank died or froze) as a one-line error; None for any other exception."""
+    if not dist.is_initialized() or not isinstance(error, (RuntimeError, dist.DistError)):
+        return None
+    if isinstance(error, dist.DistError) or any(w in str(error) for w in ("Connection", "Timed out", "timed out",
+                                                                           "Gloo", "NCCL", "peer")):
+        return describe_failure(read_env(), error)
+    return None
+
+
+def format_result(result: dict) -> str:
+    measure = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
+    lines = [f"{result['split']} {measure} over {result['tokens']:,} tokens "
+             f"({result['tokens_per_sec']:,.0f} tokens/s, {result['words_per_sec']:,.0f} words/s)"]
+    for m in result["memories"]:
+        lines.append(f"  memory at layer {m['layer']}: usage {m['usage']:.1f}% (by count {m['usage_count']:.1f}%), "
+                     f"KL {m['kl']:.3f} (by count {m['kl_count']:.3f})")
+    return "\n".join(lines)
+
+
+def resume_command(argv: list[str], exp_id: str) -> str:
+    """The train.py command line that resumes the run of `argv` (its exp_id made explicit)."""
+    args = [a for a in argv if not a.startswith("train.exp_id=")]
+    return shlex.join(["python", "train.py", *args, f"train.exp_id={exp_id}"])
+
+
+def train_main(argv: list[str] | None = None) -> int:
+    prog = program_name("train.py")
+    parser = argparse.ArgumentParser(prog=prog, description="Train a transformer LM with product key memories.")
+    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
+    parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
+    parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
+    argv = sys.argv[1:] if argv is None else argv
+    args = parser.parse_intermixed_args(argv)  # options and overrides in any order
+    failed = False
+    try:
+        trainer = Trainer(load_config(args.config, args.overrides), test=not args.no_test)
+        try:
+            trainer.train()
+            if trainer.stopped:
+                trainer.log.info(f"to resume (with the same launcher and number of processes): "
+                                 f"{resume_command(argv, trainer.cfg.train.exp_id)}")
+            if not args.no_test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:
+                result = evaluate_checkpoint(trainer.best_path, "test", device=trainer.device,
+                                             precision=trainer.cfg.train.precision, env=trainer.env)
+                trainer.log.event("test", trainer.step, **{k: v for k, v in result.items() if k != "step"})
+                trainer.log.info(format_result(result))
+        finally:
+            trainer.close()
+    except USER_ERRORS as e:
+        return fail(prog, e)
+    except Exception as e:
+        lost = _collective_failure(e)
+        if lost is None:
+            raise
+        failed = True
+        return fail(prog, lost)
+    finally:
+        shutdown(failed)
+    return EXIT_STOPPED if trainer.stopped else 0
+
+
+def evaluate_main(argv: list[str] | None = None) -> int:
+    prog = program_name("evaluate.py")
+    parser = argparse.ArgumentParser(prog=prog, description="Perplexity, memory usage and KL, speed.")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or best.pt of a run")
+    parser.add_argument("--split", default="test", choices=["valid", "test"])
+    parser.add_argument("--data", help="processed data directory (default: the one the model was trained on)")
+    parser.add_argument("--json", help="write the results to this JSON file")
+    parser.add_argument("--batch-size", type=int, default=0, help="default: the run's eval batch size")
+    parser.add_argument("--bptt", type=int, default=0, help="default: the run's bptt")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
+    parser.add_argument("--max-batches", type=int, default=0, help="0: the whole split")
+    args = parser.parse_args(argv)
+    try:
+        if args.batch_size < 0 or args.bptt < 0 or args.max_batches < 0:
+            raise ValueError("--batch-size, --bptt and --max-batches must be >= 0 (0: the run's own)")
+        if args.json:
+            check_writable(Path(args.json))  # before evaluating, not after
+        device = resolve_device(args.device, "--device")
+        check_precision(args.precision, device, "--precision")
+        env = init_distributed(device)
+        result = evaluate_checkpoint(args.checkpoint, args.split, args.data, args.batch_size, args.bptt,
+                                     device, args.precision, args.max_batches, env)
+        if env.is_main:
+            print(format_result(result))
+            if args.json:
+                write_text(Path(args.json), json.dumps(result, indent=2) + "\n")
+    except USER_ERRORS as e:
+        return fail(prog, e)
+    finally:
+        shutdown()
+    return 0

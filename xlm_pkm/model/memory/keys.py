@@ -1,0 +1,138 @@
+"""Key searches of a Product Key Memory: which slots (value rows) a query reads.
+
+A key search is an nn.Module holding every head's keys, built from a MemoryConfig:
+
+    keys = KEY_SEARCHES[cfg.key_type](cfg)
+    keys.n_slots                           how many slots the keys address (the value table's rows)
+    scores, indices = keys.search(q)       q: (N, heads, k_dim) -> (N, heads, knn) each: the knn best
+                                           slots by inner product, scores descending, float32 at least
+    keys.full_keys()                       (heads, n_slots, k_dim): every slot's whole key, for the
+                                           tests' brute-force reference (search never forms it)
+
+qk_norm: queries and keys are L2-normalised before scoring (product keys: each half-query and each
+sub-key), so every score is a sum of cosines; pair it with a softmax temperature < 1.
+
+A new key structure is one class here, registered under its name (the value of model.memory.key_type),
+and an entry in tests/test_memory.py's brute-force cases.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xlm_pkm.config import MemoryConfig
+from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.registry import Registry
+
+KEY_SEARCHES = Registry("memory key type")
+
+
+def uniform_keys(*shape: int) -> nn.Parameter:
+    """Keys of `shape`, uniform in ±1/sqrt(last dimension) (XLM's init)."""
+    keys = nn.Parameter(torch.empty(shape))
+    bound = shape[-1] ** -0.5
+    nn.init.uniform_(keys, -bound, bound)
+    return keys
+
+
+class KeySearch(nn.Module, ABC):
+    """The interface; subclasses hold their keys and check their own constraints on cfg."""
+
+    def __init__(self, cfg: MemoryConfig):
+        super().__init__()
+        self.heads, self.k_dim, self.knn, self.qk_norm = cfg.heads, cfg.k_dim, cfg.knn, cfg.qk_norm
+        self.n_slots = self.slots(cfg)
+        if not 1 <= cfg.knn <= self.max_knn(cfg):
+            raise ValueError(f"memory.knn={cfg.knn} must be in [1, {self.max_knn(cfg)}] for "
+                             f"key_type={cfg.key_type} with n_keys={cfg.n_keys}")
+
+    def extra_repr(self) -> str:
+        return f"heads={self.heads}, slots={self.n_slots}, k_dim={self.k_dim}, knn={self.knn}, qk_norm={self.qk_norm}"
+
+    @classmethod
+    @abstractmethod
+    def slots(cls, cfg: MemoryConfig) -> int:
+        """The number of slots `cfg` gives, without building the keys (sizes a shared value table)."""
+
+    @classmethod
+    def max_knn(cls, cfg: MemoryConfig) -> int:
+        return cls.slots(cfg)
+
+    @abstractmethod
+    def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: (N, heads, k_dim) -> (scores, indices), each (N, heads, knn), scores descending."""
+
+    @abstractmethod
+    def full_keys(self) -> torch.Tensor:
+        """(heads, n_slots, k_dim): slot s's key; without qk_norm its score is q · full_keys()[h, s]."""
+
+
+@KEY_SEARCHES.register("product")
+class ProductKeys(KeySearch):
+    """Per head two sets of n_keys sub-keys of k_dim/2 (paper §3.2); slot i·n_keys + j has the key
+    [c_i, c'_j]. The exact top-knn of the n_keys² keys from 2·n_keys + knn² scores:
+
+        s1 = q[:k_dim/2] · C,  s2 = q[k_dim/2:] · C'      (n_keys,) each
+        top-knn of s1 (i's) and of s2 (j's)               (knn,) each
+        s1_i + s2_j for the knn × knn pairs, top-knn     (knn,): no better pair can be outside them
+    """
+
+    def __init__(self, cfg: MemoryConfig):
+        if cfg.k_dim % 2:
+            raise ValueError(f"memory.k_dim={cfg.k_dim} must be even for key_type=product (two halves)")
+        super().__init__(cfg)
+        self.n_keys = cfg.n_keys
+        self.weight = uniform_keys(cfg.heads, 2, cfg.n_keys, cfg.k_dim // 2)  # (H, 2, n_keys, k_dim/2)
+
+    @classmethod
+    def slots(cls, cfg: MemoryConfig) -> int:
+        return cfg.n_keys**2
+
+    @classmethod
+    def max_knn(cls, cfg: MemoryConfig) -> int:
+        return cfg.n_keys  # knn best of each half
+
+    def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, keys = at_least_float32(q), at_least_float32(self.weight)
+        N, H, K = q.shape[0], self.heads, self.knn
+        q = q.view(N, H, 2, self.k_dim // 2)  # (N, H, 2, k_dim/2): the two sub-queries
+        if self.qk_norm:
+            q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
+        half_scores, half_indices = torch.einsum("nhpd,hpsd->nhps", q, keys).topk(K, dim=-1)  # (N, H, 2, K)
+        pair_scores = half_scores[:, :, 0, :, None] + half_scores[:, :, 1, None, :]  # (N, H, K, K)
+        scores, best = pair_scores.view(N, H, K * K).topk(K, dim=-1)  # (N, H, K)
+        i = half_indices[:, :, 0].gather(-1, best // K)  # (N, H, K) first-half sub-key of each pick
+        j = half_indices[:, :, 1].gather(-1, best % K)  # (N, H, K) second-half sub-key
+        return scores, i * self.n_keys + j
+
+    def full_keys(self) -> torch.Tensor:
+        n = self.n_keys
+        first = self.weight[:, 0].repeat_interleave(n, dim=1)  # (H, n², k_dim/2): c_i of slot i·n + j
+        second = self.weight[:, 1].repeat(1, n, 1)  # (H, n², k_dim/2): c'_j
+        return torch.cat([first, second], dim=-1)
+
+
+@KEY_SEARCHES.register("flat")
+class FlatKeys(KeySearch):
+    """Per head n_keys² full keys of k_dim, searched exhaustively (the paper's Table 4 baseline)."""
+
+    def __init__(self, cfg: MemoryConfig):
+        super().__init__(cfg)
+        self.weight = uniform_keys(cfg.heads, self.n_slots, cfg.k_dim)  # (H, n_slots, k_dim)
+
+    @classmethod
+    def slots(cls, cfg: MemoryConfig) -> int:
+        return cfg.n_keys**2
+
+    def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, keys = at_least_float32(q), at_least_float32(self.weight)
+        if self.qk_norm:
+            q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
+        return torch.einsum("nhd,hsd->nhs", q, keys).topk(self.knn, dim=-1)  # from (N, H, n_slots)
+
+    def full_keys(self) -> torch.Tensor:
+        return self.weight

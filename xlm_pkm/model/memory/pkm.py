@@ -1,0 +1,192 @@
+"""Product Key Memory (Lample et al. 2019, §3): a sparse layer with a very large hidden state.
+
+    memory = ProductKeyMemory(512, 512, n_keys=512, k_dim=512, heads=4, knn=32)   # or (512, 512, cfg)
+    y = memory(x)                          # (..., 512) -> (..., 512), like nn.Linear
+    weights, indices = memory.lookup(x)    # (..., heads, knn) each: the slots x reads, their weights
+    scores, indices = memory.search(q)     # q: (N, heads, k_dim) -> the knn best slots per head
+
+The algorithm, per token x and per head h (heads are summed, and share one value table):
+    q = norm(query_net(x))_h                           (k_dim,)    the head's query
+    s1 = q[:k_dim/2] · C_h,  s2 = q[k_dim/2:] · C'_h    (n_keys,)   scores against both sub-key sets
+    top-knn of s1 (i's) and of s2 (j's)                 (knn,)      each
+    s1_i + s2_j for the knn×knn pairs, top-knn of them  (knn,)      = the exact top-knn of all
+                                                                      n_keys² keys (c_i, c'_j)
+    w = softmax(scores), slot = i·n_keys + j
+    m_h(x) = Σ w · values[slot]                          (output_dim,) via EmbeddingBag or a fused
+                                                                      Triton kernel (value_read.py), so no
+                                                                      (tokens, heads·knn, output_dim) tensor
+The search (lines 2-4) is the key search of keys.py: product keys as above, or flat keys (an
+exhaustive search, the paper's Table 4 baseline). Search, softmax and value read run in float32,
+also under autocast.
+
+Every setting is a field of xlm_pkm.config.MemoryConfig (documented there); keyword arguments
+override the fields of `cfg` (default MemoryConfig()). Beyond the config:
+  - values: an existing value table to share between memory layers (Berges et al. 2024 share one
+    memory pool across layers).
+  - sparse_values (attribute, default False): the value table's gradient is a sparse tensor with one
+    row per distinct slot read in the step (value_read.py), for optimizers on row-sparse gradients
+    (LazyAdam): the step cost does not grow with the table. TransformerLM.set_sparse_values sets it.
+  - cfg.shard_values: the table holds this rank's columns of every row (value_shards.py), and forward
+    exchanges lookups and output slices with the other ranks (sharded_read.py); every rank must call it
+    together.
+  - The value-read backend (cfg.value_read) is resolved for the table's device when the layer is
+    built or moved (`_apply`), into `read_backend`; forward only reads it.
+  - query_norm="batchnorm" in training mode computes its statistics over all positions of the
+    batch, so in a causal LM a position's query depends (weakly) on other positions, future ones
+    included; in eval mode it uses running statistics and is causal. "layernorm" is causal in both.
+
+Evaluation statistics: set `memory.track_stats = True`; in eval mode every forward accumulates the
+per-slot weight and hit count (see memory_stats.py); `memory.stats()` summarises them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xlm_pkm.config import MemoryConfig, validate
+from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.keys import KEY_SEARCHES
+from xlm_pkm.model.memory.stats import SlotStats
+from xlm_pkm.model.memory.value_read import choose_backend, read_values, resolve_backend
+from xlm_pkm.model.memory.value_shards import ValueShard, current_shard, init_shard
+
+
+def value_table(n_slots: int, output_dim: int, sharded: bool = False) -> nn.EmbeddingBag:
+    """The (n_slots, output_dim) values, read as weighted sums; init N(0, 1/output_dim). sharded: this
+    rank's (n_slots, output_dim / W) columns of the same table (value_shards.py), marked `value_shard`."""
+    shard = current_shard(output_dim) if sharded else ValueShard(0, 1)
+    weight = torch.empty(n_slots, shard.width(output_dim))
+    init_shard(weight, output_dim, shard)
+    values = nn.EmbeddingBag(n_slots, weight.shape[1], mode="sum", _weight=weight)
+    values.weight.is_memory_value = True  # lets an optimizer find the value parameters
+    if sharded:
+        values.weight.value_shard = shard
+    return values
+
+
+def is_memory_value(p: torch.Tensor) -> bool:
+    """Whether p is a value table's weight (marked by value_table)."""
+    return getattr(p, "is_memory_value", False)
+
+
+class ProductKeyMemory(nn.Module):
+    """(..., input_dim) -> (..., output_dim) through the key search's slots; see the module docstring."""
+
+    def __init__(self, input_dim: int, output_dim: int, cfg: MemoryConfig | None = None, *,
+                 values: nn.EmbeddingBag | None = None, **fields):
+        super().__init__()
+        self.cfg = cfg = validate(dataclasses.replace(cfg or MemoryConfig(), **fields), "model.memory.")
+        self.input_dim, self.output_dim, self.heads, self.knn = input_dim, output_dim, cfg.heads, cfg.knn
+        self.register_module("keys", None)  # first in the parameter order as before; built after the query net
+
+        # query network: input_dim -> query_hidden... -> heads * k_dim, then the query norm
+        sizes = [input_dim, *cfg.query_hidden, cfg.heads * cfg.k_dim]
+        layers = []
+        for i, (d_in, d_out) in enumerate(zip(sizes[:-1], sizes[1:])):
+            layers += [nn.Linear(d_in, d_out)] + ([nn.ReLU()] if i < len(sizes) - 2 else [])
+        self.query_net = nn.Sequential(*layers)
+        if cfg.query_norm == "batchnorm":
+            self.query_norm = nn.BatchNorm1d(cfg.heads * cfg.k_dim)  # over all heads' channels, as XLM
+        else:
+            self.query_norm = nn.LayerNorm(cfg.k_dim) if cfg.query_norm == "layernorm" else None  # per head
+
+        self.keys = KEY_SEARCHES[cfg.key_type](cfg)
+        self.n_slots = self.keys.n_slots
+        self.values = values if values is not None else value_table(self.n_slots, output_dim, cfg.shard_values)
+        self.shard = getattr(self.values.weight, "value_shard", None)  # a ValueShard when sharded
+        width = output_dim if self.shard is None else self.shard.width(output_dim)
+        if self.values.weight.shape != (self.n_slots, width):
+            raise ValueError(f"shared values have shape {tuple(self.values.weight.shape)}, "
+                             f"this memory needs ({self.n_slots}, {width})")
+        if cfg.gated:
+            self.gate = nn.Linear(input_dim, output_dim, bias=False)
+            self.out_proj = nn.Linear(output_dim, output_dim, bias=False)
+        self.input_dropout = nn.Dropout(cfg.input_dropout)
+        self.query_dropout = nn.Dropout(cfg.query_dropout)
+        self.value_dropout = nn.Dropout(cfg.value_dropout)
+
+        self.sparse_values = False
+        self.track_stats = False
+        self.slot_stats = SlotStats(self.n_slots)  # evaluation's reads, while track_stats
+        self.step_reads: SlotStats | None = None  # training's reads, when set (memory_finetune.py)
+        self.read_backend = choose_backend(cfg.value_read, self.values.weight.device)
+        self.read = read_values  # or, with a shard of a table split over processes, the exchanging read
+        if self.shard is not None and self.shard.world > 1:
+            from xlm_pkm.model.memory.sharded_read import sharded_read  # imported only here: it loads torch._dynamo
+            self.read = sharded_read
+
+    def _apply(self, fn, recurse=True):
+        """.to(), .cuda(), .double()...: the value-read backend is chosen again for the new device."""
+        super()._apply(fn, recurse)
+        self.read_backend = choose_backend(self.cfg.value_read, self.values.weight.device)
+        return self
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: (..., input_dim) -> (..., output_dim)."""
+        lead = x.shape[:-1]
+        x = self.input_dropout(x.reshape(-1, self.input_dim))  # (N, input_dim)
+        weights, indices = self.lookup(x)  # (N, H, K) each, float32 at least
+        N = x.shape[0]
+        backend = self.read_backend or resolve_backend(self.cfg.value_read, self.values.weight.device)  # None: why
+        with torch.autocast(x.device.type, enabled=False):
+            reads = self.step_reads if self.training else self.slot_stats if self.track_stats else None
+            if reads is not None:
+                reads.add(indices, weights)
+            out = self.read(self.values.weight, indices.view(N, -1), weights.view(N, -1), self.sparse_values,
+                            backend)  # (N, output_dim), heads summed by the bag
+        out = self.value_dropout(out)
+        if self.cfg.gated:  # Memory+: out = W_o(silu(W_g x) ⊙ read)
+            out = self.out_proj(F.silu(self.gate(x)) * out)
+        return out.view(*lead, self.output_dim)
+
+    def lookup(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: (..., input_dim) -> (weights, indices), each (..., heads, knn): the slots x reads and their
+        softmax weights (float32 at least). forward reads through this (after its input dropout)."""
+        lead = x.shape[:-1]
+        q = self.query_net(x.reshape(-1, self.input_dim))  # (N, H * k_dim), in the autocast dtype if any
+        with torch.autocast(x.device.type, enabled=False):
+            q = self.query_dropout(self.normalize_queries(at_least_float32(q)))  # (N, H, k_dim)
+            scores, indices = self.search(q)  # (N, H, K) each
+            weights = F.softmax(scores / self.cfg.temperature, dim=-1)  # (N, H, K)
+        return weights.view(*lead, self.heads, self.knn), indices.view(*lead, self.heads, self.knn)
+
+    def normalize_queries(self, q: torch.Tensor) -> torch.Tensor:
+        """q: (N, H * k_dim) -> (N, H, k_dim) after the query norm (BatchNorm over all heads' channels,
+        LayerNorm per head)."""
+        if isinstance(self.query_norm, nn.BatchNorm1d):
+            q = self.query_norm(q)
+        q = q.view(-1, self.heads, self.cfg.k_dim)  # (N, H, k_dim)
+        return self.query_norm(q) if isinstance(self.query_norm, nn.LayerNorm) else q
+
+    def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: (N, heads, k_dim) -> (scores, indices), each (N, heads, knn), scores descending: the knn
+        best slots of each head (keys.py; product keys: slot = i * n_keys + j)."""
+        return self.keys.search(q)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs (forward + backward) per token: 6 per dense weight (the keys count as the
+        search, one multiply-add per key weight) and 6 per value element read (heads · knn · output_dim)."""
+        dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
+        return 6.0 * (dense + self.heads * self.knn * self.output_dim)
+
+    def reset_stats(self) -> None:
+        self.slot_stats.reset()
+
+    def stats(self) -> dict[str, float]:
+        """usage (%), kl (nats), usage_count, kl_count, slots_50/90/99 of the reads since reset_stats()."""
+        return self.slot_stats.summary()
+
+    def slot_weights(self) -> torch.Tensor:
+        """(n_slots,) float64 summed weight of every slot since reset_stats() (zeros before any read)."""
+        if self.slot_stats.weights is None:
+            return torch.zeros(self.n_slots, dtype=torch.float64, device=self.values.weight.device)
+        return self.slot_stats.weights
+
+    def extra_repr(self) -> str:
+        c = self.cfg
+        return (f"{self.input_dim} -> {self.output_dim}, slots={self.n_slots}, keys={c.key_type}, "
+                f"k_dim={c.k_dim}, heads={c.heads}, knn={c.knn}")

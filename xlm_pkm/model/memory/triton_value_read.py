@@ -1,0 +1,128 @@
+"""The memory's value read as Triton kernels: out[n] = Σ_l w[n, l] · table[idx[n, l]], for GPUs.
+
+Forward: one program per (token, block of columns) gathers the token's L = heads·knn rows and sums
+them in float32, so no (N, L, dim) tensor is formed and each table row is read once per lookup.
+
+Backward:
+  - weights: grad_w[n, l] = grad_out[n] · table[idx[n, l]], one program per (token, block of lookups);
+  - table: the lookups are sorted by slot (slot_groups.group_by_slot, the same grouping as the
+    reference path), and one program per (distinct slot, block of columns) sums w · grad_out over its
+    own run of lookups. Every output row has exactly one writer: no atomics, so no contention on hot
+    slots and a deterministic result. The rows come out as the sparse gradient directly, or are
+    scattered into a dense one.
+Any float table dtype (float32, float16, bfloat16); accumulation is float32 throughout.
+
+On a machine without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set
+before Triton is imported), which the tests use to check them against the PyTorch reference.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
+
+
+@triton.jit
+def _read_kernel(table, indices, weights, out, L, D, BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    cols_ok = cols < D
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start in range(0, L, BLOCK_L):
+        look = start + tl.arange(0, BLOCK_L)  # (BLOCK_L,) lookups of token n
+        look_ok = look < L
+        slot = tl.load(indices + n * L + look, mask=look_ok, other=0)  # (BLOCK_L,) int64
+        w = tl.load(weights + n * L + look, mask=look_ok, other=0).to(tl.float32)
+        rows = tl.load(table + slot[:, None] * D + cols[None, :], mask=look_ok[:, None] & cols_ok[None, :],
+                       other=0).to(tl.float32)  # (BLOCK_L, BLOCK_D)
+        acc += tl.sum(w[:, None] * rows, axis=0)
+    tl.store(out + n * D + cols, acc.to(out.dtype.element_ty), mask=cols_ok)
+
+
+@triton.jit
+def _weights_grad_kernel(table, indices, grad_out, grad_weights, L, D,
+                         BLOCK_L: tl.constexpr, BLOCK_D: tl.constexpr):
+    n = tl.program_id(0).to(tl.int64)
+    look = tl.program_id(1) * BLOCK_L + tl.arange(0, BLOCK_L)  # (BLOCK_L,)
+    look_ok = look < L
+    slot = tl.load(indices + n * L + look, mask=look_ok, other=0)  # (BLOCK_L,)
+    acc = tl.zeros((BLOCK_L,), dtype=tl.float32)
+    for start in range(0, D, BLOCK_D):
+        cols = start + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+        cols_ok = cols < D
+        g = tl.load(grad_out + n * D + cols, mask=cols_ok, other=0).to(tl.float32)  # (BLOCK_D,)
+        rows = tl.load(table + slot[:, None] * D + cols[None, :], mask=look_ok[:, None] & cols_ok[None, :],
+                       other=0).to(tl.float32)  # (BLOCK_L, BLOCK_D)
+        acc += tl.sum(rows * g[None, :], axis=1)
+    tl.store(grad_weights + n * L + look, acc.to(grad_weights.dtype.element_ty), mask=look_ok)
+
+
+@triton.jit
+def _table_grad_kernel(grad_out, weights, order, row_starts, rows_out, L, D,
+                       BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    u = tl.program_id(0).to(tl.int64)  # the u-th distinct slot read
+    cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+    cols_ok = cols < D
+    first = tl.load(row_starts + u)
+    end = tl.load(row_starts + u + 1)
+    acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+    for start in range(first, end, BLOCK_E):
+        entry = start + tl.arange(0, BLOCK_E)  # (BLOCK_E,) positions in the sorted lookups
+        entry_ok = entry < end
+        lookup = tl.load(order + entry, mask=entry_ok, other=0)  # (BLOCK_E,) flat index n * L + l
+        w = tl.load(weights + lookup, mask=entry_ok, other=0).to(tl.float32)
+        g = tl.load(grad_out + (lookup // L)[:, None] * D + cols[None, :],
+                    mask=entry_ok[:, None] & cols_ok[None, :], other=0).to(tl.float32)  # (BLOCK_E, BLOCK_D)
+        acc += tl.sum(w[:, None] * g, axis=0)
+    tl.store(rows_out + u * D + cols, acc.to(rows_out.dtype.element_ty), mask=cols_ok)
+
+
+def _blocks(L: int, D: int) -> tuple[int, int]:
+    """(lookups, columns) per tile: up to 32 × 256 elements, powers of two."""
+    return min(32, triton.next_power_of_2(L)), min(256, triton.next_power_of_2(D))
+
+
+class FusedValueRead(torch.autograd.Function):
+    """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in the table's dtype."""
+
+    @staticmethod
+    def forward(ctx, table, indices, weights, sparse: bool):
+        table, indices, weights = table.contiguous(), indices.contiguous(), weights.contiguous()
+        (N, L), D = indices.shape, table.shape[1]
+        block_l, block_d = _blocks(L, D)
+        out = torch.empty(N, D, dtype=table.dtype, device=table.device)
+        if N:
+            _read_kernel[(N, triton.cdiv(D, block_d))](table, indices, weights, out, L, D,
+                                                       BLOCK_L=block_l, BLOCK_D=block_d)
+        ctx.save_for_backward(table, indices, weights)
+        ctx.sparse = sparse
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out: (N, D)
+        table, indices, weights = ctx.saved_tensors
+        grad_out = grad_out.contiguous()
+        (N, L), D = indices.shape, table.shape[1]
+        block_l, block_d = _blocks(L, D)
+        grad_table = grad_weights = None
+        if ctx.needs_input_grad[2]:
+            grad_weights = torch.empty_like(weights)  # (N, L)
+            if N:
+                _weights_grad_kernel[(N, triton.cdiv(L, block_l))](table, indices, grad_out, grad_weights, L, D,
+                                                                   BLOCK_L=block_l, BLOCK_D=block_d)
+        if ctx.needs_input_grad[0]:
+            slots, order, row_starts = group_by_slot(indices)  # (U,), (N*L,), (U + 1,)
+            rows = torch.empty(slots.numel(), D, dtype=table.dtype, device=table.device)  # (U, D)
+            if slots.numel():
+                _table_grad_kernel[(slots.numel(), triton.cdiv(D, block_d))](
+                    grad_out, weights, order, row_starts, rows, L, D, BLOCK_E=block_l, BLOCK_D=block_d)
+            grad_table = table_gradient(slots, rows, table.shape, ctx.sparse)
+        return grad_table, None, grad_weights, None
+
+
+@torch.compiler.disable  # the kernels launch eagerly; a compiled model runs around them
+def fused_read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool) -> torch.Tensor:
+    return FusedValueRead.apply(table, indices, weights, sparse)

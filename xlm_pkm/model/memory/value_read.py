@@ -1,0 +1,96 @@
+"""The memory's value read, out[n] = Σ_l w[n, l] · values[idx[n, l]], with a dense or sparse table gradient.
+
+Two backends: "torch", the reference and the default on CPU: `nn.EmbeddingBag`, with the sparse
+gradient below; "triton", the default on CUDA when Triton is installed: fused kernels
+(triton_value_read.py). MemoryConfig.value_read ("auto", "torch" or "triton") is resolved to one of
+them by `choose_backend` when a memory is built or moved to a device, never in its forward.
+
+Dense gradient: a (n_slots, dim) tensor. Sparse gradient: one row per *distinct* slot read in the
+step, so its size (and an optimizer step on it) does not grow with the table.
+`nn.EmbeddingBag(sparse=True)` is no good for this: its gradient has one row per lookup
+(tokens·heads·knn rows, uncoalesced), more than the dense gradient at the paper's batch sizes. The
+reference builds the rows from a sparse-dense product, with no (lookups, dim) intermediate:
+
+    grad_rows = S @ grad_out      S: (U, N) sparse, S[u, n] = Σ_l w[n, l] · [idx[n, l] = slot_u]
+
+S is built in CSR form from the lookups sorted by slot (a stable sort, so results are deterministic).
+The weights' gradient still comes from EmbeddingBag's own backward (on the detached table); the
+table's gradient is attached by an identity function whose backward adds it.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
+
+warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")  # used internally only
+
+
+class _AttachSparseTableGrad(torch.autograd.Function):
+    """Identity on `read`; its backward also returns the sparse gradient of `table`."""
+
+    @staticmethod
+    def forward(ctx, read, table, indices, weights):
+        ctx.save_for_backward(indices, weights)
+        ctx.table_shape = table.shape
+        return read.view_as(read)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # grad_out: (N, dim)
+        indices, weights = ctx.saved_tensors  # (N, L) each
+        N, L = indices.shape
+        slots, order, row_starts = group_by_slot(indices)
+        grad_sum = at_least_float32(grad_out)  # float32 sums for fp16/bf16 tables
+        selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(grad_sum.dtype),
+                                            (slots.numel(), N), check_invariants=False)  # (U, N)
+        rows = (selection @ grad_sum).to(grad_out.dtype)  # (U, dim): each slot's lookups summed
+        return grad_out, table_gradient(slots, rows, ctx.table_shape, sparse=True), None, None
+
+
+@functools.cache
+def triton_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_usable(device: torch.device) -> bool:
+    """Triton kernels run here: on CUDA with Triton installed, or anywhere under TRITON_INTERPRET=1."""
+    return triton_installed() and (device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1")
+
+
+def choose_backend(value_read: str, device: torch.device) -> str | None:
+    """"auto" -> "triton" on CUDA when Triton is installed, else "torch"; "torch" -> "torch";
+    "triton" -> "triton" where its kernels run, else None (resolve_backend says why)."""
+    if value_read == "auto":
+        return "triton" if device.type == "cuda" and triton_usable(device) else "torch"
+    return None if value_read == "triton" and not triton_usable(device) else value_read
+
+
+def resolve_backend(value_read: str, device: torch.device) -> str:
+    """choose_backend, raising where the chosen backend cannot run."""
+    backend = choose_backend(value_read, device)
+    if backend is None:
+        raise ValueError(f"memory value_read=triton needs Triton and a CUDA device (tensors are on {device}; "
+                         f"TRITON_INTERPRET=1 runs the kernels on CPU, slowly, for testing)")
+    return backend
+
+
+def read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool,
+                backend: str = "torch") -> torch.Tensor:
+    """table: (n_slots, dim); indices, weights: (N, L) -> (N, dim) weighted sums of the rows read, in the
+    table's dtype. backend: "torch" or "triton" (a resolved choice, see the module docstring)."""
+    if backend == "triton":
+        from xlm_pkm.model.memory.triton_value_read import fused_read_values  # imports Triton only when used
+        return fused_read_values(table, indices, weights, sparse)
+    weights = weights.to(table.dtype)
+    if not sparse:
+        return F.embedding_bag(indices, table, per_sample_weights=weights, mode="sum")
+    read = F.embedding_bag(indices, table.detach(), per_sample_weights=weights, mode="sum")  # (N, dim)
+    return _AttachSparseTableGrad.apply(read, table, indices, weights.detach())

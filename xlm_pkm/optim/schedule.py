@@ -1,0 +1,30 @@
+"""The dense learning rate by optimizer step (paper §4.3: Vaswani et al.'s inverse square root after a
+linear warmup), chosen by `optim.schedule` from SCHEDULES; the memory values keep a constant rate."""
+
+from __future__ import annotations
+
+import math
+
+from xlm_pkm.config import OptimConfig
+from xlm_pkm.registry import Registry
+
+# Dense learning-rate schedules by optim.schedule: (optimizer step, 1-based; OptimConfig) -> lr.
+SCHEDULES = Registry("learning-rate schedule")
+
+
+def _warmup(step: int, cfg: OptimConfig, after: float) -> float:
+    """Linear from warmup_init_lr to lr over warmup_steps, then `after`."""
+    if step < cfg.warmup_steps:
+        return cfg.warmup_init_lr + (cfg.lr - cfg.warmup_init_lr) * step / cfg.warmup_steps
+    return after
+
+
+# inverse_sqrt (Vaswani et al.): the warmup, then lr * sqrt(warmup_steps / step)
+SCHEDULES.register("inverse_sqrt")(lambda step, cfg: _warmup(step, cfg, cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)))
+SCHEDULES.register("linear_warmup")(lambda step, cfg: _warmup(step, cfg, cfg.lr))  # the warmup, then lr
+SCHEDULES.register("constant")(lambda step, cfg: cfg.lr)
+
+
+def scheduled_lr(step: int, cfg: OptimConfig) -> float:
+    """Dense learning rate at optimizer step `step` (1-based), by cfg.schedule (SCHEDULES)."""
+    return SCHEDULES[cfg.schedule](step, cfg)

@@ -1,0 +1,220 @@
+"""Process-group set-up from the launcher's environment: torchrun, SLURM's srun, or a single process.
+
+Every collective waits at most `timeout` (train.collective_timeout_minutes). Each rank also beats a
+heartbeat in the rendezvous store (a counter it increments from a thread every few seconds); when a
+collective fails, `describe_failure` names the ranks whose counter stopped (frozen, killed, or on a
+lost host), so the job ends with one line instead of hanging or printing two chained tracebacks.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from xlm_pkm.errors import UserError
+from xlm_pkm.runtime import slurm_env
+
+_heartbeat: Heartbeat | None = None
+
+
+class CollectiveError(UserError, RuntimeError):
+    """A collective operation failed or timed out: another rank froze or died."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def read_env() -> DistEnv:
+    """Ranks from torchrun (RANK, LOCAL_RANK, WORLD_SIZE) or else srun (SLURM_PROCID, ...)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return DistEnv(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
+    if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
+        return DistEnv(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_LOCALID"]), int(os.environ["SLURM_NTASKS"]))
+    return DistEnv()
+
+
+def init_distributed(device: torch.device, timeout_minutes: float = 10.0) -> DistEnv:
+    """Joins the process group (NCCL on GPU, gloo on CPU) when launched on several processes."""
+    global _heartbeat
+    env = read_env()
+    if not env.is_distributed or dist.is_initialized():
+        return env
+    if "MASTER_ADDR" not in os.environ:  # srun without torchrun
+        slurm_env.set_rendezvous_env()
+    os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
+    if device.type == "cuda":
+        torch.cuda.set_device(env.local_rank)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
+                            timeout=datetime.timedelta(minutes=timeout_minutes))
+    _heartbeat = Heartbeat(env, interval=min(10.0, timeout_minutes * 60 / 4))
+    return env
+
+
+class Heartbeat(threading.Thread):
+    """Increments `xlm_pkm/heartbeat/RANK` in the rendezvous store every `interval` seconds."""
+
+    def __init__(self, env: DistEnv, interval: float):
+        super().__init__(daemon=True, name="xlm_pkm-heartbeat")
+        self.env, self.interval = env, interval
+        self.store = dist.distributed_c10d._get_default_store()
+        self.stopped = threading.Event()
+        self.start()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.interval):
+            try:
+                self.store.add(f"xlm_pkm/heartbeat/{self.env.rank}", 1)
+            except Exception:  # noqa: BLE001 - the store is gone: nothing left to report to
+                return
+
+    def silent_ranks(self) -> list[int] | None:
+        """Other ranks whose heartbeat does not move over 2.5 intervals (None if the store cannot be read)."""
+        keys = [f"xlm_pkm/heartbeat/{r}" for r in range(self.env.world_size)]
+        try:
+            before = [self.store.add(k, 0) for k in keys]
+            time.sleep(2.5 * self.interval)
+            after = [self.store.add(k, 0) for k in keys]
+        except Exception:  # noqa: BLE001 - the store lived in a process that is gone
+            return None
+        return [r for r, (a, b) in enumerate(zip(before, after)) if a == b and r != self.env.rank]  # not us
+
+
+def describe_failure(env: DistEnv, error: BaseException) -> CollectiveError:
+    """A one-line error for a failed collective, naming the ranks that stopped answering."""
+    first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+    silent = _heartbeat.silent_ranks() if _heartbeat is not None else None
+    if silent is None:
+        who = "the rendezvous store is gone too (rank 0 or its host died?)"
+    elif silent:
+        who = f"rank(s) {', '.join(map(str, silent))} stopped answering (frozen, killed or host lost)"
+    else:
+        who = "every rank still answers (one may be stuck in other work)"
+    return CollectiveError(f"rank {env.rank}: a collective operation failed or timed out: {who}; "
+                           f"see their logs ({first_line})")
+
+
+def gather_objects(obj, env: DistEnv) -> list | None:
+    """On rank 0, the object of every rank in rank order (just [obj] on one process); None on the others."""
+    if not env.is_distributed:
+        return [obj]
+    out = [None] * env.world_size if env.is_main else None
+    dist.gather_object(obj, out, dst=0)
+    return out
+
+
+def broadcast_object(obj, env: DistEnv):
+    """Rank 0's object, on every rank."""
+    if not env.is_distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_reduce_sum(tensor: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    if env.is_distributed:
+        dist.all_reduce(tensor)
+    return tensor
+
+
+def all_reduce_sparse_grad_(param: torch.Tensor, env: DistEnv) -> None:
+    """Averages `param`'s sparse gradient over ranks: every rank's rows are gathered, duplicates summed.
+
+    DDP's bucketed all-reduce carries dense tensors only (NCCL has no sparse collectives), so the
+    sparse memory-value gradients are left out of DDP and synchronised here, in O(rows read).
+    """
+    if not env.is_distributed:
+        return
+    grad = param.grad.coalesce()
+    rows, values = grad.indices()[0], grad.values()  # (nnz,), (nnz, dim)
+    sizes = [torch.zeros(1, dtype=torch.long, device=rows.device) for _ in range(env.world_size)]
+    dist.all_gather(sizes, torch.tensor([rows.numel()], device=rows.device))
+    longest = int(max(sizes))
+    pad = longest - rows.numel()
+    all_rows = [rows.new_empty(longest) for _ in range(env.world_size)]
+    all_values = [values.new_empty(longest, *values.shape[1:]) for _ in range(env.world_size)]
+    dist.all_gather(all_rows, F.pad(rows, (0, pad)))
+    dist.all_gather(all_values, F.pad(values, (0, 0) * (values.dim() - 1) + (0, pad)))
+    rows = torch.cat([r[: int(n)] for r, n in zip(all_rows, sizes)])  # (Σ nnz,)
+    values = torch.cat([v[: int(n)] for v, n in zip(all_values, sizes)])  # (Σ nnz, dim)
+    merged = torch.sparse_coo_tensor(rows.unsqueeze(0), values, grad.shape)
+    param.grad = merged.coalesce() / env.world_size
+
+
+def synced_values(model: torch.nn.Module, sparse: bool) -> list[torch.nn.Parameter]:
+    """The memory-value parameters that DDP must leave to average_value_grads_: all of them when their
+    gradients are sparse (DDP carries dense tensors only), else the sharded ones."""
+    return [p for p in model.memory_value_parameters() if sparse or hasattr(p, "value_shard")]
+
+
+def data_parallel(model: torch.nn.Module, synced: list[torch.nn.Parameter], device: torch.device):
+    """The model in DDP, its all-reduce leaving out `synced` (see synced_values)."""
+    ids = {id(p) for p in synced}
+    DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+        model, [name for name, p in model.named_parameters() if id(p) in ids])
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def average_value_grads_(params: list[torch.Tensor], env: DistEnv) -> None:
+    """Averages the memory values' gradients over ranks, as DDP does the others (these are left out of
+    DDP): a sharded table's gradient already sums every rank's tokens (model/memory/value_shards.py), so it is
+    divided by the world size; a replicated sparse one goes through all_reduce_sparse_grad_."""
+    if not env.is_distributed:
+        return
+    for p in params:
+        if p.grad is None:
+            continue
+        if hasattr(p, "value_shard"):
+            p.grad.div_(env.world_size)
+        elif p.grad.is_sparse:
+            all_reduce_sparse_grad_(p, env)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for MASTER_PORT when starting local processes by hand."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
+    """True on every rank when `flag` is true on at least one."""
+    if not env.is_distributed:
+        return flag
+    t = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def shutdown(failed: bool = False) -> None:
+    """Leaves the process group once every rank is done (gloo aborts a rank that leaves first); after
+    a failed collective, at once (the other ranks are not coming)."""
+    global _heartbeat
+    if _heartbeat is not None:
+        _heartbeat.stopped.set()
+        _heartbeat = None
+    if dist.is_initialized():
+        if not failed:
+            dist.barrier()
+        dist.destroy_process_group()

@@ -1,0 +1,13 @@
+"""Training: the loop and what it is made of.
+
+    trainer.py     Trainer: set-up, the loop, signals and time limits, logging; resume through checkpoint/
+    step.py        one step's two halves: forward/backward under autocast, the optimizers' update
+    state.py       TrainState: counters, RNG states, data cursor (one per rank, in checkpoint.pt)
+    evaluation.py  perplexity, memory usage and KL, speed on one split (also evaluate.py)
+    build.py       data streams, the model and its optimizers from a Config
+    run_dir.py     the run directory, its lock, its recorded config
+    run_log.py     train.log, metrics.jsonl, TensorBoard
+
+May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune.
+Never imports experiments/ or launch/.
+"""

@@ -1,0 +1,87 @@
+"""Evaluation of a language model on one split: perplexity, memory usage and KL, speed."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from xlm_pkm.checkpoint.trained import load_trained
+from xlm_pkm.runtime.distributed import DistEnv, all_reduce_sum
+from xlm_pkm.runtime.precision import autocast
+from xlm_pkm.train.build import build_stream
+from xlm_pkm.utils.progress import Progress
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_batches: int = 0,
+             env: DistEnv = DistEnv()) -> dict:
+    """One pass over `stream` (a TokenStream with train=False), from its first batch; sums over all ranks.
+
+    Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
+    memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%);
+    on character-level data (meta.json "unit": "byte") also bpc = loss / ln 2.
+    A word is a token that does not end in '@@' (specials excluded). A pass longer than 10 s prints
+    its progress on stderr (progress.py).
+    """
+    was_training = model.training
+    model.eval()
+    model.reset_stream_state(training=False)  # every pass reads new streams, also on a model already in eval mode
+    model.set_memory_stats(True)
+    word_end = torch.from_numpy(stream.dictionary.word_end_mask())
+    stream.rewind()  # a stream evaluated before, perhaps cut short by max_batches
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    tokens = words = 0
+    progress = Progress(f"evaluating {stream.split}", min(len(stream), max_batches or len(stream)), env.is_main)
+    synchronize(device)
+    start = time.perf_counter()
+    for i, (x, y) in enumerate(stream):
+        if max_batches and i >= max_batches:
+            break
+        with autocast(precision, device):
+            nll = model(x.to(device, non_blocking=True), targets=y.to(device, non_blocking=True))  # (B, T)
+        loss_sum += nll.double().sum()
+        tokens += y.numel()
+        words += int(word_end[y].sum())
+        progress.update(i + 1)
+    synchronize(device)
+    elapsed = time.perf_counter() - start
+    totals = all_reduce_sum(torch.tensor([loss_sum.item(), tokens, words, elapsed], dtype=torch.float64, device=device), env)
+    loss, tokens, words = totals[0].item() / max(totals[1].item(), 1), int(totals[1]), int(totals[2])
+    elapsed = totals[3].item() / env.world_size
+    memories = []
+    for layer, memory in model.memories():
+        if memory.slot_stats.weights is not None:  # every rank evaluates at least one batch
+            all_reduce_sum(memory.slot_stats.weights, env)
+            all_reduce_sum(memory.slot_stats.counts, env)
+        memories.append({"layer": layer, **memory.stats()})
+    model.set_memory_stats(False)
+    model.train(was_training)
+    per_unit = {"bpc": loss / math.log(2)} if stream.unit == "byte" else {}  # each token is a character
+    return {
+        **per_unit,
+        "ppl": math.exp(min(loss, 100.0)),
+        "loss": loss,
+        "tokens": tokens,
+        "words": words,
+        "tokens_per_sec": tokens / elapsed if elapsed > 0 else 0.0,
+        "words_per_sec": words / elapsed if elapsed > 0 else 0.0,
+        "memories": memories,
+    }
+
+
+def evaluate_checkpoint(path, split: str = "test", data_dir: str | None = None, batch_size: int = 0,
+                        bptt: int = 0, device: torch.device = torch.device("cpu"), precision: str = "fp32",
+                        max_batches: int = 0, env: DistEnv = DistEnv()) -> dict:
+    """Rebuilds the model saved in a checkpoint and evaluates it on `split` of its (or another) corpus,
+    which must have the vocabulary the model was trained with."""
+    model, cfg, state, data_dir = load_trained(path, data_dir)
+    stream = build_stream(cfg, split, env, data_dir, batch_size, bptt)
+    result = evaluate(model.to(device), stream, device, precision, max_batches, env)
+    return {"checkpoint": str(path), "split": split, "step": state["step"], **result}

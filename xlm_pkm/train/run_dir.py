@@ -1,0 +1,76 @@
+"""The run directory `dump_path/exp_name/exp_id/` and the lock that keeps it to one run at a time
+(xlm_pkm/utils/lock.py): a second run started on the same directory while the first lives gets a one-line
+error naming it; a lock left by a dead process does not block a resume.
+
+`config.yaml` holds the resolved config of the run; resuming with another config says which keys
+differ (old -> new) and keeps the previous file as `config.until-step<N>.yaml`.
+
+Under SLURM a run without train.exp_id is named by its job id, which a requeued job keeps. A cluster
+may hand out the same job id again (its state reset): a job starting for the first time (not a
+restart) whose directory already exists is refused, not resumed into an unrelated run.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from pathlib import Path
+
+import yaml
+
+from xlm_pkm.config import Config, save_config, to_dict
+from xlm_pkm.runtime import slurm_env
+from xlm_pkm.runtime.distributed import DistEnv, broadcast_object
+from xlm_pkm.utils.lock import DirectoryLock
+
+
+def lock_run_directory(run_dir: Path) -> DirectoryLock:
+    """Holds `run_dir/.lock` until released (or the process ends)."""
+    return DirectoryLock(run_dir, ".lock", "use another train.exp_id, or wait for that run to end")
+
+
+def run_directory(dump_path: str, exp_name: str, exp_id: str, env: DistEnv) -> tuple[Path, str]:
+    """(dump_path/exp_name/exp_id, exp_id); a new id (the SLURM job id when there is one) if none is given."""
+    if exp_id:
+        return Path(dump_path) / exp_name / exp_id, exp_id
+    job = slurm_env.job_id()
+    exp_id = job or time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+    reused = bool(job) and not slurm_env.restarted() and (Path(dump_path) / exp_name / exp_id).exists()
+    exp_id, reused = broadcast_object((exp_id, reused), env)  # rank 0's, seen before it creates the directory
+    run_dir = Path(dump_path) / exp_name / exp_id
+    if reused:
+        raise FileExistsError(f"{run_dir} exists, but SLURM job {exp_id} starts for the first time: the cluster "
+                              f"reused the job id of an earlier run. Give train.exp_id (a new one, or "
+                              f"train.exp_id={exp_id} to resume that run)")
+    return run_dir, exp_id
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    """{dotted.key: value} of a nested dict."""
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out |= _leaves(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def config_changes(old: dict, new: dict) -> list[str]:
+    """'key: old -> new' for every leaf that differs between two resolved configs."""
+    before, after = _leaves(old), _leaves(new)
+    return [f"{key}: {before.get(key, '(absent)')} -> {after.get(key, '(absent)')}"
+            for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
+
+
+def record_config(run_dir: Path, cfg: Config, resumed_step: int | None) -> list[str]:
+    """Writes run_dir/config.yaml; on a resume (at `resumed_step`) with another config, first keeps the
+    previous file as config.until-step<N>.yaml. Returns the changes (config_changes)."""
+    path = run_dir / "config.yaml"
+    changes = []
+    if resumed_step is not None and path.is_file():
+        changes = config_changes(yaml.safe_load(path.read_text()) or {}, to_dict(cfg))
+        if changes:
+            path.replace(path.with_name(f"config.until-step{resumed_step}.yaml"))
+    save_config(cfg, path)
+    return changes

@@ -1,0 +1,354 @@
+"""The training loop: mixed precision, gradient accumulation, clipping, DDP, evaluation, checkpoints.
+
+A run lives in `dump_path/exp_name/exp_id/`, locked to one process group at a time (run_dir.py).
+Starting a run whose directory holds `checkpoint.pt` resumes it exactly: model, optimizers, loss
+scaler and every rank's TrainState (counters, RNG states, data cursor, log window). Nothing non-finite
+is ever saved: `checkpoint.pt` is always the last good state. A run stopped by a signal or its time
+limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me). Under
+SLURM, the time-limit warning (SIGUSR1/SIGUSR2) also requeues the job; SIGTERM (scancel, or SLURM
+requeueing or pre-empting the job itself) does not: a cancelled job ends, its checkpoint kept.
+Besides evaluations, a checkpoint is written every `train.save_every_steps` steps and/or
+`train.save_every_minutes` minutes, so that a node lost without a signal loses at most that much.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import random
+import signal
+import time
+from contextlib import nullcontext
+
+import torch
+
+from xlm_pkm.checkpoint import files as checkpoint
+from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
+from xlm_pkm.config import Config, to_dict
+from xlm_pkm.errors import UserError
+from xlm_pkm.finetune import lora
+from xlm_pkm.finetune.init_from import load_weights, summarize, trained_weights
+from xlm_pkm.finetune.memory_finetune import SparseMemoryFinetuning
+from xlm_pkm.finetune.trainable import freeze
+from xlm_pkm.optim.optimizers import value_optimizer
+from xlm_pkm.runtime import slurm_env
+from xlm_pkm.runtime.distributed import (all_reduce_sum, any_rank, average_value_grads_, data_parallel, gather_objects,
+                                         init_distributed, synced_values)
+from xlm_pkm.runtime.hardware import peak_flops
+from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
+from xlm_pkm.train.build import build_model, build_optimizers, build_stream, set_vocab_size
+from xlm_pkm.train.evaluation import evaluate
+from xlm_pkm.train.run_dir import lock_run_directory, record_config, run_directory
+from xlm_pkm.train.run_log import RunLogger
+from xlm_pkm.train.state import TrainState, from_earlier_version
+from xlm_pkm.train.step import loss_backward, optimizer_update
+from xlm_pkm.utils.progress import format_duration
+
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's warning before the time limit (sbatch --signal)
+
+
+class NonFiniteLossError(UserError, RuntimeError):
+    """The loss stayed non-finite for too many consecutive steps."""
+
+
+class Trainer:
+    def __init__(self, cfg: Config, test: bool = True):
+        """Builds everything a run needs and checks every input it will read (train, valid, and test
+        unless `test` is False) before the first step."""
+        self.cfg = cfg
+        self.device, self.env = self._setup_process()
+        self.train_stream = build_stream(cfg, "train", self.env)
+        self.dictionary = self.train_stream.dictionary
+        self.vocab_fingerprint = self.dictionary.fingerprint()
+        self.word_end = torch.from_numpy(self.dictionary.word_end_mask())
+        self.valid_stream = build_stream(cfg, "valid", self.env)  # its shards' checksums verified once a run
+        if test:
+            build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
+        set_vocab_size(cfg, len(self.dictionary))
+        self.model = build_model(cfg, self.device)
+        self.run_dir, cfg.train.exp_id = run_directory(cfg.train.dump_path, cfg.train.exp_name, cfg.train.exp_id,
+                                                       self.env)  # created below, once every input is checked
+        self.checkpoints = RunCheckpoints(self.run_dir, self.model, self.env, self.device)
+        self.ckpt_path, self.best_path = self.checkpoints.last_path, self.checkpoints.best_path
+        self.resumed = self.ckpt_path.exists()
+        self.initialised = None  # (TrainedWeights, InitReport) when train.init_from loaded a trained model
+        if cfg.train.init_from and not self.resumed:  # before anything wraps or freezes the weights
+            self.initialise(cfg.train.init_from)
+        self.lora = lora.uses_lora(cfg.optim)  # adapters on the loaded weights; best.pt gets them merged
+        self.trainable = lora.add_adapters(self.model, cfg.optim) if self.lora else freeze(self.model,
+                                                                                          cfg.optim.trainable)
+        self.optimizers = build_optimizers(self.model, cfg)
+        self.scaler = grad_scaler(cfg.train.precision, self.device)
+        self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
+        self.forward_model = self._wrap_model()
+        torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # dropout differs across ranks
+        random.seed(cfg.train.seed * 1000 + self.env.rank)
+        self.state = TrainState(self.train_stream, self.device, self.model)
+
+        self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None  # creates the directory
+        if self.resumed:
+            self.resume()
+        self.memory_finetune = None if not cfg.optim.memory_finetune.top_t else SparseMemoryFinetuning(
+            self.model, cfg.optim.memory_finetune, value_optimizer(cfg.optim).sparse, self.env,
+            check_fingerprint=not self.resumed)
+        self.stopped = False  # by a signal or the time limit, before max_steps
+        self.stop_signal: int | None = None  # the signal that asked to stop, if one did
+        self.log = RunLogger(self.run_dir, self.env.is_main, resume_step=self.state.step if self.resumed else None)
+        if self.env.is_main:
+            changes = record_config(self.run_dir, cfg, self.step if self.resumed else None)
+            if changes:
+                self.log.info(f"resumed with another config than the run's (previous one kept as "
+                              f"config.until-step{self.step}.yaml): " + "; ".join(changes))
+        self._log_init()
+        self.flops_per_token = self.model.dense_flops_per_token(cfg.data.bptt)
+        self.peak_flops = peak_flops(self.device, cfg.train.precision)
+        self._log_start()
+
+    @property
+    def step(self) -> int:
+        return self.state.step
+
+    def _setup_process(self) -> tuple[torch.device, object]:
+        """The device, CPU threads and process group of this rank."""
+        train = self.cfg.train
+        device = resolve_device(train.device)
+        check_precision(train.precision, device)
+        if train.num_threads:
+            torch.set_num_threads(train.num_threads)
+        env = init_distributed(device, train.collective_timeout_minutes)
+        return (torch.device("cuda", env.local_rank) if device.type == "cuda" else device), env
+
+    def _wrap_model(self) -> torch.nn.Module:
+        """The module the step calls: the model, in DDP when distributed and a parameter trains outside the
+        values that average_value_grads_ synchronises (sparse or sharded ones, left out of DDP's all-reduce),
+        compiled when asked."""
+        model = self.model
+        synced = {id(p) for p in self.synced_values}
+        if self.env.is_distributed and any(p.requires_grad and id(p) not in synced for p in model.parameters()):
+            model = data_parallel(model, self.synced_values, self.device)
+        return torch.compile(model) if self.cfg.train.compile else model
+
+    def _log_start(self) -> None:
+        counts = self.model.param_counts()
+        self.log.info(f"run directory {self.run_dir} "
+                      f"({'resumed at step ' + str(self.step) if self.resumed else 'new run'})")
+        self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
+                      f"memories at layers {[layer for layer, _ in self.model.memories()]}")
+        self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
+                      + f"; trainable {self.trainable:,} ({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
+                      + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
+        self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
+                      f"words/s are means since the previous line; lr, grad_norm (before clipping) and, with "
+                      f"optim.memory_finetune, slots_read/slots_updated are the last step's; ETA from this run's steps so far, evaluations included")
+        accumulate, streams = self.cfg.optim.accumulate, self.cfg.data.batch_size
+        if accumulate > 1 and self.model.stream_layers() and self.env.is_main:
+            self.log.warning(f"optim.accumulate={accumulate} with stream caches: a step reads {accumulate} "
+                             f"consecutive blocks of the same {streams} streams per rank (one stream of "
+                             f"{accumulate}x data.bptt tokens each), not {accumulate * streams} streams; "
+                             f"to train on more streams raise data.batch_size")
+
+    # ---- checkpoints -------------------------------------------------------------------------
+    def _model_record(self) -> dict:
+        """What evaluation needs: best.pt is this, checkpoint.pt adds the optimizer and run state."""
+        return {"config": to_dict(self.cfg), "model": self.model.state_dict(), "step": self.step,
+                "vocab_fingerprint": self.vocab_fingerprint}
+
+    def save_checkpoint(self) -> None:
+        """checkpoint.pt: the model, optimizers, loss scaler and every rank's TrainState (gathered to rank 0).
+        Refused if not finite (RunCheckpoints.save_last). Collective: every rank takes part."""
+        self.checkpoints.save_last({**self._model_record(), "optimizers": self.optimizers.state_dict(),
+                                    "scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
+                                    "train_state": gather_objects(self.state.state_dict(), self.env)})
+
+    def save_best(self) -> None:
+        """best.pt: the model only (for evaluation), LoRA adapters merged into plain weights."""
+        record = self._model_record()
+        if self.lora:
+            record["model"] = lora.merged_state_dict(self.model)
+        self.checkpoints.save_best(record)
+
+    @property
+    def saved_step(self) -> int | None:
+        """Step of the last good checkpoint.pt (None: none yet)."""
+        return self.checkpoints.saved_step
+
+    def resume(self) -> None:
+        state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab")
+        self.optimizers.load_state_dict(state["optimizers"])
+        self.scaler.load_state_dict(state["scaler"])
+        ranks = state["train_state"] if "train_state" in state else from_earlier_version(state)
+        self.state.load_state_dict(ranks[self.env.rank])
+
+    def initialise(self, path: str) -> None:
+        """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""
+        weights = trained_weights(path)
+        checkpoint.check_vocabulary({"vocab_fingerprint": weights.vocab_fingerprint}, self.vocab_fingerprint,
+                                    f"{self.cfg.data.path}/vocab", path)
+        self.initialised = weights, load_weights(self.model, weights, self.cfg.train.init_strict)
+
+    def _log_init(self) -> None:
+        if self.resumed and self.cfg.train.init_from:
+            self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: the run resumes from its own checkpoint")
+        if self.initialised is None:
+            return
+        weights, report = self.initialised
+        self.log.info(f"initialised from {weights.source} (step {weights.step} of its run): "
+                      f"{len(report.loaded)} tensors loaded, {len(report.new)} new, {len(report.dropped)} dropped")
+        for kind in ("loaded", "new", "dropped"):
+            if getattr(report, kind):
+                self.log.info(f"  {kind}: {summarize(getattr(report, kind), limit=1000)}")
+
+    # ---- one optimizer step ------------------------------------------------------------------
+    def train_step(self, batches) -> dict:
+        """Forward/backward over `accumulate` micro-batches, then one update of every group."""
+        cfg, state = self.cfg, self.state
+        lrs = self.optimizers.set_step(state.step + 1)
+        accumulate = cfg.optim.accumulate
+        loss_sum = torch.zeros((), device=self.device)
+        tokens = words = 0
+        spans = self.model.span_loss if self.model.spans() else None  # training-only loss term
+        if self.memory_finetune:
+            self.memory_finetune.begin_step()
+        for i in range(accumulate):
+            epoch = self.train_stream.epoch
+            x, y = next(batches)  # (B, T) each, on the CPU: counting words there needs no device sync
+            if self.train_stream.epoch != epoch:
+                self.model.reset_stream_state()  # new streams (a new offset): caches start from zero
+            words += int(self.word_end[y].sum())
+            tokens += y.numel()
+            x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            last = i == accumulate - 1
+            in_ddp = hasattr(self.forward_model, "no_sync")  # also through torch.compile's wrapper
+            sync = self.forward_model.no_sync() if in_ddp and not last else nullcontext()
+            with sync:
+                loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
+                                          accumulate, spans)
+        average_value_grads_(self.synced_values, self.env)  # host sync if sparse and replicated: row counts
+        slots = self.memory_finetune.restrict_gradients() if self.memory_finetune else {}  # host sync
+        loss = loss_sum / accumulate
+        norms, scale, skipped = optimizer_update(self.optimizers, self.scaler, loss)  # host sync: finite check
+        if not skipped:
+            self.model.clamp_spans()  # span ratios back into [0, 1]
+        state.step += 1
+        state.skipped_steps += skipped
+        state.nonfinite_streak = state.nonfinite_streak + 1 if skipped and not self.scaler.is_enabled() else 0
+        if state.nonfinite_streak >= cfg.train.max_nonfinite:
+            raise NonFiniteLossError(f"loss or gradients were not finite for {state.nonfinite_streak} consecutive "
+                                     f"steps (last at step {state.step}); stopping. {self.checkpoints.last_good()}")
+        return {"loss": loss, "norms": norms, "lrs": lrs, "scale": scale, "tokens": tokens, "words": words, **slots}
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def train(self) -> dict:
+        """Trains until max_steps (or max_time, or a stop signal); returns the last valid metrics."""
+        cfg, state = self.cfg.train, self.state
+        handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
+        batches = iter(self.train_stream)
+        speed = {"tokens": 0, "words": 0, "time": time.perf_counter()}  # since the last log line or start
+        start, last_valid = time.time(), {}
+        last_save = start
+        self.session = {"step": state.step, "time": time.perf_counter()}  # where this process started: the ETA
+        try:
+            while state.step < cfg.max_steps:
+                out = self.train_step(batches)
+                state.log_loss_sum += out["loss"]  # stays on the device: no sync
+                state.log_steps += 1
+                speed["tokens"] += out["tokens"]
+                speed["words"] += out["words"]
+                if state.step % cfg.log_every == 0 or state.step in (1, cfg.max_steps):  # step 1: no long silence
+                    self._log_train(out, speed)  # host sync: the logged values
+                    state.log_loss_sum, state.log_steps = 0.0, 0
+                    speed = {"tokens": 0, "words": 0, "time": time.perf_counter()}
+                if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
+                    last_valid = self.validate()
+                    self.save_checkpoint()
+                if self._save_due(last_save):
+                    self.save_checkpoint()
+                if self.saved_step == state.step:
+                    last_save = time.time()
+                out_of_time = cfg.max_time_minutes > 0 and time.time() - start > 60 * cfg.max_time_minutes
+                stop = self.stop_signal is not None
+                if any_rank(stop or out_of_time, self.env, self.device):  # host sync if distributed
+                    self._stop(signal.Signals(self.stop_signal).name if stop else
+                               "time limit" if out_of_time else "a signal to another rank")
+                    break
+        finally:
+            for s, h in handlers.items():
+                signal.signal(s, h)
+        return last_valid
+
+    def _request_stop(self, signum, frame) -> None:
+        self.stop_signal = signum
+
+    def _save_due(self, last_save: float) -> bool:
+        """A checkpoint is due by train.save_every_steps or train.save_every_minutes (rank 0's clock)."""
+        cfg = self.cfg.train
+        if self.saved_step == self.step:
+            return False
+        if cfg.save_every_steps and self.step % cfg.save_every_steps == 0:
+            return True
+        if not cfg.save_every_minutes:
+            return False
+        return any_rank(self.env.is_main and time.time() - last_save >= 60 * cfg.save_every_minutes,
+                        self.env, self.device)
+
+    def _stop(self, why: str) -> None:
+        """Checkpoints (unless just done) and stops; under SLURM, requeues the job on its time-limit warning."""
+        self.log.info(f"stopping at step {self.step} ({why})")
+        if self.saved_step != self.step:  # not just saved after an evaluation
+            self.save_checkpoint()
+        self.stopped = True
+        if self.stop_signal in REQUEUE_SIGNALS and self.env.is_main and slurm_env.job_id():
+            failed = slurm_env.requeue()
+            self.log.info(f"SLURM job {slurm_env.job_id()} " + (f"not requeued: {failed}" if failed else "requeued"))
+
+    def _log_train(self, out: dict, speed: dict) -> None:
+        world, state = self.env.world_size, self.state
+        totals = torch.tensor([float(state.log_loss_sum), speed["tokens"], speed["words"]], dtype=torch.float64,
+                              device=self.device)
+        loss, tokens, words = (all_reduce_sum(totals, self.env) / torch.tensor([world * state.log_steps, 1, 1],
+                                                                                device=self.device)).tolist()
+        elapsed = time.perf_counter() - speed["time"]
+        tokens_per_sec = tokens / elapsed
+        metrics = {
+            "loss": loss,
+            "ppl": math.exp(min(loss, 100.0)),
+            "lr": out["lrs"],
+            "grad_norm": {k: float(v) for k, v in out["norms"].items()},
+            "loss_scale": out["scale"],
+            "skipped_steps": state.skipped_steps,
+            **{k: out[k] for k in ("slots_read", "slots_updated") if k in out},  # the last step's
+            "tokens_per_sec": tokens_per_sec,
+            "words_per_sec": words / elapsed,
+        }
+        if self.peak_flops:
+            metrics["mfu"] = tokens_per_sec * self.flops_per_token / (self.peak_flops * world)
+        if self.device.type == "cuda":
+            metrics["peak_memory_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
+        max_steps = self.cfg.train.max_steps
+        per_step = (time.perf_counter() - self.session["time"]) / (state.step - self.session["step"])  # evals too
+        metrics["eta_s"] = per_step * (max_steps - state.step)
+        self.log.event("train", state.step, f"/{max_steps} ({100 * state.step / max_steps:.0f}%, "
+                                            f"ETA {format_duration(metrics['eta_s'])})", **metrics)
+
+    def validate(self) -> dict:
+        """Valid perplexity and memory statistics; writes best.pt when the perplexity improves."""
+        result = evaluate(self.model, self.valid_stream, self.device, self.cfg.train.precision,
+                          self.cfg.train.eval_max_batches, self.env)
+        self.log.event("valid", self.step, **result)
+        for layer, memory in self.model.memories():
+            self.log.histogram(f"memory/layer{layer}_slot_weight", memory.slot_weights(), self.step)
+        if result["ppl"] < self.state.best_ppl:
+            self.state.best_ppl = result["ppl"]
+            self.save_best()
+        return result
+
+    def close(self) -> None:
+        """Closes the logs, releases the run directory and drops the DDP wrapper, whose communication
+        hooks must go before the process group does (gloo otherwise aborts at exit)."""
+        self.log.close()
+        if self.lock is not None:
+            self.lock.release()
+        self.forward_model = self.model
+        gc.collect()
+

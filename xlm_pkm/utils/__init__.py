@@ -1,0 +1,9 @@
+"""Small helpers with no knowledge of models or runs.
+
+    atomic.py    output files written whole or not at all (OutputError names the file)
+    lock.py      one process at a time in a directory (DirectoryBusy)
+    progress.py  a progress line on stderr every few seconds; durations as text
+    program.py   the name a command was started by, for its usage and error lines
+
+May import: errors.
+"""

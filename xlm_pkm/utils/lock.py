@@ -1,0 +1,59 @@
+"""One process at a time in a directory: a run directory (train.py) or a preprocessing output.
+
+    with DirectoryLock(run_dir, ".lock", "use another train.exp_id"):   # or .release()
+        ...
+
+The lock is an advisory flock on DIR/NAME, which records its holder ("pid P on HOST since T") for
+the error message. The kernel releases it when the holder exits, however it dies (even SIGKILL), so
+a lock file left by a dead process never blocks the next one. Some network file systems do not
+honour flock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import socket
+import time
+from pathlib import Path
+
+from xlm_pkm.errors import UserError
+from xlm_pkm.utils.atomic import write_error
+
+
+class DirectoryBusy(UserError, RuntimeError):
+    """Another live process holds the directory."""
+
+
+class DirectoryLock:
+    def __init__(self, directory: Path, name: str, advice: str):
+        self.path = Path(directory) / name
+        self.fd = None  # set once the lock is held: release (and __del__, also after a failed __init__) closes only ours
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise write_error(self.path, e) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace").strip() or "another process"
+            os.close(fd)
+            raise DirectoryBusy(f"{self.path.parent} is in use by {holder} (lock {self.path}); {advice}") from None
+        self.fd = fd
+        os.ftruncate(self.fd, 0)
+        holder = f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        os.pwrite(self.fd, holder.encode(), 0)
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # drops the flock
+            self.fd = None
+
+    __del__ = release  # a holder dropped without release (its constructor failed later) frees the directory
+
+    def __enter__(self) -> "DirectoryLock":
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.release()
