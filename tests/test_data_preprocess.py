@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import lzma
 import subprocess
 import sys
+from itertools import islice
 
 import numpy as np
 import pytest
@@ -14,8 +16,8 @@ from xlm_pkm.data.corpus import Reader
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.executor import Executor
 from xlm_pkm.data.fastbpe import FastBPEError
-from xlm_pkm.data.plan import PlanError
-from xlm_pkm.data.preprocess import preprocess
+from xlm_pkm.data.plan import PlanError, default_held_out
+from xlm_pkm.data.preprocess import main, preprocess
 from xlm_pkm.data.shard import read_shard, shard_paths
 from xlm_pkm.data.stats import corpus_stats
 
@@ -186,9 +188,10 @@ def test_bad_input_gives_one_line_error(tmp_path, case):
     expected = {"missing": "input file not found", "empty": "no documents", "malformed_json": "line 2",
                 "too_many_held_out": "--valid-docs 1 + --test-docs 1"}[case]
     result = run_cli("--input", path, "--output", tmp_path / "out", "--bpe-codes", 10, "--valid-docs", 1, "--test-docs", 1)
-    assert result.returncode != 0
+    assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and expected in last and (case == "too_many_held_out" or str(path) in last)
+    assert last.startswith("python -m xlm_pkm.data.preprocess: error: ") and expected in last
+    assert case == "too_many_held_out" or str(path) in last
 
 
 @pytest.mark.parametrize("codes", ["a b\n", "a b 3\na b 4\n", "", None])
@@ -219,3 +222,78 @@ def test_slurm_path_through_submitit(tmp_path):
     preprocess([str(corpus)], out, n_codes=20, valid_docs=1, test_docs=1, keep_intermediate=True,
                executor=Executor(slurm_partition="any", slurm_cluster="local"))
     assert sorted(sum((docs_of(out, s) for s in SPLITS), [])) == list(range(6))
+
+
+# ---- a newcomer's own corpus -----------------------------------------------------------------------
+PROG = "python -m xlm_pkm.data.preprocess"
+
+
+@pytest.fixture(scope="module")
+def corpus_300(tmp_path_factory):
+    """300 short documents (two lines each) from the first documents of the bundled corpus, as JSONL."""
+    from conftest import SAMPLE
+
+    with lzma.open(SAMPLE, "rt", encoding="utf-8") as f:
+        lines = [line for doc in islice(f, 8) for line in json.loads(doc)["text"].splitlines() if line.strip()]
+    assert len(lines) >= 600
+    path = tmp_path_factory.mktemp("corpus_300") / "corpus.jsonl"
+    path.write_text("".join(json.dumps({"text": "\n".join(lines[2 * d: 2 * d + 2])}) + "\n" for d in range(300)))
+    return path
+
+
+def error_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if ": error: " in line]
+
+
+@pytest.mark.parametrize("n_docs, held_out", [(3, 1), (39, 1), (40, 2), (300, 15), (99_999, 4999), (100_000, 5000),
+                                              (40_000_000, 5000)])
+def test_default_held_out_is_the_papers_at_scale_else_5_percent(n_docs, held_out):
+    assert default_held_out(n_docs) == held_out
+
+
+def test_small_corpus_with_default_held_out_sizes(corpus_300, tmp_path, capsys):
+    """No --valid-docs/--test-docs on 300 documents: 15 + 15 held out (5% each), said once on stderr and
+    recorded, so that the same command (or one naming 15 + 15) finds the directory complete."""
+    out = tmp_path / "out"
+    command = ["--input", str(corpus_300), "--output", str(out), "--bpe-codes", "50", "--workers", "1"]
+    assert main(command) == 0
+    notice = (f"{PROG}: 300 documents: holding out 15 valid + 15 test (5% each; the paper's 5,000 need 100,000 "
+              "documents or more; set --valid-docs/--test-docs to choose)")
+    assert [line for line in capsys.readouterr().err.splitlines() if "holding out" in line] == [notice]
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["options"]["valid_docs"], meta["options"]["test_docs"]) == (15, 15) == \
+        (meta["splits"]["valid"][0]["docs"], meta["splits"]["test"][0]["docs"])
+    assert sum(s["docs"] for s in meta["splits"]["train"]) == 270
+    mtime = (out / "meta.json").stat().st_mtime_ns
+    assert main(command) == 0 and main(command + ["--valid-docs", "15", "--test-docs", "15"]) == 0
+    assert (out / "meta.json").stat().st_mtime_ns == mtime  # complete: nothing redone
+    assert not error_lines(capsys.readouterr().err)
+    assert main(command + ["--valid-docs", "20"]) == 2  # other sizes than those recorded: refused
+    assert error_lines(capsys.readouterr().err) == [
+        f"{PROG}: error: {out} holds the output of other inputs or options (see {out}/plan.json): "
+        "use another --output or delete it"]
+
+
+def test_held_out_sizes_that_do_not_fit_name_sizes_that_do(corpus_300, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["--input", str(corpus_300), "--output", str(out), "--bpe-codes", "50", "--workers", "1",
+                 "--valid-docs", "5000", "--test-docs", "5000"]) == 2
+    assert error_lines(capsys.readouterr().err) == [
+        f"{PROG}: error: --valid-docs 5000 + --test-docs 5000 must leave training documents: the input has 300 "
+        "documents; --valid-docs 15 --test-docs 15 fit (5% each, as when both are left out)"]
+    assert not (out / "meta.json").exists()
+
+
+def test_raw_text_folder_as_data_path_says_what_to_run(tiny_overrides, corpus_300, tmp_path, capsys):
+    """data.path naming a folder of raw text (no meta.json): one line saying so, and the command to run."""
+    from xlm_pkm.launch.cli import train_main
+
+    raw = tmp_path / "my_corpus"
+    raw.mkdir()
+    (raw / "part1.jsonl").write_bytes(corpus_300.read_bytes())
+    (raw / "part2.jsonl").write_bytes(corpus_300.read_bytes())
+    assert train_main(tiny_overrides(tmp_path / "dump", f"data.path={raw}")) == 2
+    assert capsys.readouterr().err == (
+        f"train.py: error: {raw} exists but is not a preprocessed data directory (no meta.json): run python -m "
+        f"xlm_pkm.data.preprocess --input {raw}/*.jsonl --output {raw}-processed, then use data.path={raw}-processed\n")
+    assert not (tmp_path / "dump").exists()

@@ -120,13 +120,20 @@ class FullDisk:
         self._f.close()
 
 
+def error_line(stderr: str) -> str:
+    """The one-line error a command wrote on stderr: its last line, and the only one with ': error: '."""
+    lines = stderr.splitlines()
+    assert [line for line in lines if ": error: " in line] == lines[-1:], stderr
+    return lines[-1]
+
+
 def leftovers(out: Path) -> list[str]:
     return [p.name for p in out.rglob("*") if ".tmp" in p.name]
 
 
 @pytest.mark.parametrize("target", ["plan.json", "00000.train.tok", "codes", "vocab", "train.000.bin", "test.000.bin",
                                     "meta.json"])
-def test_full_disk_gives_one_line_error_and_no_temporary_files(tmp_path, monkeypatch, target):
+def test_full_disk_gives_one_line_error_and_no_temporary_files(tmp_path, monkeypatch, capsys, target):
     corpus = write_jsonl(tmp_path / "in.jsonl", 12)
     out = tmp_path / "out"
     real_open = builtins.open
@@ -137,11 +144,11 @@ def test_full_disk_gives_one_line_error_and_no_temporary_files(tmp_path, monkeyp
         return FullDisk(f) if writing and os.path.basename(str(file)).startswith(target) else f
 
     monkeypatch.setattr(builtins, "open", open_on_full_disk)
-    with pytest.raises(SystemExit) as e:
-        main(["--input", str(corpus), "--output", str(out), "--bpe-codes", "30", "--valid-docs", "2",
-              "--test-docs", "2", "--workers", "1"])
-    message = str(e.value.code)
-    assert message.startswith("error: cannot write ") and (str(out / target) in message or str(out / "work" / target) in message)
+    assert main(["--input", str(corpus), "--output", str(out), "--bpe-codes", "30", "--valid-docs", "2",
+                 "--test-docs", "2", "--workers", "1"]) == 2
+    message = error_line(capsys.readouterr().err)
+    assert message.startswith("python -m xlm_pkm.data.preprocess: error: cannot write ")
+    assert str(out / target) in message or str(out / "work" / target) in message
     assert "No space left on device" in message and "\n" not in message
     assert not (out / target).exists() and leftovers(out) == []
     monkeypatch.setattr(builtins, "open", real_open)
@@ -150,18 +157,19 @@ def test_full_disk_gives_one_line_error_and_no_temporary_files(tmp_path, monkeyp
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only directory")
-def test_read_only_output_gives_one_line_error(tmp_path):
+def test_read_only_output_gives_one_line_error(tmp_path, capsys):
     corpus = write_jsonl(tmp_path / "in.jsonl", 12)
     out = tmp_path / "out"
     out.mkdir()
     out.chmod(0o555)
     try:
-        with pytest.raises(SystemExit) as e:
-            main(["--input", str(corpus), "--output", str(out), "--bpe-codes", "30", "--valid-docs", "2",
-                  "--test-docs", "2"])
+        status = main(["--input", str(corpus), "--output", str(out), "--bpe-codes", "30", "--valid-docs", "2",
+                       "--test-docs", "2"])
     finally:
         out.chmod(0o755)
-    assert str(e.value.code).startswith(f"error: cannot write {out}/") and list(out.iterdir()) == []
+    message = error_line(capsys.readouterr().err)
+    assert status == 2 and message.startswith(f"python -m xlm_pkm.data.preprocess: error: cannot write {out}/")
+    assert list(out.iterdir()) == []
 
 
 def test_full_disk_while_rewriting_keeps_the_previous_good_file(tmp_path, monkeypatch):
@@ -221,15 +229,15 @@ def test_inputs_are_identified_by_content_not_mtime(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["elf.jsonl", "image.png", "nul.txt"])
-def test_binary_input_is_refused(tmp_path, kind):
+def test_binary_input_is_refused(tmp_path, capsys, kind):
     rng = np.random.default_rng(0)
     head = {"elf.jsonl": b"\x7fELF\x02\x01\x01\x00", "image.png": b"\x89PNG\r\n\x1a\n", "nul.txt": b"text\x00"}[kind]
     path = tmp_path / kind
     path.write_bytes(head + rng.integers(0, 256, 20000, dtype=np.uint8).tobytes())
     with pytest.raises(CorpusError, match=f"{path} is not text"):
         list(Reader(path))
-    with pytest.raises(SystemExit, match=f"error: {path} is not text"):
-        main(["--input", str(path), "--output", str(tmp_path / "out"), "--bpe-codes", "10"])
+    assert main(["--input", str(path), "--output", str(tmp_path / "out"), "--bpe-codes", "10"]) == 2
+    assert error_line(capsys.readouterr().err).startswith(f"python -m xlm_pkm.data.preprocess: error: {path} is not text")
 
 
 @pytest.mark.parametrize("name", ["bom.jsonl", "bom.txt"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import numpy as np
@@ -68,7 +69,8 @@ def test_stream_refuses_shard_of_other_vocab(tiny_data_dir, tmp_path):
 def test_stream_errors_name_what_is_missing(tiny_data_dir, tmp_path):
     with pytest.raises(ShardError, match="data directory not found"):
         TokenStream(tmp_path / "none", "train", 2, 8)
-    with pytest.raises(DictionaryError, match="vocab file not found"):
+    with pytest.raises(ShardError, match=re.escape(f"{tmp_path} exists but is not a preprocessed data directory "
+                                                   "(no meta.json): run python -m xlm_pkm.data.preprocess --input FILE")):
         TokenStream(tmp_path, "train", 2, 8)
     (tmp_path / "vocab").write_bytes((tiny_data_dir / "vocab").read_bytes())
     with pytest.raises(ShardError, match=f"no {tmp_path}/meta.json: not a complete preprocessed directory"):

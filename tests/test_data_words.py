@@ -52,10 +52,11 @@ def test_tokens_and_frequency_order_match_the_authors(splits, tmp_path):
     assert meta["unit"] == "word" and meta["tokens"]["valid"] == 7
 
 
-def test_missing_input_is_one_line_error(splits, tmp_path):
-    with pytest.raises(SystemExit, match=f"error: cannot read {tmp_path}/nope: No such file or directory"):
-        main(["--train", str(tmp_path / "nope"), "--valid", str(splits["valid"]), "--test", str(splits["test"]),
-              "--output", str(tmp_path / "out")])
+def test_missing_input_is_one_line_error(splits, tmp_path, capsys):
+    assert main(["--train", str(tmp_path / "nope"), "--valid", str(splits["valid"]), "--test", str(splits["test"]),
+                 "--output", str(tmp_path / "out")]) == 2
+    assert capsys.readouterr().err == \
+        f"python -m xlm_pkm.data.words: error: cannot read {tmp_path}/nope: No such file or directory\n"
 
 
 def test_download_script_on_a_stand_in(splits, tmp_path):

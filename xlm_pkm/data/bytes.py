@@ -38,10 +38,13 @@ from typing import Literal
 
 import numpy as np
 
+from xlm_pkm.errors import USER_ERRORS, fail
+from xlm_pkm.utils.program import program_name
+
 from .corpus import CorpusError, Reader, input_format
 from .dictionary import Dictionary
 from .meta import write_single_document_splits
-from .shard import ShardError, token_dtype
+from .shard import token_dtype
 
 NEWLINE = 10
 HELD_OUT_BYTES = 5_000_000
@@ -95,11 +98,13 @@ def preprocess_bytes(input_path: str | Path, output: str | Path, mode: SplitMode
             data = "\n\n".join(Reader(input_path)).encode("utf-8")
         else:
             data = input_path.read_bytes()
+        parts = split_bytes(data, mode, held_out_bytes, held_out_fraction)
     except OSError as e:
-        raise ByteDataError(f"cannot read: {e.strerror}") from None
-    except CorpusError as e:
+        raise ByteDataError(f"cannot read {input_path}: {e.strerror}") from None
+    except CorpusError as e:  # names the file
         raise ByteDataError(str(e)) from None
-    parts = split_bytes(data, mode, held_out_bytes, held_out_fraction)
+    except ByteDataError as e:
+        raise ByteDataError(f"{input_path}: {e}") from None
     counts = np.bincount(np.frombuffer(parts["train"], np.uint8), minlength=256)  # (256,)
     dictionary = byte_dictionary(counts)
 
@@ -112,8 +117,9 @@ def preprocess_bytes(input_path: str | Path, output: str | Path, mode: SplitMode
     return write_single_document_splits(out, dictionary, vocab, meta, encode)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.data.bytes", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    prog = program_name("python -m xlm_pkm.data.bytes")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--input", required=True, help="the raw file (e.g. the unzipped enwik8 or text8)")
     parser.add_argument("--output", required=True, help="output directory")
     parser.add_argument("--split", default="enwik8", choices=["enwik8", "text8", "fractions"],
@@ -125,10 +131,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         meta = preprocess_bytes(args.input, args.output, args.split, args.held_out_bytes, args.held_out_fraction)
-    except (ByteDataError, ShardError) as e:
-        sys.exit(f"error: {args.input}: {e}")
+    except USER_ERRORS as e:
+        return fail(prog, e)
     print(json.dumps(meta))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

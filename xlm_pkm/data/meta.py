@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shlex
 from pathlib import Path
 from typing import Callable
 
@@ -26,6 +27,7 @@ from .dictionary import Dictionary
 from .shard import ShardError, hash_file, read_header, shard_paths, write_shard
 
 SPLITS = ("train", "valid", "test")
+COMPRESSED = (".gz", ".xz", ".bz2")  # a corpus file's kind is then its last two suffixes
 
 
 def file_digest(path: Path) -> str:
@@ -106,17 +108,43 @@ def verify_outputs(data_dir: Path, plan: dict) -> tuple[str | None, list[Path]]:
     return None, []
 
 
+def not_a_data_directory(folder: Path) -> str:
+    """The error for an existing folder that no preprocessing run wrote (raw text, say), with the command
+    that makes a data directory of its files."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    kinds = sorted({"*" + "".join(p.suffixes[-2:] if p.suffix in COMPRESSED else p.suffixes[-1:]) for p in files})
+    quoted = shlex.quote(str(folder))
+    if not files:
+        inputs = "FILE [FILE ...]"
+    elif len(kinds) > 4 or "*" in kinds:
+        inputs = f"{quoted}/*"
+    else:
+        inputs = " ".join(f"{quoted}/{k}" for k in kinds)
+    named = folder if folder.name not in ("", "..") else folder.resolve()  # "." and ".." by their names
+    new = shlex.quote(str(named.with_name(named.name + "-processed"))) if named.name else "NEW_DIR"
+    return (f"{folder} exists but is not a preprocessed data directory (no meta.json): run python -m "
+            f"xlm_pkm.data.preprocess --input {inputs} --output {new}, then use data.path={new}")
+
+
+def check_data_directory(data_dir: Path) -> None:
+    """ShardError when `data_dir` is missing, or is a folder that no preprocessing run wrote into."""
+    if not data_dir.is_dir():
+        raise ShardError(f"data directory not found: {data_dir} (run python -m xlm_pkm.data.preprocess)")
+    if not any((data_dir / name).exists() for name in ("meta.json", "plan.json", "vocab")):
+        raise ShardError(not_a_data_directory(data_dir))
+
+
 def check_split(data_dir: str | Path, split: str) -> list[tuple[Path, int]]:
     """Check a split before reading it: [(shard path, n_tokens)] in order, or ShardError naming the fault.
 
     The split must be listed in meta.json, its shards present (and no unlisted one), readable, of the
     recorded token counts, built with DIR/vocab, with ids below the vocabulary size, and not empty.
-    Checksums are verified when a shard is first read (TokenStream)."""
+    A folder that no preprocessing run wrote (raw text, say) is told what to run. Checksums are
+    verified when a shard is first read (TokenStream)."""
     data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise ShardError(f"data directory not found: {data_dir} (run python -m xlm_pkm.data.preprocess)")
+    check_data_directory(data_dir)
+    meta = load_meta(data_dir)  # or an unfinished (or damaged) preprocessing run: says so
     dictionary = Dictionary.load(data_dir / "vocab")
-    meta = load_meta(data_dir)
     meta_path = data_dir / "meta.json"
     if split not in meta["splits"]:
         raise ShardError(f"no split {split!r} in {meta_path} (splits: {', '.join(meta['splits'])})")

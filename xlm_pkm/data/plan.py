@@ -7,6 +7,8 @@ and the document index at which each 256 KB block of text starts. From these:
   `numpy.random.default_rng(seed).choice(n_docs, valid + test, replace=False)` picks the held-out
   documents, the first `valid` of them for valid and the rest for test. Valid and test are thus
   disjoint from train, chosen per document, reproducible for a seed, and independent of `--workers`.
+  A size not given (None) is `default_held_out(n_docs)`: the paper's 5,000 from 100,000 documents on,
+  else 5% (at least 1); the plan records the sizes used, so a re-run of the same command matches.
 * **Chunks**: consecutive documents of one file, about `chunk_mb` of text each (by default
   total / 64, clamped to [1, 64] MB, so a small corpus still keeps several workers busy and a large
   one makes shards of ~64 MB of text). A chunk is the unit of work and gives one train shard.
@@ -33,6 +35,8 @@ from .meta import file_digest
 
 BLOCK_BYTES = 1 << 18  # chunks are made of 256 KB blocks
 MB = 1 << 20
+PAPER_HELD_OUT = 5000  # documents in each of valid and test (the paper's, on CC-News)
+HELD_OUT_SHARE = 20  # by default each held-out split is 1/20 (5%) of the documents, at most PAPER_HELD_OUT
 log = logging.getLogger(__name__)
 
 
@@ -86,6 +90,52 @@ def default_chunk_mb(total_bytes: int) -> float:
     return round(min(64.0, max(1.0, total_bytes / MB / 64)), 2)
 
 
+def default_held_out(n_docs: int) -> int:
+    """Documents held out for valid, and as many for test, when not given: the paper's 5,000 from
+    100,000 documents on, else 5% (at least 1), so that 90% stays for training."""
+    return min(PAPER_HELD_OUT, max(1, n_docs // HELD_OUT_SHARE))
+
+
+def _default_rule(n_docs: int) -> str:
+    if n_docs >= PAPER_HELD_OUT * HELD_OUT_SHARE:
+        return "the paper's"
+    return "5% each" if n_docs >= HELD_OUT_SHARE else "1 each, the fewest"
+
+
+def resolve_held_out(options: dict, n_docs: int) -> dict:
+    """`options` with valid_docs / test_docs that are None (not given) set to `default_held_out(n_docs)`;
+    PlanError when the sizes do not leave a training document, naming sizes that do."""
+    default = default_held_out(n_docs)
+    valid, test = (default if options[k] is None else options[k] for k in ("valid_docs", "test_docs"))
+    if valid < 0 or test < 0 or valid + test >= n_docs:
+        if 2 * default < n_docs:
+            fit = (f"--valid-docs {default} --test-docs {default} fit ({_default_rule(n_docs)}, "
+                   "as when both are left out)")
+        else:
+            fit = "at least 3 are needed (a valid, a test and a training document)"
+        if options["valid_docs"] is None and options["test_docs"] is None:
+            raise PlanError(f"the input has {n_docs} document{'s' * (n_docs != 1)}: {fit}")
+        problem = "cannot be negative" if min(valid, test) < 0 else "must leave training documents"
+        raise PlanError(f"--valid-docs {valid} + --test-docs {test} {problem}: the input has {n_docs} "
+                        f"documents; {fit}")
+    return {**options, "valid_docs": valid, "test_docs": test}
+
+
+def held_out_notice(requested: dict, options: dict, n_docs: int) -> str | None:
+    """The line telling the user the held-out sizes chosen for them (`requested` None, resolved in
+    `options`) when they are not the paper's 5,000; None when there is nothing to tell."""
+    chosen = [s for s in ("valid", "test") if requested[f"{s}_docs"] is None]
+    if all(options[f"{s}_docs"] == PAPER_HELD_OUT for s in chosen):
+        return None
+    rule = _default_rule(n_docs)
+    if len(chosen) == 1:
+        rule = f"{chosen[0]}: {rule.replace(' each', '')}"
+    flags = "/".join(f"--{s}-docs" for s in chosen)
+    return (f"{n_docs} documents: holding out {options['valid_docs']} valid + {options['test_docs']} test "
+            f"({rule}; the paper's {PAPER_HELD_OUT:,} need {PAPER_HELD_OUT * HELD_OUT_SHARE:,} documents or more; "
+            f"set {flags} to choose)")
+
+
 def make_chunks(scans: list[FileScan], chunk_mb: float) -> list[Chunk]:
     blocks = max(1, round(chunk_mb * MB / BLOCK_BYTES))
     chunks: list[Chunk] = []
@@ -105,7 +155,7 @@ def make_chunks(scans: list[FileScan], chunk_mb: float) -> list[Chunk]:
 @dataclass
 class Plan:
     inputs: list[list]
-    options: dict  # as requested, to refuse a re-run with other options
+    options: dict  # as requested, held-out sizes resolved (resolve_held_out): a re-run with others is refused
     scans: list[FileScan]
     chunk_mb: float
     valid_docs: list[int]
@@ -139,11 +189,10 @@ def make_plan(inputs: list[list], options: dict, scans: list[FileScan]) -> Plan:
     """Choose the held-out documents and the chunk size from the scans of the inputs (`input_identity`s).
 
     `options` holds valid_docs, test_docs, seed and chunk_mb (None: automatic), plus anything else
-    that must match on a re-run."""
-    valid, test = options["valid_docs"], options["test_docs"]
+    that must match on a re-run; the plan records them with valid_docs and test_docs resolved."""
     total = sum(s.n_docs for s in scans)
-    if valid < 0 or test < 0 or valid + test >= total:
-        raise PlanError(f"--valid-docs {valid} + --test-docs {test} must leave training documents: the input has {total} documents")
+    options = resolve_held_out(options, total)
+    valid, test = options["valid_docs"], options["test_docs"]
     held_out = np.random.default_rng(options["seed"]).choice(total, valid + test, replace=False)
     chunk_mb = options["chunk_mb"] or default_chunk_mb(sum(s.n_bytes for s in scans))
     for s in scans:

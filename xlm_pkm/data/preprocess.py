@@ -5,7 +5,9 @@
         [--seed S] [--chunk-mb MB] [--keep-intermediate] [--slurm-partition P]
 
 Steps (see plan.py for the held-out split and the chunks):
-  1. scan the inputs (one pass, parallel over files) and write DIR/plan.json;
+  1. scan the inputs (one pass, parallel over files) and write DIR/plan.json; held-out sizes not given
+     are then set from the number of documents (the paper's 5,000 each from 100,000 on, else 5% each,
+     told in one line on stderr) and recorded;
   2. tokenize each chunk (Moses, one line per line, blank lines dropped, a blank line after each
      document) into DIR/work/NNNNN.{train,valid,test}.tok;
   3. learn DIR/codes with `fast learnbpe` on the train text (unless --codes);
@@ -35,19 +37,21 @@ import time
 from contextlib import ExitStack
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
-from xlm_pkm.utils.atomic import OutputError, atomic_file, is_temporary, write_error, write_text
-from xlm_pkm.utils.lock import DirectoryBusy, DirectoryLock
+from xlm_pkm.errors import USER_ERRORS, fail
+from xlm_pkm.utils.atomic import atomic_file, is_temporary, write_error, write_text
+from xlm_pkm.utils.lock import DirectoryLock
 from xlm_pkm.utils.program import program_name
 
 from .corpus import CorpusError, Reader
-from .dictionary import Dictionary, DictionaryError
+from .dictionary import Dictionary
 from .executor import Executor
-from .fastbpe import FastBPEError, bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
+from .fastbpe import bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
 from .meta import SPLITS, output_record, verify_outputs
 from .moses import tokenize_document
-from .plan import MB, Chunk, Plan, PlanError, input_identity, make_plan, scan_file
-from .shard import ShardError, ShardWriter, is_complete, token_dtype
+from .plan import MB, Chunk, Plan, PlanError, held_out_notice, input_identity, make_plan, resolve_held_out, scan_file
+from .shard import ShardWriter, is_complete, token_dtype
 
 HELD_OUT = ("valid", "test")
 BPE_BATCH_LINES = 10_000
@@ -141,11 +145,15 @@ def _outputs_without_plan(out: Path) -> list[str]:
 
 
 def _load_plan(out: Path, inputs: list[str], options: dict, executor: Executor) -> Plan:
+    """DIR/plan.json if it is the plan of these inputs and options (held-out sizes not given resolved
+    from its number of documents, as when it was made), else a new plan from a scan of the inputs."""
     path = out / "plan.json"
     sizes = [os.path.getsize(p) / MB for p in inputs]
     identities = executor.map(input_identity, inputs, "hash inputs", sizes)
     if path.exists():
         plan = Plan.load(path)
+        if plan.inputs == identities:
+            options = resolve_held_out(options, plan.n_docs)
         if plan.inputs != identities or plan.options != options:
             raise PlanError(f"{out} holds the output of other inputs or options (see {path}): use another --output or delete it")
         return plan
@@ -186,17 +194,20 @@ def _is_complete(out: Path, plan: Plan) -> bool:
 
 
 def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, codes: str | None = None,
-               valid_docs: int = 5000, test_docs: int = 5000, seed: int = 0, chunk_mb: float | None = None,
-               keep_intermediate: bool = False, executor: Executor | None = None, vocab: str | None = None) -> dict:
+               valid_docs: int | None = None, test_docs: int | None = None, seed: int = 0,
+               chunk_mb: float | None = None, keep_intermediate: bool = False, executor: Executor | None = None,
+               vocab: str | None = None, notice: Callable[[str], None] | None = None) -> dict:
     """Run the pipeline; return {step: seconds} (steps skipped on a re-run take ~0 s). `vocab` (with
-    `codes`): reuse that vocabulary (e.g. a pretraining corpus's), words outside it become <unk>."""
+    `codes`): reuse that vocabulary (e.g. a pretraining corpus's), words outside it become <unk>.
+    valid_docs / test_docs None: `plan.default_held_out` of the number of documents; when that is not
+    the paper's 5,000, `notice` (default: a logged warning) gets a line saying so."""
     out, work = Path(output), Path(output) / "work"
     options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
     with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it"), executor:
         _remove_temporary_files(out)
-        return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor)
+        return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice or log.warning)
 
 
 def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab) -> dict:
@@ -211,6 +222,9 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
         codes_digest = hashlib.sha256(Path(codes).read_bytes()).hexdigest()
     elif n_codes < 1:
         raise PlanError(f"--bpe-codes must be positive, got {n_codes}")
+    for name, n in (("--valid-docs", valid_docs), ("--test-docs", test_docs)):
+        if n is not None and n < 0:
+            raise PlanError(f"{name} must be >= 0, got {n} (or leave it out: 5% of the documents, at most 5,000)")
     options = {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
                "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
     if vocab:  # a key only then: data dirs made without --vocab stay complete
@@ -221,11 +235,14 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
     return options
 
 
-def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor) -> dict:
+def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice) -> dict:
     """The body of `preprocess`, run while holding the output lock and the executor's worker pool."""
     times: dict[str, float] = {}
     t0 = time.perf_counter()
     plan = _load_plan(out, inputs, options, executor)
+    told = held_out_notice(options, plan.options, plan.n_docs)
+    if told:
+        notice(told)
     chunks = plan.chunks()
     times["scan"] = time.perf_counter() - t0
     if _is_complete(out, plan):
@@ -310,9 +327,9 @@ def _write_meta(out: Path, plan: Plan, chunks: list[Chunk], dictionary: Dictiona
     write_text(out / "meta.json", json.dumps(meta, indent=1) + "\n")
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog=program_name("python -m xlm_pkm.data.preprocess"),
-                                     description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    prog = program_name("python -m xlm_pkm.data.preprocess")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("--input", nargs="+", required=True, help="text (blank-line separated) or JSONL files, may be .gz/.xz/.bz2")
     parser.add_argument("--output", required=True, help="output directory")
     bpe = parser.add_mutually_exclusive_group()
@@ -321,8 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab", help="with --codes: use this vocab file (e.g. the pretraining corpus's, so that "
                                         "its models read this data) instead of making one; other words become <unk>")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
-    parser.add_argument("--valid-docs", type=int, default=5000, help="documents held out for valid (default 5000)")
-    parser.add_argument("--test-docs", type=int, default=5000, help="documents held out for test (default 5000)")
+    parser.add_argument("--valid-docs", type=int, help="documents held out for valid (default: 5000, the paper's, "
+                                                       "from 100,000 documents on, else 5%% of the documents)")
+    parser.add_argument("--test-docs", type=int, help="documents held out for test (default: as --valid-docs)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out document choice")
     parser.add_argument("--chunk-mb", type=float, default=None, help="MB of text per chunk/train shard (default: total/64 in [1, 64])")
     parser.add_argument("--keep-intermediate", action="store_true", help="also write DIR/{train,valid,test}.{tok,bpe}")
@@ -335,11 +353,13 @@ def main(argv: list[str] | None = None) -> None:
                         slurm_parallelism=args.slurm_parallelism)
     try:
         times = preprocess(args.input, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
-                           args.seed, args.chunk_mb, args.keep_intermediate, executor, args.vocab)
-    except (CorpusError, PlanError, FastBPEError, ShardError, DictionaryError, OutputError, DirectoryBusy) as e:
-        sys.exit(f"error: {e}")
+                           args.seed, args.chunk_mb, args.keep_intermediate, executor, args.vocab,
+                           notice=lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True))
+    except USER_ERRORS as e:
+        return fail(prog, e)
     log.info("done in %.1f s: %s", sum(times.values()), args.output)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,8 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from .dictionary import Dictionary, DictionaryError
-from .shard import ShardError, read_shard, shard_paths
+from xlm_pkm.errors import USER_ERRORS, fail
+from xlm_pkm.utils.program import program_name
+
+from .dictionary import Dictionary
+from .meta import check_data_directory
+from .shard import read_shard, shard_paths
 
 SCAN_TOKENS = 1 << 24
 
@@ -38,6 +42,7 @@ def split_stats(data_dir: Path, split: str, dictionary: Dictionary) -> dict:
 
 def corpus_stats(data_dir: str | Path) -> dict:
     data_dir = Path(data_dir)
+    check_data_directory(data_dir)
     dictionary = Dictionary.load(data_dir / "vocab")
     with open(data_dir / "codes", encoding="utf-8") as f:
         n_codes = sum(1 for _ in f)
@@ -65,17 +70,19 @@ def format_stats(stats: dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.data.stats", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    prog = program_name("python -m xlm_pkm.data.stats")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     parser.add_argument("data_dir", help="output directory of xlm_pkm.data.preprocess")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
     try:
         stats = corpus_stats(args.data_dir)
-    except (ShardError, DictionaryError, FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
+    except USER_ERRORS as e:
+        return fail(prog, e)
     print(json.dumps(stats, indent=1) if args.json else format_stats(stats))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,9 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
+from xlm_pkm.errors import USER_ERRORS, fail
+from xlm_pkm.utils.program import program_name
+
 from .dictionary import SPECIALS, Dictionary
 from .meta import SPLITS, write_single_document_splits
-from .shard import ShardError, token_dtype
+from .shard import token_dtype
 
 EOS = "<eos>"
 
@@ -79,18 +82,20 @@ def preprocess_words(paths: dict[str, str | Path], output: str | Path) -> dict:
                                         {"inputs": {s: str(paths[s]) for s in SPLITS}, "unit": "word"}, encode)
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.data.words", description=__doc__.split("\n")[0])
+def main(argv: list[str] | None = None) -> int:
+    prog = program_name("python -m xlm_pkm.data.words")
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     for split in SPLITS:
         parser.add_argument(f"--{split}", required=True, help=f"the {split} text (e.g. wiki.{split}.tokens)")
     parser.add_argument("--output", required=True, help="output directory")
     args = parser.parse_args(argv)
     try:
         meta = preprocess_words({s: getattr(args, s) for s in SPLITS}, args.output)
-    except (WordDataError, ShardError) as e:
-        sys.exit(f"error: {e}")
+    except USER_ERRORS as e:
+        return fail(prog, e)
     print(json.dumps(meta))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
