@@ -3,6 +3,7 @@ impossible requests, checkpoint intervals, resuming with another config, and the
 (tests/cluster/ runs the same paths against a real SLURM: `make test-cluster`.)"""
 
 import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from conftest import read_events
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.launch import slurm
+from xlm_pkm.launch.resume import launcher
 from xlm_pkm.launch.cli import train_main
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.train.run_dir import run_directory
@@ -54,7 +56,7 @@ def test_only_the_time_limit_warning_requeues_and_a_refused_requeue_is_one_line(
     else:
         assert not calls.exists() and "SLURM job 123" not in log
     resume = log.splitlines()[-1].split("to resume (with the same launcher and number of processes): ")[1]
-    assert resume.startswith("python train.py --no-test ") and resume.endswith(" train.exp_id=123")
+    assert resume.startswith(f"{shlex.join(launcher())} --no-test ") and resume.endswith(" train.exp_id=123")
 
 
 def test_a_reused_slurm_job_id_does_not_resume_an_unrelated_run(tmp_path, monkeypatch):

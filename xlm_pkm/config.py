@@ -41,9 +41,9 @@ class MemoryConfig:
     # batchnorm (paper, §4.5; training statistics span the batch) | layernorm (per head, causal) | none
     query_norm: Literal["batchnorm", "layernorm", "none"] = "batchnorm"
     query_hidden: list[int] = field(default_factory=list)  # hidden sizes of the query MLP (ReLU)
-    input_dropout: float = 0.0
-    query_dropout: float = 0.0
-    value_dropout: float = 0.0
+    input_dropout: float = 0.0  # on the memory's input
+    query_dropout: float = 0.0  # on the queries, before the key search
+    value_dropout: float = 0.0  # on the values read
     gated: bool = False  # Memory+ output gating: W_o(silu(W_g x) * read) (Berges et al. 2024)
     qk_norm: bool = False  # L2-normalise queries and keys (product: each half) before scoring
     temperature: float = 1.0  # softmax(scores / temperature) over the selected keys; 1: the paper
@@ -71,12 +71,12 @@ class ModelConfig:
     """A causal transformer LM (paper §4.3), with memories replacing or following some FFNs."""
 
     vocab_size: int = 0  # 0: taken from the data's vocabulary
-    dim: int = 1024
-    n_layers: int = 12
-    n_heads: int = 16
+    dim: int = 1024  # model width (embeddings, attention, FFN input/output)
+    n_layers: int = 12  # transformer layers
+    n_heads: int = 16  # attention heads per layer
     ffn_dim: int = 0  # 0: 4 * dim
-    dropout: float = 0.0
-    attention_dropout: float = 0.0
+    dropout: float = 0.0  # on embeddings and sublayer outputs
+    attention_dropout: float = 0.0  # on the attention weights
     max_len: int = 512  # learned positional embeddings
     pre_norm: bool = False  # False: post-norm, as XLM
     # the sublayer types of every layer, in order (model/blocks.py); a memory layer's "ffn" gives way
@@ -136,16 +136,17 @@ class LoraConfig:
 class OptimConfig:
     """Adam with the inverse square-root schedule (Vaswani et al.); memory values in their own group."""
 
+    # adam (AdamW, the paper) | adagrad (per-tensor step clipping, the all-attention paper) | a registered one
     optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim.optimizers:DENSE_OPTIMIZERS"})
-    lr: float = 2.5e-4
+    lr: float = 2.5e-4  # peak learning rate of the dense parameters
     beta1: float = 0.9  # adam
     beta2: float = 0.98  # adam
-    eps: float = 1e-8
+    eps: float = 1e-8  # adam / adagrad epsilon
     weight_decay: float = 0.0  # adam
     # inverse_sqrt: linear warmup then lr·sqrt(warmup/step); linear_warmup: linear warmup then constant
     schedule: str = field(default="inverse_sqrt", metadata={"choices": "xlm_pkm.optim.schedule:SCHEDULES"})
-    warmup_steps: int = 4000
-    warmup_init_lr: float = 1e-7
+    warmup_steps: int = 4000  # linear warmup from warmup_init_lr to lr
+    warmup_init_lr: float = 1e-7  # lr at step 0 of the warmup
     clip_grad_norm: float = 0.0  # 0: off
     clip_scope: Literal["group", "global"] = "group"  # one norm per optimizer group (XLM), or over all
     clip_per_tensor: float = 0.0  # adagrad: each tensor's step scaled to this gradient norm (all-attention)
@@ -154,32 +155,33 @@ class OptimConfig:
     trainable: list[str] = field(default_factory=lambda: ["all"])
     memory_finetune: MemoryFinetuneConfig = field(default_factory=MemoryFinetuneConfig)
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
-    # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim.py).
+    # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim/optimizers.py).
     values_optimizer: str = field(default="adam", metadata={"choices": "xlm_pkm.optim.optimizers:VALUE_OPTIMIZERS"})
-    values_lr: float = 1e-3
-    values_beta1: float = 0.9
-    values_beta2: float = 0.999
-    values_eps: float = 1e-8
-    values_weight_decay: float = 0.0
+    values_lr: float = 1e-3  # constant learning rate of the memory values
+    values_beta1: float = 0.9  # adam / lazy_adam
+    values_beta2: float = 0.999  # adam / lazy_adam
+    values_eps: float = 1e-8  # epsilon of the values optimizer
+    values_weight_decay: float = 0.0  # adam / lazy_adam only
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: adapters only (optim.trainable must be all)
 
 
 @dataclass
 class TrainConfig:
-    exp_name: str = "default"
-    exp_id: str = ""  # empty: a new id; an existing one resumes
-    dump_path: str = "dumped"
-    seed: int = 0
+    exp_name: str = "default"  # runs go to dump_path/exp_name/exp_id/
+    exp_id: str = ""  # empty: a new id; an existing one resumes; last: the latest unfinished run of exp_name
+    dump_path: str = "dumped"  # where run directories are made
+    seed: int = 0  # weights, data order and dropout
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: Literal["fp32", "fp16", "bf16"] = "fp32"
-    compile: bool = False
-    max_steps: int = 100_000
+    precision: Literal["fp32", "fp16", "bf16"] = "fp32"  # fp16 (CUDA, loss scaling) and bf16: torch.amp autocast
+    compile: bool = False  # torch.compile the model
+    max_steps: int = 100_000  # optimizer steps of the whole run
     max_time_minutes: float = 0.0  # 0: no limit; else stop (with a checkpoint) after this long
-    log_every: int = 50
-    eval_every: int = 1000
+    log_every: int = 50  # a train line every this many steps
+    eval_every: int = 1000  # valid perplexity (best.pt) and checkpoint.pt every this many steps
     eval_max_batches: int = 0  # 0: the whole split
     save_every_steps: int = 0  # checkpoint.pt also every this many steps (0: at evaluations only)
-    save_every_minutes: float = 0.0  # checkpoint.pt also every this many minutes (0: at evaluations only)
+    # checkpoint.pt also every this many minutes, so that a crash loses at most that much (0: at evaluations only)
+    save_every_minutes: float = 15.0
     max_nonfinite: int = 10  # consecutive non-finite losses before stopping (fp32/bf16)
     num_threads: int = 0  # torch CPU threads; 0: torch's default
     collective_timeout_minutes: float = 10.0  # a collective waiting longer fails, naming the missing ranks

@@ -7,7 +7,8 @@ catches `USER_ERRORS` and returns `fail(program, error)`; anything else is a bug
 
 Exit status of the commands: 0 done; 2 an error with a one-line message; 75 (EX_TEMPFAIL) train.py
 stopped by a signal or its time limit before max_steps, with a checkpoint: run the same command again
-to resume; 1 a crash (a traceback: a bug). XLM_PKM_DEBUG=1 shows the traceback of one-line errors too.
+to resume; 130 interrupted by a second Ctrl-C (or one outside the training loop); 1 a crash (a
+traceback: a bug). XLM_PKM_DEBUG=1 shows the traceback of one-line errors too.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
-EXIT_ERROR, EXIT_STOPPED = 2, 75
+EXIT_ERROR, EXIT_STOPPED, EXIT_INTERRUPTED = 2, 75, 130
 
 
 class UserError(Exception):
@@ -25,9 +26,9 @@ class UserError(Exception):
 USER_ERRORS = (UserError, FileNotFoundError, FileExistsError, ValueError)
 
 
-def fail(program: str, error: BaseException) -> int:
-    """Prints `program: error: message` on stderr (re-raises with XLM_PKM_DEBUG=1); returns EXIT_ERROR."""
+def fail(program: str, error: BaseException, status: int = EXIT_ERROR) -> int:
+    """Prints `program: error: message` on stderr (re-raises with XLM_PKM_DEBUG=1); returns `status`."""
     if os.environ.get("XLM_PKM_DEBUG"):
         raise error
     print(f"{program}: error: {error}", file=sys.stderr)
-    return EXIT_ERROR
+    return status

@@ -163,7 +163,7 @@ def test_scancel_ends_the_job_and_the_run_resumes_by_hand(tiny_overrides, refere
     assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0")
     log = (run_dir / "train.log").read_text()
     [stop] = [int(s) for s in re.findall(r"stopping at step (\d+) \(SIGTERM\)", log)]
-    assert "to resume (with the same launcher and number of processes): python train.py " in log
+    assert re.search(r"to resume \(with the same launcher and number of processes\): \S*python3? train.py ", log)
     resumed = tiny_run(tmp_path, *LONG, f"train.exp_id={job}", f"train.max_steps={stop // 50 * 50 + 100}")
     assert f"resumed at step {stop})" in (resumed.run_dir / "train.log").read_text()
     ours, full = logged_losses(run_dir), logged_losses(reference.run_dir)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import sys
 from pathlib import Path
 
 import torch.distributed as dist
 
 from xlm_pkm.config import load_config
-from xlm_pkm.errors import EXIT_STOPPED, USER_ERRORS, fail
+from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, UserError, fail
+from xlm_pkm.launch.config_keys import describe_keys
+from xlm_pkm.launch.resume import resume_command
 from xlm_pkm.runtime.distributed import CollectiveError, describe_failure, init_distributed, read_env, shutdown
 from xlm_pkm.runtime.precision import check_precision, resolve_device
 from xlm_pkm.train.evaluation import evaluate_checkpoint
@@ -35,6 +36,12 @@ def _collective_failure(error: BaseException) -> CollectiveError | None:
     return None
 
 
+def _interrupted(trainer: Trainer | None) -> UserError:
+    if trainer is None:
+        return UserError("interrupted (Ctrl-C) before training started")
+    return UserError(f"interrupted (Ctrl-C) at step {trainer.step}, not saved. {trainer.checkpoints.last_good()}")
+
+
 def format_result(result: dict) -> str:
     measure = f"bpc {result['bpc']:.4f}" if "bpc" in result else f"ppl {result['ppl']:.2f}"
     lines = [f"{result['split']} {measure} over {result['tokens']:,} tokens "
@@ -45,37 +52,45 @@ def format_result(result: dict) -> str:
     return "\n".join(lines)
 
 
-def resume_command(argv: list[str], exp_id: str) -> str:
-    """The train.py command line that resumes the run of `argv` (its exp_id made explicit)."""
-    args = [a for a in argv if not a.startswith("train.exp_id=")]
-    return shlex.join(["python", "train.py", *args, f"train.exp_id={exp_id}"])
-
-
 def train_main(argv: list[str] | None = None) -> int:
     prog = program_name("train.py")
-    parser = argparse.ArgumentParser(prog=prog, description="Train a transformer LM with product key memories.")
+    parser = argparse.ArgumentParser(
+        prog=prog, description="Train a transformer LM with product key memories.",
+        epilog="Config keys, their defaults and what they do: --keys (every section) or --keys SECTION "
+               "(e.g. --keys train). Ctrl-C stops like SIGTERM: a checkpoint, the resume command, exit 75; "
+               "a second Ctrl-C stops at once. train.exp_id=last resumes the latest unfinished run of train.exp_name.")
     parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
     parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
+    parser.add_argument("--keys", nargs="?", const="", metavar="SECTION",
+                        help="list the config keys (of SECTION: model, data, optim, train...) and exit")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_intermixed_args(argv)  # options and overrides in any order
-    failed = False
+    if args.keys is not None:
+        try:
+            print(describe_keys(args.keys))
+        except USER_ERRORS as e:
+            return fail(prog, e)
+        return 0
+    failed, trainer = False, None
     try:
         trainer = Trainer(load_config(args.config, args.overrides), test=not args.no_test)
         try:
             trainer.train()
-            if trainer.stopped:
-                trainer.log.info(f"to resume (with the same launcher and number of processes): "
-                                 f"{resume_command(argv, trainer.cfg.train.exp_id)}")
             if not args.no_test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:
                 result = evaluate_checkpoint(trainer.best_path, "test", device=trainer.device,
                                              precision=trainer.cfg.train.precision, env=trainer.env)
                 trainer.log.event("test", trainer.step, **{k: v for k, v in result.items() if k != "step"})
                 trainer.log.info(format_result(result))
-        finally:
+        finally:  # stopped, failed or interrupted with a checkpoint to go on from: how to resume
+            if trainer.saved_step is not None and trainer.saved_step < trainer.cfg.train.max_steps:
+                trainer.log.info(f"to resume (with the same launcher and number of processes): "
+                                 f"{resume_command(argv, trainer.cfg.train.exp_id)}")
             trainer.close()
     except USER_ERRORS as e:
         return fail(prog, e)
+    except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
+        return fail(prog, _interrupted(trainer), EXIT_INTERRUPTED)
     except Exception as e:
         lost = _collective_failure(e)
         if lost is None:

@@ -5,6 +5,8 @@ error naming it; a lock left by a dead process does not block a resume.
 `config.yaml` holds the resolved config of the run; resuming with another config says which keys
 differ (old -> new) and keeps the previous file as `config.until-step<N>.yaml`.
 
+`train.exp_id=last` resumes the run of the experiment that saved a checkpoint last, unless it is finished.
+
 Under SLURM a run without train.exp_id is named by its job id, which a requeued job keeps. A cluster
 may hand out the same job id again (its state reset): a job starting for the first time (not a
 restart) whose directory already exists is refused, not resumed into an unrelated run.
@@ -16,9 +18,10 @@ import secrets
 import time
 from pathlib import Path
 
+import torch
 import yaml
 
-from xlm_pkm.config import Config, save_config, to_dict
+from xlm_pkm.config import Config, ConfigError, save_config, to_dict
 from xlm_pkm.runtime import slurm_env
 from xlm_pkm.runtime.distributed import DistEnv, broadcast_object
 from xlm_pkm.utils.lock import DirectoryLock
@@ -29,8 +32,35 @@ def lock_run_directory(run_dir: Path) -> DirectoryLock:
     return DirectoryLock(run_dir, ".lock", "use another train.exp_id, or wait for that run to end")
 
 
-def run_directory(dump_path: str, exp_name: str, exp_id: str, env: DistEnv) -> tuple[Path, str]:
-    """(dump_path/exp_name/exp_id, exp_id); a new id (the SLURM job id when there is one) if none is given."""
+def latest_unfinished(dump_path: str, exp_name: str, max_steps: int) -> str:
+    """train.exp_id=last: the id of the run of `exp_name` that saved a checkpoint.pt last, if it has not
+    reached `max_steps` (this command's); otherwise a one-line ConfigError saying what to do."""
+    runs = sorted((Path(dump_path) / exp_name).glob("*/checkpoint.pt"), key=lambda p: p.stat().st_mtime)
+    if not runs:
+        raise ConfigError(f"train.exp_id=last: no run of {exp_name} under {dump_path} has a checkpoint.pt to "
+                          f"resume (start one without train.exp_id, or with a new one)")
+    latest = runs[-1]
+    step = torch.load(latest, map_location="cpu", mmap=True, weights_only=False).get("step", 0)
+    if step >= max_steps:
+        raise ConfigError(f"train.exp_id=last: the latest run of {exp_name}, {latest.parent}, is finished (step "
+                          f"{step} of train.max_steps={max_steps}); to train it further give "
+                          f"train.exp_id={latest.parent.name} and a larger train.max_steps")
+    return latest.parent.name
+
+
+def run_directory(dump_path: str, exp_name: str, exp_id: str, env: DistEnv, max_steps: int = 0) -> tuple[Path, str]:
+    """(dump_path/exp_name/exp_id, exp_id); a new id (the SLURM job id when there is one) if none is given;
+    `last`: the latest unfinished run's (latest_unfinished; rank 0 looks)."""
+    if exp_id == "last":
+        found = None
+        try:
+            found = latest_unfinished(dump_path, exp_name, max_steps) if env.is_main else None
+        except ConfigError as e:
+            found = e
+        found = broadcast_object(found, env)
+        if isinstance(found, ConfigError):
+            raise found
+        exp_id = found
     if exp_id:
         return Path(dump_path) / exp_name / exp_id, exp_id
     job = slurm_env.job_id()

@@ -44,7 +44,7 @@ from xlm_pkm.train.state import TrainState, from_earlier_version
 from xlm_pkm.train.step import loss_backward, optimizer_update
 from xlm_pkm.utils.progress import format_duration
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's warning before the time limit (sbatch --signal)
 
 
@@ -67,8 +67,9 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         set_vocab_size(cfg, len(self.dictionary))
         self.model = build_model(cfg, self.device)
-        self.run_dir, cfg.train.exp_id = run_directory(cfg.train.dump_path, cfg.train.exp_name, cfg.train.exp_id,
-                                                       self.env)  # created below, once every input is checked
+        train = cfg.train  # the run directory is created below, once every input is checked
+        self.run_dir, train.exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env,
+                                                   train.max_steps)
         self.checkpoints = RunCheckpoints(self.run_dir, self.model, self.env, self.device)
         self.ckpt_path, self.best_path = self.checkpoints.last_path, self.checkpoints.best_path
         self.resumed = self.ckpt_path.exists()
@@ -278,6 +279,8 @@ class Trainer:
         return last_valid
 
     def _request_stop(self, signum, frame) -> None:
+        if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
         self.stop_signal = signum
 
     def _save_due(self, last_save: float) -> bool:
