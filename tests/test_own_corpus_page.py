@@ -1,0 +1,78 @@
+"""docs/own-corpus.md, run as a user would: every command of its bash blocks in order, from a directory
+outside the checkout holding the user's corpus (300 documents) and links to the three scripts, with the
+venv's `python` on PATH; then its Python block as a script of the user's. Each `train.py` command gets
+the tests' tiny-model overrides appended (TINY, 300 steps); the first one is stopped with a real SIGINT
+after its second step, as the page says to."""
+
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import TINY
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGE = ROOT / "docs" / "own-corpus.md"
+SIZE = [o for o in TINY if not o.startswith("train.exp_name=")] + ["train.max_steps=300"]
+
+
+def _commands(language: str) -> list[str]:
+    blocks = re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(), re.S)
+    return [line for block in blocks for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+
+
+def _corpus(folder: Path, sample_docs: list[str]) -> None:
+    """300 documents in two plain-text files (blank-line separated): pieces of the bundled corpus."""
+    words = " ".join(sample_docs).split()
+    docs = [" ".join(words[i * 60:(i + 1) * 60]) for i in range(300)]
+    folder.mkdir()
+    for name, part in (("a.txt", docs[:150]), ("b.txt", docs[150:])):
+        (folder / name).write_text("\n\n".join(part) + "\n")
+
+
+def test_the_own_corpus_page_runs_as_written(tiny_corpus, tmp_path):
+    import json
+
+    _corpus(tmp_path / "my_corpus", [json.loads(line)["text"] for line in tiny_corpus.read_text().splitlines()])
+    for script in ("train.py", "evaluate.py", "generate.py"):
+        (tmp_path / script).symlink_to(ROOT / script)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "PYTHONUNBUFFERED": "1"}
+    commands = _commands("bash")
+    assert [c.split()[1] for c in commands] == ["-m", "-m", "train.py", "train.py", "evaluate.py", "generate.py",
+                                                "-m"]
+    stopped = False
+    for command in commands:
+        words = shlex.split(command, comments=True)
+        words += SIZE if words[1] == "train.py" else []
+        line = " ".join(map(shlex.quote, words)).replace(shlex.quote("my_corpus/*.txt"), "my_corpus/*.txt")
+        if words[1] == "train.py" and not stopped:  # the page: stop it with Ctrl-C
+            run = subprocess.Popen(["bash", "-c", line], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, text=True, start_new_session=True)
+            metrics = tmp_path / "dumped" / "mine" / "first" / "metrics.jsonl"
+            deadline = time.time() + 120
+            while not (metrics.exists() and '"step": 2,' in metrics.read_text()) and time.time() < deadline:
+                time.sleep(0.05)
+            os.killpg(run.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole process group
+            out, err = run.communicate(timeout=120)
+            assert run.returncode == 75, err
+            assert "to resume (with the same launcher and number of processes): python train.py" in out
+            stopped = True
+            continue
+        done = subprocess.run(["bash", "-c", line], cwd=tmp_path, env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, (command, done.stderr[-2000:])
+        if "xlm_pkm.data.preprocess" in command:
+            assert "300 documents: holding out 15 valid + 15 test (5% each;" in done.stderr
+        if "exp_id=last" in command:
+            assert "run directory dumped/mine/first (resumed at step" in done.stdout
+    assert json.loads((tmp_path / "dumped" / "mine" / "first" / "test.json").read_text())["split"] == "test"
+    [snippet] = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
+    (tmp_path / "my_script.py").write_text(snippet)
+    mine = subprocess.run(["python", "my_script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert mine.returncode == 0 and mine.stdout.startswith("The"), mine.stderr[-2000:]
