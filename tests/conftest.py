@@ -48,6 +48,37 @@ def tiny_data_dir(tiny_corpus, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """mount(size_kb, name="small") -> Path: a real filesystem of `size_kb` KB (a tmpfs mounted at
+    tmp_path/name, unmounted at teardown) that fills for real: writes fail with ENOSPC, as on a full
+    disk. Skips with a one-line reason where mounting is not allowed (not root, or a container without
+    CAP_SYS_ADMIN)."""
+    import subprocess
+
+    mounted = []
+
+    def mount(size_kb: int, name: str = "small") -> Path:
+        path = tmp_path / name
+        path.mkdir()
+        try:
+            done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_kb}k,mode=755", "tmpfs", str(path)],
+                                  capture_output=True, text=True)
+            refused = done.returncode and (done.stderr.splitlines() or [f"exit status {done.returncode}"])[0]
+        except OSError as e:  # no mount command
+            refused = str(e)
+        if refused:  # e.g. "mount: PATH: permission denied."
+            reason = refused.replace(f" {path}:", "").strip().rstrip(".")
+            pytest.skip(f"cannot mount a tmpfs here ({reason}): the full-disk tests need root or CAP_SYS_ADMIN")
+        mounted.append(path)
+        return path
+
+    yield mount
+    for path in reversed(mounted):  # lazily if a file is still open there
+        if subprocess.run(["umount", str(path)], capture_output=True).returncode != 0:
+            subprocess.run(["umount", "-l", str(path)], check=True)
+
+
 # ---- tiny training runs -------------------------------------------------------------------------
 TINY = [
     "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[2]",

@@ -259,3 +259,39 @@ def test_more_codes_than_the_corpus_allows_stop_at_the_last_merge(tmp_path, capl
     assert len({tuple(line.split()[:2]) for line in codes}) == len(codes)
     assert f"the corpus allows only {len(codes)} BPE merges (60000 requested)" in caplog.text
     assert set(preprocess([str(corpus)], out, n_codes=60000, valid_docs=2, test_docs=2)) == {"scan"}
+
+
+# ---- inputs: a directory, the same input twice (issue 35) ----------------------------------------------------
+def test_directory_input_says_it_is_a_directory(tmp_path, capsys):
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    args = ["--output", str(tmp_path / "out"), "--bpe-codes", "10"]
+    assert main(["--input", str(folder), *args]) == 2
+    assert error_line(capsys.readouterr().err) == (f"python -m xlm_pkm.data.preprocess: error: --input {folder} is a "
+                                                   f"directory, with no files in it: give text or JSONL files")
+    write_jsonl(folder / "a.jsonl", 3)
+    write_jsonl(folder / "b.jsonl", 3)
+    (folder / "c.txt.gz").write_bytes(b"")
+    assert main(["--input", str(folder), *args]) == 2
+    assert error_line(capsys.readouterr().err) == (
+        f"python -m xlm_pkm.data.preprocess: error: --input {folder} is a directory, not a file: give its files, "
+        f"e.g. --input {folder}/*.jsonl {folder}/*.txt.gz (3 files there)")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("second", ["same path", "symlink", "copy"])
+def test_the_same_input_twice_is_refused(tmp_path, capsys, second):
+    corpus = write_jsonl(tmp_path / "in.jsonl", 12)
+    other = {"same path": corpus, "symlink": tmp_path / "link.jsonl", "copy": tmp_path / "copy.jsonl"}[second]
+    if second == "symlink":
+        other.symlink_to(corpus)
+    elif second == "copy":
+        shutil.copy(corpus, other)
+    out = tmp_path / "out"
+    assert main(["--input", str(corpus), str(other), "--output", str(out), "--bpe-codes", "30", "--valid-docs", "2",
+                 "--test-docs", "2", "--workers", "1"]) == 2
+    how = "two files with the same content" if second == "copy" else "the same file"
+    assert error_line(capsys.readouterr().err) == (
+        f"python -m xlm_pkm.data.preprocess: error: --input {corpus} and {other} are {how}: give each input once (its "
+        f"documents would be counted twice, and valid/test documents would also be in train)")
+    assert not (out / "plan.json").exists()

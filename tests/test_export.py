@@ -83,3 +83,47 @@ def test_export_errors_are_one_line(reference_run, tmp_path, capsys):
     (out / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json not found: not a folder written by"):
         load_exported(out)
+
+
+# ---- the output folder: new, empty or a previous export (issue 35) ---------------------------------------
+@pytest.mark.parametrize("holds", ["notes.txt", "vocab only", "foreign weights", "a file"])
+def test_export_into_a_folder_that_is_not_an_export_is_refused(holds, reference_run, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    out = tmp_path / "folder"
+    if holds == "a file":
+        out.write_text("mine\n")
+    else:
+        out.mkdir()
+        (out / "vocab").write_text("mine 1\n")
+        if holds == "notes.txt":
+            (out / "notes.txt").write_text("mine\n")
+        elif holds == "foreign weights":
+            save_file({"w": torch.zeros(2)}, str(out / "model.safetensors"))
+    before = out.read_bytes() if out.is_file() else {p.name: p.read_bytes() for p in out.iterdir()}
+    assert main([str(reference_run().best_path), str(out)]) == 2
+    err = capsys.readouterr().err
+    prefix = "python -m xlm_pkm.inference.export: error: "
+    if holds == "a file":
+        assert err == f"{prefix}{out} is a file: export writes a folder (give a new or empty one)\n"
+    else:
+        why = {"notes.txt": "it holds notes.txt", "vocab only": "it holds vocab but no model.safetensors",
+               "foreign weights": "its model.safetensors was not written by export"}[holds]
+        assert err == (f"{prefix}{out} is not empty and not a previous export ({why}): export into a new or empty "
+                       f"folder, or a previous export (only model.safetensors, config.json, vocab, codes), so that no "
+                       f"other file is overwritten\n")
+    assert (out.read_bytes() if out.is_file() else {p.name: p.read_bytes() for p in out.iterdir()}) == before
+
+
+def test_export_replaces_a_previous_export_and_an_empty_folder_is_fine(reference_run, tmp_path):
+    reference = reference_run()
+    out = tmp_path / "exported"
+    out.mkdir()
+    export(reference.best_path, out)
+    (out / "export.1234.0123abcd.tmp").mkdir()  # left by a killed export: not in the way
+    export(reference.ckpt_path, out)
+    assert sorted(p.name for p in out.iterdir()) == ["codes", "config.json", "export.1234.0123abcd.tmp",
+                                                     "model.safetensors", "vocab"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.metadata()["source"] == str(reference.ckpt_path)
+    load_exported(out)

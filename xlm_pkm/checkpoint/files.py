@@ -28,7 +28,10 @@ class NonFiniteError(UserError, RuntimeError):
 
 
 def save_atomic(obj: dict, path: str | Path) -> None:
-    """torch.save to `path`, whole or not at all (xlm_pkm/utils/atomic.py)."""
+    """torch.save to `path`, whole or not at all (xlm_pkm/utils/atomic.py). A failed write (disk full) is
+    one OutputError naming `path`, although torch's zip writer replaces it on its way out by its own
+    `RuntimeError ... unexpected pos` (writing the end of the archive after the failure): atomic_file
+    raises the error of the failed write, whatever the body raised."""
     with atomic_file(Path(path)) as f:
         try:
             torch.save(obj, f)
@@ -59,6 +62,9 @@ def load(path: str | Path) -> dict:
     """A run checkpoint (a dict with config, model and step), on the CPU."""
     path = Path(path)
     if not path.is_file():
+        if path.is_dir():
+            raise FileNotFoundError(f"{path} is a folder, not a checkpoint: give a run's checkpoint.pt or best.pt (an "
+                                    f"exported folder is read by generate.py and train.init_from, not evaluated)")
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)

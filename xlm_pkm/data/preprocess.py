@@ -44,7 +44,7 @@ from xlm_pkm.utils.atomic import atomic_file, is_temporary, write_error, write_t
 from xlm_pkm.utils.lock import DirectoryLock
 from xlm_pkm.utils.program import program_name
 
-from .corpus import CorpusError, Reader
+from .corpus import OPENERS, CorpusError, Reader
 from .dictionary import Dictionary
 from .executor import Executor
 from .fastbpe import bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
@@ -150,6 +150,7 @@ def _load_plan(out: Path, inputs: list[str], options: dict, executor: Executor) 
     path = out / "plan.json"
     sizes = [os.path.getsize(p) / MB for p in inputs]
     identities = executor.map(input_identity, inputs, "hash inputs", sizes)
+    _check_distinct(inputs, identities)
     if path.exists():
         plan = Plan.load(path)
         if plan.inputs == identities:
@@ -213,6 +214,8 @@ def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, code
 def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab) -> dict:
     """The options that must match on a re-run, after checking the inputs and the codes."""
     for p in inputs:
+        if Path(p).is_dir():
+            raise CorpusError(_directory_input(Path(p)))
         if not Path(p).is_file():
             raise CorpusError(f"input file not found: {p}")
     find_fastbpe()
@@ -233,6 +236,39 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
         Dictionary.load(vocab)  # DictionaryError if missing or malformed
         options["vocab_sha256"] = hashlib.sha256(Path(vocab).read_bytes()).hexdigest()
     return options
+
+
+def _directory_input(path: Path) -> str:
+    """What to say of a directory given as --input: inputs are files (give the directory's files)."""
+    try:
+        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+    except OSError as e:
+        return f"--input {path} is a directory, not a file ({e.strerror} to list it): give text or JSONL files"
+    if not files:
+        return f"--input {path} is a directory, with no files in it: give text or JSONL files"
+    patterns = []
+    for f in files:  # DIR/*.jsonl, DIR/*.txt.gz...: one pattern per kind of file name
+        suffixes = f.suffixes[-2:] if f.suffix in OPENERS else f.suffixes[-1:]
+        pattern = str(path / f"*{''.join(suffixes)}")
+        if pattern not in patterns:
+            patterns.append(pattern)
+    return (f"--input {path} is a directory, not a file: give its files, e.g. --input {' '.join(patterns[:3])} "
+            f"({len(files)} file{'s' if len(files) > 1 else ''} there)")
+
+
+def _check_distinct(inputs: list[str], identities: list[list]) -> None:
+    """Refuses an input given twice (by the same or another path, or a copy: same content). Its documents
+    would be counted twice, and a held-out document would also be trained on through its copy."""
+    seen: dict[str, str] = {}
+    for path, (_, size, digest) in zip(inputs, identities):
+        if size == 0:  # refused later, as empty
+            continue
+        if digest in seen:
+            first = seen[digest]
+            how = "the same file" if os.path.samefile(first, path) else "two files with the same content"
+            raise CorpusError(f"--input {first} and {path} are {how}: give each input once (its documents would "
+                              f"be counted twice, and valid/test documents would also be in train)")
+        seen[digest] = path
 
 
 def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice) -> dict:

@@ -204,7 +204,10 @@ class ShardWriter:
             raise write_error(self.path, e) from None
 
     def abort(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:  # writing its buffer failed again (disk full): lost with the temporary file anyway
+            pass
         self.tmp.unlink(missing_ok=True)
 
     def __enter__(self) -> "ShardWriter":

@@ -11,6 +11,13 @@ and its text preprocessing (text_codec.py: BPE, byte or word level), without the
 state of the checkpoint. The safetensors metadata records the training step, the vocabulary
 fingerprint, the data's unit (meta.json's: "byte", "word", or "token" for BPE) and the xlm_pkm
 version that wrote it.
+
+OUT_DIR is new, empty, or a previous export, which is replaced: it may hold only the files above (and
+temporary `*.tmp` ones left by a killed export), with a model.safetensors written by export (its
+metadata has a vocabulary fingerprint). Any other folder is refused before anything is written, so
+that export never overwrites a `vocab`, `codes` or `config.json` it did not write. Every file is
+first written (and flushed to disk) in a temporary folder inside OUT_DIR, then all are renamed into
+place: a failure (full disk) is one line naming the file, and leaves the previous export whole.
 """
 
 from __future__ import annotations
@@ -18,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -28,43 +37,123 @@ from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.utils.atomic import temporary_name, write_bytes, write_error
+from xlm_pkm.utils.atomic import OutputError, is_temporary, temporary_name, write_error
 from xlm_pkm.utils.program import program_name
+
+EXPORTED = (WEIGHTS, CONFIG, "vocab", "codes")  # the files of an exported folder, renamed in this order
 
 
 def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = None) -> Path:
     """Writes model.safetensors, config.json, vocab (and BPE codes) of the checkpoint at `path` to
-    `out_dir` (created; each file written under a temporary name and renamed)."""
-    from safetensors.torch import save_model
-
+    `out_dir` (created; new, empty or a previous export, which is replaced whole or not at all)."""
+    out = Path(out_dir)
+    previous = _check_export_folder(out)  # before reading the checkpoint: no work lost
     model, cfg, state, data_dir = load_trained(path, data_dir)
     unit = data_unit(data_dir)
     text_files = ("codes", "vocab") if unit == BPE_UNIT else ("vocab",)
     for name in text_files:  # before anything is written: no half-exported folder
         if not (data_dir / name).is_file():
             raise FileNotFoundError(f"{data_dir / name} not found: the run's data dir holds {' and '.join(text_files)}")
-    out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(out, e) from None
     metadata = {"step": str(state["step"]), "vocab_fingerprint": Dictionary.load(data_dir / "vocab").fingerprint(),
                 "unit": unit, "xlm_pkm_version": __version__, "source": str(path)}
-    tmp = temporary_name(out / WEIGHTS)
+    texts = {CONFIG: (json.dumps(to_dict(cfg), indent=2) + "\n").encode(),
+             **{name: (data_dir / name).read_bytes() for name in ("vocab", "codes") if name in text_files}}
+    _write_export(out, model, metadata, texts, previous)
+    if previous and "codes" not in texts:  # a BPE export replaced by a byte- or word-level one
+        (out / "codes").unlink(missing_ok=True)
+    return out
+
+
+def _check_export_folder(out: Path) -> bool:
+    """Whether `out` holds a previous export (to be replaced); False when it is missing or empty. Any other
+    folder is refused (FileExistsError): export overwrites only files it wrote."""
+    if not out.exists():
+        return False
+    if not out.is_dir():
+        raise FileExistsError(f"{out} is a file: export writes a folder (give a new or empty one)")
+    names = sorted(p.name for p in out.iterdir() if not is_temporary(p))  # *.tmp: left by a killed export
+    if not names:
+        return False
+    others = [n for n in names if n not in EXPORTED]
+    if others:
+        holds = f"it holds {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}"
+    elif WEIGHTS not in names:
+        holds = f"it holds {', '.join(names)} but no {WEIGHTS}"
+    elif not _written_by_export(out / WEIGHTS):
+        holds = f"its {WEIGHTS} was not written by export"
+    else:
+        return True
+    raise FileExistsError(f"{out} is not empty and not a previous export ({holds}): export into a new or empty "
+                          f"folder, or a previous export (only {', '.join(EXPORTED)}), so that no other file "
+                          f"is overwritten")
+
+
+def _written_by_export(weights: Path) -> bool:
+    from safetensors import safe_open
+
     try:
-        save_model(model, str(tmp), metadata=metadata)  # drops the duplicate names of a shared value table
+        with safe_open(str(weights), "pt") as f:
+            return "vocab_fingerprint" in (f.metadata() or {})
+    except Exception:  # truncated or foreign
+        return False
+
+
+def _write_export(out: Path, model: TransformerLM, metadata: dict, texts: dict[str, bytes], previous: bool) -> None:
+    """Every file written and flushed to disk in a temporary folder inside `out`, then renamed into place:
+    an error (disk full) before the renames leaves the previous export whole; it is one line (OutputError)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_model
+
+    stage = temporary_name(out / "export")
+    names = [WEIGHTS, *texts]
+    name, renaming = WEIGHTS, False
+    try:
+        stage.mkdir()
+        save_model(model, str(stage / WEIGHTS), metadata=metadata)  # drops the duplicate names of a shared value table
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as the other files (safetensors creates it private)
-        os.replace(tmp, out / WEIGHTS)
+        os.chmod(stage / WEIGHTS, 0o666 & ~umask)  # as the other files (safetensors creates it private)
+        for name, data in texts.items():
+            (stage / name).write_bytes(data)
+        for name in names:
+            fd = os.open(stage / name, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        renaming = True
+        for name in names:
+            os.replace(stage / name, out / name)
     except OSError as e:
-        raise write_error(out / WEIGHTS, e) from None
+        raise _export_error(out, name, e, previous, renaming) from None
+    except SafetensorError as e:
+        error = _safetensors_os_error(e)
+        if error is None:  # not an I/O error: a bug, keep the traceback
+            raise
+        raise _export_error(out, WEIGHTS, error, previous, renaming) from None
     finally:
-        tmp.unlink(missing_ok=True)
-    write_bytes(out / CONFIG, (json.dumps(to_dict(cfg), indent=2) + "\n").encode())
-    for name in text_files:
-        write_bytes(out / name, (data_dir / name).read_bytes())
-    return out
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def _export_error(out: Path, name: str, error: OSError, previous: bool, renaming: bool) -> OutputError:
+    if renaming:  # files are being renamed into place: the folder may mix both exports
+        state = f"; {out} may now mix the previous export and this one: export again"
+    else:
+        state = f"; the previous export in {out} is kept" if previous else ""
+    return OutputError(f"cannot write {out / name}: {error.strerror or error}{state}")
+
+
+def _safetensors_os_error(error: Exception) -> OSError | None:
+    """The OSError inside a SafetensorError of an I/O failure ('... (os error 28)'), None for another one."""
+    found = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(error))
+    if found is None:
+        return None
+    code = int(found.group(1) or found.group(2))
+    return OSError(code, os.strerror(code))
 
 
 def load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary]:

@@ -4,6 +4,11 @@ Every output is first written to `NAME.PID.TOKEN.tmp` (pid and random token: two
 share a temporary file), then renamed to NAME; on any error the temporary file is removed and the
 previous NAME, if any, is left as it was. A write that fails (disk full, read-only directory) raises
 `OutputError`, one line naming NAME (and saying that its previous version is kept).
+
+That OutputError is the one the caller sees, whatever the code writing the file makes of it: a writer
+that turns it into its own error (torch.save's zip writer: `RuntimeError ... unexpected pos`), or
+swallows it, still ends in our OutputError, and closing the failed file does not write its buffer
+again (which would raise a second OSError in place of ours).
 """
 
 from __future__ import annotations
@@ -36,25 +41,55 @@ def write_error(path: Path, error: OSError) -> OutputError:
 
 
 class _Output:
-    """A file whose failed writes raise OutputError naming the final path."""
+    """A file whose failed writes raise OutputError naming the final path; the first such error is kept
+    in `error` (atomic_file raises it in place of whatever the writing code turned it into)."""
 
     def __init__(self, file, path: Path):
         self._file, self._path = file, path
+        self.error: OutputError | None = None
+
+    def _failed(self, error: OSError) -> OutputError:
+        if self.error is None:
+            self.error = write_error(self._path, error)
+        return self.error
 
     def write(self, data):
         try:
             return self._file.write(data)
         except OSError as e:
-            raise write_error(self._path, e) from None
+            raise self._failed(e) from None
+
+    def writelines(self, lines):
+        try:
+            return self._file.writelines(lines)
+        except OSError as e:
+            raise self._failed(e) from None
+
+    def flush(self):
+        try:
+            return self._file.flush()
+        except OSError as e:
+            raise self._failed(e) from None
 
     def __getattr__(self, name):
         return getattr(self._file, name)
 
 
+def _close_failed(file) -> None:
+    """Close a file whose writing failed, without the error of writing its buffer once more (the buffer
+    is lost with the temporary file; Python's close releases the descriptor even when its flush fails)."""
+    try:
+        file.close()
+    except OSError:
+        pass
+
+
 @contextmanager
 def atomic_file(path: Path, mode: str = "wb", **open_kwargs):
     """Open a temporary file for `path`; on success flush it to disk and rename it to `path`.
-    Errors raised by the body (another file's OutputError, a read error) pass through unchanged.
+    Errors raised by the body (another file's OutputError, a read error) pass through unchanged, except
+    when a write to this file failed: then its OutputError is raised, whatever the body raised (or if it
+    raised nothing), and nothing is renamed.
 
         with atomic_file(out / "meta.json", "w") as f:
             f.write(text)
@@ -65,14 +100,23 @@ def atomic_file(path: Path, mode: str = "wb", **open_kwargs):
         file = open(tmp, mode, **open_kwargs)
     except OSError as e:
         raise write_error(path, e) from None
+    output = _Output(file, path)
     try:
-        with file:
-            yield _Output(file, path)
+        try:
+            yield output
+            if output.error is not None:  # the body caught our error and went on: the file is incomplete
+                raise output.error
             try:
                 file.flush()
                 os.fsync(file.fileno())
+                file.close()
             except OSError as e:
                 raise write_error(path, e) from None
+        except BaseException as e:
+            _close_failed(file)
+            if output.error is not None and e is not output.error and isinstance(e, Exception):
+                raise output.error from None  # ours, not what the writer made of it
+            raise
         try:
             os.replace(tmp, path)
         except OSError as e:
@@ -92,11 +136,17 @@ def write_bytes(path: Path, data: bytes) -> None:
 
 
 def check_writable(path: Path) -> None:
-    """Raises OutputError now if a file cannot be created in `path`'s folder (before hours of work)."""
+    """Raises OutputError now if a file cannot be written in `path`'s folder (missing or read-only folder,
+    or a disk so full that not one byte fits), before hours of work. A disk with a little room left may
+    still fill before the output is written: that write then fails with its own OutputError."""
     path = Path(path)
+    tmp = temporary_name(path)
     try:
-        tmp = temporary_name(path)
-        tmp.touch()
-        tmp.unlink()
+        try:
+            with open(tmp, "wb", buffering=0) as f:  # unbuffered: closing writes nothing more
+                f.write(b"\n")
+                os.fsync(f.fileno())
+        finally:
+            tmp.unlink(missing_ok=True)
     except OSError as e:
         raise write_error(path, e) from None
