@@ -3,12 +3,18 @@
 The multi-process checks run W gloo processes on the CPU (torch.multiprocessing.spawn); each builds
 the unsharded reference too, from the same seed, and compares in float32: outputs, losses, every
 gradient, one optimizer step (clipped), the memory statistics, the fp16 skip decision, and the
-sharded checkpoint files re-read for other world sizes.
+sharded checkpoint files re-read for other world sizes. A value file missing, truncated or foreign stops
+every rank with one line (on resume, also under torchrun, and in evaluation).
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +25,7 @@ from conftest import assert_two_processes_equal_one
 
 from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.config import Config, ModelConfig, OptimConfig
+from xlm_pkm.launch.cli import evaluate_main
 from xlm_pkm.model.memory import value_shards
 from xlm_pkm.model.memory.pkm import value_table
 from xlm_pkm.model.memory.value_shards import ValueShard, init_shard
@@ -27,6 +34,8 @@ from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv, average_value_grads_, free_port, init_distributed, shutdown
 from xlm_pkm.train.step import optimizer_update
 from xlm_pkm.utils.atomic import OutputError
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.parametrize("n_slots, dim, world", [(100, 12, 4), (37, 3, 3), (5, 8, 2)])
@@ -241,9 +250,11 @@ def test_sharded_model_on_4_processes_equals_unsharded(tmp_path):
 def check_then_train(rank: int, world: int, folder: str) -> None:
     """check_all; the tiny run with sharded values to step 2, resumed to step 4 (train.py's
     way), its checkpoint evaluated on the W processes (each loads its columns); the tiny run with
-    replicated dense values (DDP's all-reduce) to step 4. All in one start-up of W processes."""
+    replicated dense values (DDP's all-reduce) to step 4; the sharded run resumed and loaded without the
+    last rank's value file. All in one start-up of W processes."""
     import json
 
+    from xlm_pkm.checkpoint.trained import load_trained
     from xlm_pkm.config import load_config
     from xlm_pkm.train.evaluation import evaluate_checkpoint
     from xlm_pkm.train.trainer import Trainer
@@ -260,10 +271,29 @@ def check_then_train(rank: int, world: int, folder: str) -> None:
     if rank == 0:
         (Path(folder) / "evaluated.json").write_text(json.dumps(result))
 
+    # the last rank's value file missing: that rank names it, the others name it as another rank's, and
+    # none goes on (without the agreement, the ranks that loaded theirs trained on, waiting for it)
+    damaged = Path(folder) / "missing" / "tiny" / "sharded"
+    lost = f"step4.rank{world - 1}-of-{world}.pt"
+    if rank == 0:
+        shutil.copytree(Path(folder) / "tiny" / "sharded", damaged)
+        (damaged / "checkpoint.values" / lost).unlink()
+    dist.barrier()
+    missing = f"{damaged}/checkpoint.pt: its value shard {damaged}/checkpoint.values/{lost} is missing"
+    expected = missing if rank == world - 1 else \
+        f"rank {world - 1} could not load its part of {damaged}/checkpoint.pt, so no rank goes on: {missing}"
+    error = FileNotFoundError if rank == world - 1 else sharded_values.OtherRankError
+    with pytest.raises(error, match=re.escape(expected)):
+        Trainer(load_config(None, [*overrides["sharded"], f"train.dump_path={damaged.parents[1]}",
+                                   "train.max_steps=6"]), test=False)
+    with pytest.raises(error, match=re.escape(expected)):
+        load_trained(damaged / "checkpoint.pt", env=DistEnv(rank, rank, world))  # evaluate.py's load
 
-def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, reference_run, tmp_path):
+
+def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, reference_run, tmp_path, capsys):
     """On 2 processes: the sharded model against the unsharded one, then training with sharded (LazyAdam,
-    resumed) and replicated dense values (AdamW), each equal to one process with the same global batch."""
+    resumed) and replicated dense values (AdamW), each equal to one process with the same global batch.
+    Then the sharded run, one value file truncated, resumed under torchrun and evaluated (truncated_shard)."""
     import json
 
     from xlm_pkm.train.evaluation import evaluate_checkpoint
@@ -290,6 +320,50 @@ def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, re
     on_two = json.loads((tmp_path / "evaluated.json").read_text())  # 2 x 16 streams: the same 32 streams
     assert on_two["tokens"] == sharded["tokens"] and on_two["ppl"] == pytest.approx(sharded["ppl"], rel=1e-6)
     assert on_two["memories"][0] == pytest.approx(sharded["memories"][0], rel=1e-6)
+    truncated_shard(run, overrides["sharded"], tmp_path / "truncated", capsys)
+
+
+def truncated_shard(run: Path, overrides: list[str], dump: Path, capsys) -> None:
+    """The 2-process sharded run `run` (step 4), copied with rank 1's value file cut in half: train.py
+    resuming it under torchrun ends at once on both ranks, exit status 2, one line on each rank's stderr,
+    nothing written (it used to end rank 1 only, after the collective timeout, with a traceback, while
+    rank 0 trained on); evaluate.py on one process (both files): one line."""
+    copy = dump / "tiny" / run.name
+    shutil.copytree(run, copy)
+    shard = copy / "checkpoint.values" / "step4.rank1-of-2.pt"
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+
+    def files() -> dict[Path, bytes]:
+        return {p: p.read_bytes() for p in copy.rglob("*") if p.is_file() and p.name != ".lock"}
+
+    before = files()
+    logs = dump / "logs"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", f"--log-dir={logs}",
+           "--redirects=3", str(ROOT / "train.py"), "--no-test", *overrides, f"train.dump_path={dump}",
+           "train.max_steps=6", "train.collective_timeout_minutes=1"]
+    start = time.monotonic()
+    proc = subprocess.run(cmd, cwd=dump, capture_output=True, text=True, timeout=240,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun's own status when a rank fails
+    err = {int(p.parent.name): p.read_text().strip().splitlines() for p in logs.rglob("stderr.log")}
+    damaged = (re.escape(f"{copy}/checkpoint.pt: its value shard {shard} is truncated or damaged (") + r"\w+: .+"
+               + re.escape("); restore the whole checkpoint.values/ folder of that checkpoint"))  # (torch's reason)
+    assert sorted(err) == [0, 1] and all(len(lines) == 1 for lines in err.values()), err
+    assert re.fullmatch(re.escape(f"train.py: error: rank 1 could not load its part of {copy}/checkpoint.pt, so no "
+                                  f"rank goes on: ") + damaged, err[0][0]), err
+    assert re.fullmatch("train.py: error: " + damaged, err[1][0]), err
+    # each rank's status, from torchrun's report: 2, unless torchrun saw one rank's exit before the other's and
+    # sent it SIGTERM (-15) as it was exiting too (its line written, so past the agreement)
+    codes = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", proc.stderr, re.M)
+    first = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", proc.stderr.split("Root Cause")[-1], re.M)
+    assert first[:1] == ["2"] and len(codes) == 2 and set(codes) <= {"2", "-15"}, proc.stderr[-3000:]
+    assert elapsed < 45, elapsed  # start-up included (~6 s); a rank waiting out the 60 s timeout would not be
+    assert files() == before  # nothing written or removed
+    capsys.readouterr()
+    assert evaluate_main(["--checkpoint", str(copy / "checkpoint.pt"), "--split", "valid", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.fullmatch("evaluate.py: error: " + damaged, err[0]), err
 
 
 def test_sharded_checkpoint_on_one_process_is_kept_whole_when_a_shard_cannot_be_written(tiny_run, tiny_trainer,
@@ -313,6 +387,13 @@ def test_sharded_checkpoint_on_one_process_is_kept_whole_when_a_shard_cannot_be_
     assert (run / "checkpoint.pt").read_bytes() == before  # still names the step-2 files, which are there
     assert sorted(p.name for p in (run / "checkpoint.values").iterdir()) == files
 
-    (run / "checkpoint.values" / files[0]).unlink()
+    shard = run / "checkpoint.values" / files[0]
+    shard.unlink()
     with pytest.raises(FileNotFoundError, match="value shard .*step2.rank0-of-1.pt is missing"):
+        sharded_values.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)
+    shard.write_bytes(b"")
+    with pytest.raises(ValueError, match=r"value shard .*step2.rank0-of-1.pt is truncated or damaged \(\w+: "):
+        sharded_values.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)
+    torch.save(torch.zeros(3), shard)
+    with pytest.raises(ValueError, match="step2.rank0-of-1.pt is a torch file, but not a value shard"):
         sharded_values.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)

@@ -8,6 +8,8 @@
 Both are written collectively: the sharded values by every rank (sharded_values.py), then the rest by
 rank 0, whole or not at all (files.save_atomic). `saved_step` is the step of the last good
 checkpoint.pt: a non-finite state is never written, so the previous file stays the last good one.
+Loading is collective too: if one rank cannot load its part (its value shard file missing or damaged),
+every rank raises before any goes on.
 """
 
 from __future__ import annotations
@@ -55,7 +57,16 @@ class RunCheckpoints:
 
     def load_last(self, vocab_fingerprint: str, vocab_path: str) -> dict:
         """checkpoint.pt, its weights loaded into the model (this rank's value shard), after checking the
-        number of processes and the vocabulary; returns the checkpoint for the rest of the run's state."""
+        number of processes and the vocabulary; returns the checkpoint for the rest of the run's state.
+        Collective: every rank takes part, and if any rank fails (its value shard file missing or damaged,
+        say) every rank raises, before any goes on into training (sharded_values.on_every_rank)."""
+        state = sharded_values.on_every_rank(lambda: self._load_last(vocab_fingerprint, vocab_path), self.env,
+                                             self.last_path)
+        self.saved_step = state["step"]
+        return state
+
+    def _load_last(self, vocab_fingerprint: str, vocab_path: str) -> dict:
+        """load_last on this rank alone."""
         state = files.load(self.last_path)
         if state["world_size"] != self.env.world_size:
             raise ValueError(f"{self.last_path}: saved with {state['world_size']} processes, resumed with "
@@ -66,5 +77,4 @@ class RunCheckpoints:
                                       sharded_values.sharded_names(self.model))
         files.check_vocabulary(state, vocab_fingerprint, vocab_path, self.last_path)
         files.load_model_state(self.model, state["model"], self.last_path)
-        self.saved_step = state["step"]
         return state

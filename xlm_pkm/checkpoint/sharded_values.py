@@ -17,19 +17,28 @@ same way; other optimizer entries (the step count) are the same on every rank. A
 W processes thus loads on W' processes whose count divides the value dimension, and on one process
 (evaluate.py, export, generation: the whole table); a checkpoint of replicated values loads into a
 run that now shards them.
+
+A damaged file (missing, truncated, not a shard) is a one-line error naming it. Under several processes
+each rank reads only the files of its own columns, so one rank may fail where the others succeed:
+`on_every_rank` wraps a load in an agreement that every rank reaches before any goes on, so that every
+rank stops together with one line (instead of the others going on into collectives that wait for it).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import torch
 from torch import nn
 
 from xlm_pkm.checkpoint.files import save_atomic
+from xlm_pkm.errors import USER_ERRORS, UserError
 from xlm_pkm.model.memory.value_shards import ValueShard
-from xlm_pkm.runtime.distributed import DistEnv, any_rank
+from xlm_pkm.runtime.distributed import DistEnv, any_rank, broadcast_object, gather_objects
 from xlm_pkm.utils.atomic import OutputError
+
+T = TypeVar("T")
 
 KEY = "value_shards"  # in the checkpoint: {"world": W, "width": w, "files": [paths relative to its directory]}
 
@@ -111,6 +120,23 @@ def _cut(pieces: list[tuple[int, object]], start: int, stop: int, width: int):
     return first
 
 
+def _read_part(path: Path, file: Path) -> dict:
+    """The shard file `file` of the checkpoint `path` (memory-mapped), or a one-line error naming it."""
+    if not file.is_file():
+        raise FileNotFoundError(f"{path}: its value shard {file} is missing (copy the whole "
+                                f"{file.parent.name}/ folder with the checkpoint)")
+    try:
+        part = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as e:  # truncated or damaged: torch's reader fails (RuntimeError, EOFError, pickle errors...)
+        reason = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]  # torch's first sentence
+        raise ValueError(f"{path}: its value shard {file} is truncated or damaged ({type(e).__name__}: "
+                         f"{reason}); restore the whole {file.parent.name}/ folder of that checkpoint") from None
+    if not isinstance(part, dict) or not {"step", "model"} <= set(part):
+        raise ValueError(f"{path}: its value shard {file} is a torch file, but not a value shard of an "
+                         f"xlm-pkm checkpoint")
+    return part
+
+
 def attach(state: dict, path: Path, shard: ValueShard | None, names: set[str] = frozenset()) -> dict:
     """The checkpoint `state` loaded from `path`, with the value columns of `shard` (None: the whole
     tables) read from its shard files into state["model"] (and the values optimizer's state into
@@ -133,11 +159,7 @@ def attach(state: dict, path: Path, shard: ValueShard | None, names: set[str] = 
     pieces = [(0, whole)] if info is None else []
     for r, name in enumerate(info["files"] if info else []):
         if r * width < columns.stop and (r + 1) * width > columns.start:
-            file = path.parent / name
-            if not file.is_file():
-                raise FileNotFoundError(f"{path}: its value shard {file} is missing (copy the whole "
-                                        f"{file.parent.name}/ folder with the checkpoint)")
-            pieces.append((r * width, torch.load(file, map_location="cpu", mmap=True, weights_only=False)))
+            pieces.append((r * width, _read_part(path, path.parent / name)))
     if any(part["step"] != state["step"] for _, part in pieces):
         raise ValueError(f"{path}: its value shards are of another step than the checkpoint ({state['step']})")
     part = _cut(pieces, columns.start, columns.stop, width)
@@ -145,3 +167,39 @@ def attach(state: dict, path: Path, shard: ValueShard | None, names: set[str] = 
     if "optimizer" in part and "optimizers" in state:
         state["optimizers"] = {**state["optimizers"], "values": part["optimizer"]}
     return state
+
+
+class OtherRankError(UserError):
+    """Another rank could not load its part of a checkpoint: this one stops too (on_every_rank)."""
+
+
+def _summary(error: Exception) -> str:
+    """An error in one line, for the other ranks' message."""
+    text = (str(error).strip().splitlines() or [""])[0][:500]
+    return text if isinstance(error, USER_ERRORS) else f"{type(error).__name__}: {text}"
+
+
+def on_every_rank(load: Callable[[], T], env: DistEnv, source: Path | str) -> T:
+    """load() on this rank, then an agreement every rank reaches before any goes on (collective when
+    distributed): if it failed on any rank, every rank raises, the ranks that failed their own error, the
+    others an OtherRankError naming the first rank that failed and its error (a value shard file it could
+    not read, say). load() itself must not be collective (a rank that failed would not reach it); the
+    agreement gathers object lists, so it needs no device."""
+    if not env.is_distributed:
+        return load()
+    result, error = None, None
+    try:
+        result = load()
+    except Exception as e:  # noqa: BLE001 - re-raised below, once every rank knows
+        error = e
+    errors = broadcast_object(gather_objects(None if error is None else _summary(error), env), env)
+    if error is not None:
+        try:
+            raise error
+        finally:  # no cycle error -> traceback -> this frame -> error: the caller's frames (a Trainer, its DDP
+            error = None  # wrapper) go with the error, before the process group, not at exit (gloo aborts then)
+    failed = [(rank, message) for rank, message in enumerate(errors) if message is not None]
+    if failed:
+        rank, message = failed[0]
+        raise OtherRankError(f"rank {rank} could not load its part of {source}, so no rank goes on: {message}")
+    return result

@@ -14,11 +14,19 @@ from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.config import Config, load_config_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.runtime.distributed import DistEnv
 
 
-def load_trained(path: str | Path, data_dir: str | Path | None = None) -> tuple[TransformerLM, Config, dict, Path]:
+def load_trained(path: str | Path, data_dir: str | Path | None = None,
+                 env: DistEnv | None = None) -> tuple[TransformerLM, Config, dict, Path]:
     """(model in eval mode on the CPU, config, checkpoint dict, data dir) of a run checkpoint, after
-    checking that the data dir's vocabulary (default: the run's) is the one the model was trained with."""
+    checking that the data dir's vocabulary (default: the run's) is the one the model was trained with.
+    Given the `env` of several processes, it is collective: each rank loads its value columns, and if one
+    rank cannot (its value shard file missing or damaged) every rank raises (sharded_values.on_every_rank)."""
+    return sharded_values.on_every_rank(lambda: _load_trained(path, data_dir), env or DistEnv(), path)
+
+
+def _load_trained(path: str | Path, data_dir: str | Path | None) -> tuple[TransformerLM, Config, dict, Path]:
     state = checkpoint.load(path)
     cfg = load_config_dict(state["config"], source=str(path))
     data_dir = Path(data_dir or cfg.data.path)

@@ -19,18 +19,23 @@ gradients are sparse (one row per slot read, see model/memory/value_read.py):
 
 A new optimizer (or schedule: SCHEDULES in schedule.py, by `optim.schedule`) is one `register(name)` entry
 there or in a module named in the config's `plugins` (registry.py).
+
+A run resumes with the optimizers its checkpoint was saved with (Optimizers.load_state_dict, given the
+checkpoint's config): another one is refused in one line, since its state is not the saved one's (adam and
+lazy_adam keep the same moments, and resume each other's: ValueOptimizer.state).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from xlm_pkm.config import ConfigError, OptimConfig
+from xlm_pkm.config import ConfigError, OptimConfig, migrate
 from xlm_pkm.optim.adagrad import ClippedAdagrad
 from xlm_pkm.optim.clipping import clip_grad_norm, scale_grads_
 from xlm_pkm.optim.lazy_adam import LazyAdam
@@ -49,6 +54,8 @@ class ValueOptimizer:
     build: Callable[[list[nn.Parameter], OptimConfig], torch.optim.Optimizer]
     sparse: bool  # the gradients it takes: sparse rows (True) or the dense table
     weight_decay: bool = True  # whether it supports optim.values_weight_decay
+    # the per-parameter state it keeps: optimizers of the same one resume each other's checkpoints ("": its name)
+    state: str = ""
 
 
 VALUE_OPTIMIZERS = Registry("values optimizer")
@@ -60,9 +67,10 @@ def _betas(cfg: OptimConfig) -> dict:
 
 
 VALUE_OPTIMIZERS.register("adam")(ValueOptimizer(
-    lambda params, cfg: torch.optim.AdamW(params, lr=cfg.values_lr, **_betas(cfg)), sparse=False))
+    lambda params, cfg: torch.optim.AdamW(params, lr=cfg.values_lr, **_betas(cfg)), sparse=False,
+    state="adam"))  # step, exp_avg, exp_avg_sq
 VALUE_OPTIMIZERS.register("lazy_adam")(ValueOptimizer(
-    lambda params, cfg: LazyAdam(params, lr=cfg.values_lr, **_betas(cfg)), sparse=True))
+    lambda params, cfg: LazyAdam(params, lr=cfg.values_lr, **_betas(cfg)), sparse=True, state="adam"))
 VALUE_OPTIMIZERS.register("adagrad")(ValueOptimizer(
     lambda params, cfg: torch.optim.Adagrad(params, lr=cfg.values_lr, eps=cfg.values_eps), sparse=True,
     weight_decay=False))
@@ -77,6 +85,16 @@ def value_optimizer(cfg: OptimConfig) -> ValueOptimizer:
         raise ConfigError(f"optim.values_weight_decay: {cfg.values_optimizer} on sparse rows does not support "
                           f"weight decay (use adam or lazy_adam), got {cfg.values_weight_decay}")
     return spec
+
+
+# each group's optimizer: the config key that names it, and the registry of the names
+GROUP_OPTIMIZERS = {"dense": ("optimizer", DENSE_OPTIMIZERS), "values": ("values_optimizer", VALUE_OPTIMIZERS)}
+
+
+def _saved_state(group: str, name: str) -> str:
+    """What a checkpoint's state of `group` saved by optimizer `name` is (ValueOptimizer.state, else the name)."""
+    spec = GROUP_OPTIMIZERS[group][1].get(name)  # .get: a name no longer registered is only itself
+    return spec.state or name if isinstance(spec, ValueOptimizer) else name
 
 
 def _skip_on_every_rank(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
@@ -108,6 +126,7 @@ class Optimizers:
         values = [p for p in model.memory_value_parameters() if p.requires_grad]
         value_ids = {id(p) for p in values}
         dense = [p for p in model.parameters() if p.requires_grad and id(p) not in value_ids]
+        self.cfg = cfg
         self.global_clip = cfg.clip_grad_norm if cfg.clip_scope == "global" else 0.0
         group_clip = 0.0 if self.global_clip else cfg.clip_grad_norm
         self.groups = []  # a group whose parameters are all frozen (optim.trainable) is left out
@@ -153,9 +172,32 @@ class Optimizers:
     def state_dict(self) -> dict:
         return {g.name: g.optimizer.state_dict() for g in self.groups}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict, saved_config: dict | None = None, source: str | Path | None = None) -> None:
+        """Each group's state, from Optimizers.state_dict() of the checkpoint `source`; given the config
+        the checkpoint recorded, refused first (nothing loaded) if a group's optimizer changed (check_resumable)."""
         names = [g.name for g in self.groups]
         if sorted(state) != sorted(names):
             raise ValueError(f"checkpoint has optimizer groups {sorted(state)}, this model has {sorted(names)}")
+        if saved_config is not None:
+            self.check_resumable(saved_config, source)
         for g in self.groups:
             g.optimizer.load_state_dict(state[g.name])
+
+    def check_resumable(self, saved_config: dict, source: str | Path | None = None) -> None:
+        """A ValueError naming the old and new optimizer of each group whose optimizer is not the one the
+        checkpoint `source` was saved with (`saved_config`, its recorded config), unless both keep the
+        same state: another optimizer would fail at the first step on state it does not know."""
+        saved, defaults = migrate(saved_config).get("optim", {}), OptimConfig()
+        changed = []
+        for g in self.groups:
+            key = GROUP_OPTIMIZERS[g.name][0]
+            old, new = saved.get(key, getattr(defaults, key)), getattr(self.cfg, key)
+            if _saved_state(g.name, old) != _saved_state(g.name, new):
+                changed.append((f"optim.{key}", old, new))
+        if changed:
+            before = " and ".join(f"{key}={old}" for key, old, _ in changed)
+            after = " and ".join(f"{key}={new}" for key, _, new in changed)
+            keep = " ".join(f"{key}={old}" for key, old, _ in changed)
+            raise ValueError(f"{source or 'the checkpoint'}: saved with {before}, resumed with {after}, which cannot "
+                             f"take over its optimizer state; resume with {keep}, or start a new run from its "
+                             f"weights: train.init_from={source or 'CHECKPOINT'} and a new train.exp_id")

@@ -9,6 +9,7 @@ lost host), so the job ends with one line instead of hanging or printing two cha
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
 import threading
@@ -209,8 +210,10 @@ def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
 
 def shutdown(failed: bool = False) -> None:
     """Leaves the process group once every rank is done (gloo aborts a rank that leaves first); after
-    a failed collective, at once (the other ranks are not coming)."""
+    a failed collective, at once (the other ranks are not coming). A DDP wrapper left by a run that failed
+    to start is collected first: its communication hooks must go before the process group does."""
     global _heartbeat
+    gc.collect()
     if _heartbeat is not None:
         _heartbeat.stopped.set()
         _heartbeat = None

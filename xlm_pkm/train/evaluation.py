@@ -81,7 +81,7 @@ def evaluate_checkpoint(path, split: str = "test", data_dir: str | None = None, 
                         max_batches: int = 0, env: DistEnv = DistEnv()) -> dict:
     """Rebuilds the model saved in a checkpoint and evaluates it on `split` of its (or another) corpus,
     which must have the vocabulary the model was trained with."""
-    model, cfg, state, data_dir = load_trained(path, data_dir)
+    model, cfg, state, data_dir = load_trained(path, data_dir, env)  # every rank agrees whether it loaded
     stream = build_stream(cfg, split, env, data_dir, batch_size, bptt)
     result = evaluate(model.to(device), stream, device, precision, max_batches, env)
     return {"checkpoint": str(path), "split": split, "step": state["step"], **result}
