@@ -95,7 +95,8 @@ def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trai
             tiny_trainer(tmp_path, "train.exp_id=busy")
     finally:
         first.close()
-    tiny_trainer(tmp_path, "train.exp_id=busy").close()  # free again once the first run has ended
+    with pytest.raises(FileExistsError, match="but no checkpoint.pt to resume it from"):  # free again once the
+        tiny_trainer(tmp_path, "train.exp_id=busy")  # first run has ended, and its outputs not overwritten
 
 
 def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):
@@ -217,11 +218,68 @@ def test_other_vocabulary_is_refused_on_resume_and_in_evaluation(tiny_data_dir, 
     ("train.device=gpu", "train.device: expected auto, cpu, cuda or cuda:N"),
     ("optim.values_optimizer=adamw", "optim.values_optimizer: expected one of adam | lazy_adam"),
     ("model.memory.sparse=true", "replaced by optim.values_optimizer"),
+    ("model.mem_layers=[1,", "override 'model.mem_layers=[1,': not a valid YAML value"),
+    ("train.seed=-1", "train.seed: must be >= 0"),
+    ("train.exp_id=.", "train.exp_id: must name one folder under train.dump_path"),
+    ("train.exp_id=../../x", "train.exp_id: must name one folder under train.dump_path"),
+    ("optim.trainable=[]", "optim.trainable=[]: nothing to train (it selects no parameter)"),
+    ("model.memory.n_keys=100000", "the model needs at least 3,576.3 GiB for its weights and optimizer state"),
 ])
 def test_bad_values_get_one_line_errors(tiny_overrides, tmp_path, capsys, override, expected):
     assert train_main(tiny_overrides(tmp_path, "train.exp_id=bad", override)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and expected in err[0], err
+    assert not any(tmp_path.iterdir())  # refused before anything was written
+
+
+def test_a_memory_only_run_of_a_model_without_memory_is_refused(tiny_overrides, tmp_path, capsys):
+    assert train_main(tiny_overrides(tmp_path, "optim.trainable=memory", "model.mem_layers=[]",
+                                     "model.n_memories=0")) == 2
+    assert capsys.readouterr().err == ("train.py: error: optim.trainable=['memory']: nothing to train (the model has "
+                                       "no memory); use all, memory, memory_values (with a memory) or glob patterns "
+                                       "over parameter names\n")
+
+
+def test_a_run_directory_without_checkpoint_is_not_overwritten(tiny_run, tiny_overrides, tmp_path, capsys):
+    """best.pt of step 8 and the metrics stay as they were when checkpoint.pt is gone (deleted, or the run
+    stopped before its first one) and the same command runs again."""
+    run_dir = tiny_run(tmp_path, "train.exp_id=kept", "train.eval_every=4").run_dir
+    (run_dir / "checkpoint.pt").unlink()
+    outputs = lambda: {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name != ".lock"}  # noqa: E731
+    before = outputs()
+    assert train_main(tiny_overrides(tmp_path, "train.exp_id=kept", "train.eval_every=4")) == 2
+    assert capsys.readouterr().err.startswith(f"train.py: error: {run_dir} holds a run (best.pt, config.yaml, ")
+    assert outputs() == before
+
+
+def test_temporary_files_of_a_killed_writer_are_removed_at_the_next_start(tiny_run, tiny_trainer, tmp_path):
+    run_dir = tiny_run(tmp_path, "train.exp_id=tmp", "train.max_steps=4").run_dir
+    leftover = run_dir / "checkpoint.pt.999999.0badc0de.tmp"  # a kill -9 during a write leaves one
+    leftover.write_bytes(b"half a checkpoint")
+    trainer = tiny_trainer(tmp_path, "train.exp_id=tmp")
+    trainer.close()
+    assert not leftover.exists()
+    assert "removed 1 temporary file(s) left by a process killed while writing" in (run_dir / "train.log").read_text()
+
+
+def test_evaluating_a_folder_says_what_is_expected(tmp_path, capsys):
+    assert evaluate_main(["--checkpoint", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == (f"evaluate.py: error: {tmp_path} is a folder, not a checkpoint: give a run's "
+                                       f"checkpoint.pt or best.pt (an exported folder is read by generate.py and "
+                                       f"train.init_from, not evaluated)\n")
+
+
+def test_resuming_on_other_data_says_what_to_do(tiny_run, tiny_trainer, tiny_corpus, tiny_data_dir, tmp_path):
+    from xlm_pkm.data.preprocess import preprocess
+
+    tiny_run(tmp_path, "train.exp_id=moved", "train.max_steps=4")
+    other = tmp_path / "other"  # fewer documents held out, the same codes and vocabulary: other train tokens
+    preprocess([str(tiny_corpus)], other, codes=str(tiny_data_dir / "codes"), vocab=str(tiny_data_dir / "vocab"),
+               valid_docs=3, test_docs=4, seed=1, chunk_mb=0.25)
+    with pytest.raises(ValueError, match=rf"the checkpoint's data position does not match {other} \(train\): its "
+                                         r"total_tokens is \d+, this data's \d+; resume on the data the run was "
+                                         r"trained on \(data.path in its config.yaml\)"):
+        tiny_trainer(tmp_path, "train.exp_id=moved", f"data.path={other}")
 
 
 def test_torch_file_that_is_not_a_run_checkpoint(tmp_path, capsys):

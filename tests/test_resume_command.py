@@ -87,6 +87,27 @@ def test_a_second_ctrl_c_stops_at_once_in_one_line(tiny_overrides, tmp_path, cap
     assert RESUME not in captured.out and not (tmp_path / "tiny" / "twice" / "checkpoint.pt").exists()
 
 
+def test_a_second_ctrl_c_during_a_checkpoint_write_waits_for_the_file_to_be_whole(tiny_overrides, tmp_path, capsys,
+                                                                                 monkeypatch, signal_at_step):
+    from xlm_pkm.checkpoint import files
+
+    save_atomic = files.save_atomic
+
+    def ctrl_c_while_writing(record, path):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives inside the write
+        save_atomic(record, path)
+
+    signal_at_step(3, signal.SIGINT)  # the first Ctrl-C: stop at the end of step 3, with a checkpoint
+    monkeypatch.setattr(files, "save_atomic", ctrl_c_while_writing)
+    assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=during")]) == 130
+    captured = capsys.readouterr()
+    path = tmp_path / "tiny" / "during" / "checkpoint.pt"
+    assert captured.err == (f"train.py: error: interrupted (Ctrl-C) at step 3, after its checkpoint was written "
+                            f"whole: {path}\n")
+    assert checkpoint.load(path)["step"] == 3 and RESUME in captured.out
+    assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
 def test_exp_id_last_resumes_the_latest_unfinished_run_and_refuses_otherwise(tiny_overrides, tmp_path, capsys,
                                                                              signal_at_step):
     last = ["--no-test", *tiny_overrides(tmp_path, "train.exp_id=last")]

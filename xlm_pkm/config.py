@@ -215,7 +215,7 @@ NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.e
                 "optim.clip_per_tensor", "optim.lora.rank", "optim.memory_finetune.top_t",
                 "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
                 "train.save_every_steps", "train.save_every_minutes",
-                "train.num_threads")
+                "train.num_threads", "train.seed")
 PROBABILITIES = ("model.dropout", "model.attention_dropout", "model.memory.input_dropout",
                  "model.memory.query_dropout", "model.memory.value_dropout")  # in [0, 1)
 BETAS = ("optim.beta1", "optim.beta2", "optim.values_beta1", "optim.values_beta2")  # in [0, 1)
@@ -240,7 +240,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
-        _set(raw, key, yaml.safe_load(value) if value else "", f"override {item!r}")
+        try:
+            parsed = yaml.safe_load(value) if value else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: not a valid YAML value ({getattr(e, 'problem', None) or e}); "
+                              f"e.g. {key}=[1, 2] for a list, {key}=\"text\" for a string") from None
+        _set(raw, key, parsed, f"override {item!r}")
     import_plugins(raw.get("plugins"))
     for old, new in RENAMED.items():
         if _pop(raw, old) is not None:
@@ -379,10 +384,19 @@ def validate(cfg, prefix: str = ""):
         raise ConfigError(f"train.device: expected auto, cpu, cuda or cuda:N, got {cfg.train.device!r}")
     if isinstance(cfg, Config):
         _check_family(cfg.model, cfg.data.shuffle_blocks)
+        _check_run_names(cfg.train)
     if isinstance(cfg, Config) and cfg.optim.memory_finetune.top_t and not cfg.optim.memory_finetune.background:
         raise ConfigError("optim.memory_finetune.top_t needs optim.memory_finetune.background: the slot counts "
                           "of python -m xlm_pkm.finetune.slot_counts CHECKPOINT --data DIR --out FILE")
     return cfg
+
+
+def _check_run_names(train: TrainConfig) -> None:
+    """exp_name and exp_id name one folder each under dump_path: no path separator, not . or .."""
+    for key, value in (("train.exp_name", train.exp_name), ("train.exp_id", train.exp_id)):
+        if "/" in value or "\\" in value or value in (".", "..") or (key == "train.exp_name" and not value):
+            raise ConfigError(f"{key}: must name one folder under train.dump_path (no / or \\, not . or ..), "
+                              f"got {value!r}")
 
 
 CONTEXT_SUBLAYERS = ("all_attention", "span_attention")  # relative positions and a stream cache

@@ -53,7 +53,7 @@ class TokenStream:
         self._verified: set[int] = set()
         self.shard_starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.total = int(self.shard_starts[-1])
-        self.split, self.batch_size, self.bptt = split, batch_size, bptt
+        self.data_dir, self.split, self.batch_size, self.bptt = data_dir, split, batch_size, bptt
         self.rank, self.world_size, self.seed, self.train = rank, world_size, seed, train
         self.shuffle = train and shuffle
         self.epoch = self.step = 0
@@ -138,5 +138,8 @@ class TokenStream:
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key in ("seed", "batch_size", "bptt", "world_size", "total_tokens", "shuffle"):
             if key in state and state[key] != self.state_dict()[key]:
-                raise ValueError(f"stream state does not match this stream: {key} is {state.get(key)}, expected {self.state_dict()[key]}")
+                raise ValueError(f"the checkpoint's data position does not match {self.data_dir} ({self.split}): its {key} "
+                                 f"is {state.get(key)}, this data's {self.state_dict()[key]}; resume on the data the "
+                                 f"run was trained on (data.path in its config.yaml), or start a new run from its "
+                                 f"weights with train.init_from=CHECKPOINT")
         self.epoch, self.step = int(state["epoch"]), int(state["step"])

@@ -32,15 +32,21 @@ def trains(name: str, param: nn.Parameter, memory_names: set[str], spec: list[st
 
 def freeze(model: nn.Module, spec: list[str]) -> int:
     """Freezes the parameters `spec` does not train and pins fully frozen modules to eval mode; returns
-    the number of trainable parameter elements. A pattern matching no parameter is a ConfigError."""
+    the number of trainable parameter elements. A pattern matching no parameter, or a spec that trains
+    nothing, is a ConfigError."""
     names = [name for name, _ in model.named_parameters()]
     if not (len(spec) == 1 and spec[0] in PRESETS):
         for pattern in spec:
             if not fnmatch.filter(names, pattern):
                 raise ConfigError(f"optim.trainable: pattern {pattern!r} matches no parameter of the model")
     memory_names = {name for name, m in model.named_modules() if isinstance(m, ProductKeyMemory)}
+    chosen = {name: trains(name, p, memory_names, spec) for name, p in model.named_parameters()}
+    if not any(chosen.values()):
+        why = "the model has no memory" if spec in (["memory"], ["memory_values"]) else "it selects no parameter"
+        raise ConfigError(f"optim.trainable={spec}: nothing to train ({why}); use all, memory, memory_values "
+                          f"(with a memory) or glob patterns over parameter names")
     for name, p in model.named_parameters():
-        p.requires_grad_(trains(name, p, memory_names, spec))
+        p.requires_grad_(chosen[name])
     for module in model.modules():
         params = list(module.parameters())
         if params and not any(p.requires_grad for p in params):

@@ -39,6 +39,9 @@ def _collective_failure(error: BaseException) -> CollectiveError | None:
 def _interrupted(trainer: Trainer | None) -> UserError:
     if trainer is None:
         return UserError("interrupted (Ctrl-C) before training started")
+    if trainer.saved_step == trainer.step:
+        return UserError(f"interrupted (Ctrl-C) at step {trainer.step}, after its checkpoint was written whole: "
+                         f"{trainer.ckpt_path}")
     return UserError(f"interrupted (Ctrl-C) at step {trainer.step}, not saved. {trainer.checkpoints.last_good()}")
 
 

@@ -1,4 +1,4 @@
-"""The device's peaks, for model FLOPs utilisation (MFU) and achieved memory bandwidth.
+"""The device's peaks, for model FLOPs utilisation (MFU) and achieved memory bandwidth; its free memory.
 
 Both are looked up from the name torch.cuda.get_device_name() reports (substring match, most
 specific first), never assumed; an unknown device (or CPU) gives None and the figure is left out.
@@ -50,3 +50,16 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
 def peak_memory_bandwidth(device: torch.device) -> float | None:
     """The device's peak memory bandwidth in bytes/s, or None when unknown (CPU, unlisted GPU)."""
     return _lookup(PEAK_MEMORY_BANDWIDTH, device)
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes a new allocation can take now: the GPU's free memory, or the machine's available memory
+    (MemAvailable on Linux); None when unknown."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            fields = dict(line.split(":", 1) for line in f)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None

@@ -14,6 +14,7 @@ from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
+from xlm_pkm.runtime.hardware import available_memory
 
 
 def build_stream(cfg: Config, split: str, env: DistEnv, data_path: str | None = None, batch_size: int = 0,
@@ -33,9 +34,35 @@ def set_vocab_size(cfg: Config, vocab_size: int) -> None:
     cfg.model.vocab_size = vocab_size
 
 
+# Optimizer states per parameter element (Adam's two moments, Adagrad's sum, none for SGD).
+OPTIMIZER_STATES = {"adam": 2, "lazy_adam": 2, "adagrad": 1, "sgd": 0}
+
+
+def check_memory_fits(cfg: Config, device: torch.device) -> None:
+    """Refuses in one line a model whose float32 weights, dense gradients and optimizer states (a lower
+    bound of what training holds) exceed the device's available memory, before anything is allocated:
+    the model is built on the meta device, which counts this rank's parameters (its value shard)."""
+    available = available_memory(device)
+    if available is None:
+        return
+    with torch.device("meta"):
+        model = TransformerLM(cfg.model)
+    values = sum(p.numel() for p in {id(p): p for p in model.memory_value_parameters()}.values())  # shared once
+    dense = sum(p.numel() for p in model.parameters()) - values
+    states = OPTIMIZER_STATES.get(cfg.optim.values_optimizer, 0), OPTIMIZER_STATES.get(cfg.optim.optimizer, 0)
+    need = 4 * (values * (1 + states[0]) + dense * (2 + states[1]))
+    if need > available:
+        raise ConfigError(f"the model needs at least {need / 2**30:,.1f} GiB for its weights and optimizer state "
+                          f"({values + dense:,} parameters, {values:,} of them memory values), more than the "
+                          f"{available / 2**30:,.1f} GiB available on {device}: fewer slots (model.memory.n_keys="
+                          f"{cfg.model.memory.n_keys} gives {cfg.model.memory.n_keys ** 2:,} per memory), or values "
+                          f"sharded across GPUs (model.memory.shard_values)")
+
+
 def build_model(cfg: Config, device: torch.device) -> TransformerLM:
     """The LM of cfg.model (vocab_size set), initialised from train.seed, value gradients as the values
-    optimizer wants them."""
+    optimizer wants them; refused first if it cannot fit (check_memory_fits)."""
+    check_memory_fits(cfg, device)
     torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
     model = TransformerLM(cfg.model).to(device)
     model.set_sparse_values(value_optimizer(cfg.optim).sparse)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
@@ -24,6 +25,7 @@ import yaml
 from xlm_pkm.config import Config, ConfigError, save_config, to_dict
 from xlm_pkm.runtime import slurm_env
 from xlm_pkm.runtime.distributed import DistEnv, broadcast_object
+from xlm_pkm.utils.atomic import is_temporary
 from xlm_pkm.utils.lock import DirectoryLock
 
 
@@ -73,6 +75,34 @@ def run_directory(dump_path: str, exp_name: str, exp_id: str, env: DistEnv, max_
                               f"reused the job id of an earlier run. Give train.exp_id (a new one, or "
                               f"train.exp_id={exp_id} to resume that run)")
     return run_dir, exp_id
+
+
+# What a run writes in its directory (other files, e.g. the reproduction harness's reproduce.json, are not a run).
+RUN_OUTPUTS = ("best.pt", "metrics.jsonl", "train.log", "config.yaml", "config.until-step*.yaml",
+               "events.out.tfevents.*", "*.values")
+
+
+def refuse_unresumable(run_dir: Path, resumed: bool, env: DistEnv) -> None:
+    """A new run (no checkpoint.pt) in a directory that holds a run's outputs (best.pt, metrics.jsonl...)
+    would overwrite them: refused in one line, on every rank (rank 0 looks, once it holds the lock)."""
+    found = []
+    if env.is_main and not resumed:
+        found = sorted(p.name for p in run_dir.iterdir() if any(fnmatch(p.name, o) for o in RUN_OUTPUTS))
+    found = broadcast_object(found, env)
+    if found:
+        raise FileExistsError(f"{run_dir} holds a run ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}) "
+                              f"but no checkpoint.pt to resume it from; a new run there would overwrite it: give "
+                              f"another train.exp_id, or move that directory away")
+
+
+def remove_temporary_files(run_dir: Path) -> int:
+    """Removes the temporary files (NAME.PID.TOKEN.tmp) that a process killed while writing left in the run
+    directory; the caller holds its lock, so no live writer owns one. Returns how many."""
+    stale = [p for folder in (run_dir, run_dir / "checkpoint.values", run_dir / "best.values")
+             if folder.is_dir() for p in folder.iterdir() if is_temporary(p)]
+    for p in stale:
+        p.unlink(missing_ok=True)
+    return len(stale)
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:

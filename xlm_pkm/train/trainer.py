@@ -4,7 +4,8 @@ A run lives in `dump_path/exp_name/exp_id/`, locked to one process group at a ti
 Starting a run whose directory holds `checkpoint.pt` resumes it exactly: model, optimizers, loss
 scaler and every rank's TrainState (counters, RNG states, data cursor, log window). Nothing non-finite
 is ever saved: `checkpoint.pt` is always the last good state. A run stopped by a signal or its time
-limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me). Under
+limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me). Ctrl-C
+(SIGINT) stops the same way; a second one stops at once, but never in the middle of a checkpoint write. Under
 SLURM, the time-limit warning (SIGUSR1/SIGUSR2) also requeues the job; SIGTERM (scancel, or SLURM
 requeueing or pre-empting the job itself) does not: a cancelled job ends, its checkpoint kept.
 Besides evaluations, a checkpoint is written every `train.save_every_steps` steps and/or
@@ -18,7 +19,7 @@ import math
 import random
 import signal
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 
 import torch
 
@@ -38,7 +39,8 @@ from xlm_pkm.runtime.hardware import peak_flops
 from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
 from xlm_pkm.train.build import build_model, build_optimizers, build_stream, set_vocab_size
 from xlm_pkm.train.evaluation import evaluate
-from xlm_pkm.train.run_dir import lock_run_directory, record_config, run_directory
+from xlm_pkm.train.run_dir import (lock_run_directory, record_config, refuse_unresumable, remove_temporary_files,
+                                   run_directory)
 from xlm_pkm.train.run_log import RunLogger
 from xlm_pkm.train.state import TrainState, from_earlier_version
 from xlm_pkm.train.step import loss_backward, optimizer_update
@@ -88,6 +90,8 @@ class Trainer:
         self.state = TrainState(self.train_stream, self.device, self.model)
 
         self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None  # creates the directory
+        self.removed_temporary = remove_temporary_files(self.run_dir) if self.env.is_main else 0
+        refuse_unresumable(self.run_dir, self.resumed, self.env)
         if self.resumed:
             self.resume()
         self.memory_finetune = None if not cfg.optim.memory_finetune.top_t else SparseMemoryFinetuning(
@@ -95,6 +99,7 @@ class Trainer:
             check_fingerprint=not self.resumed)
         self.stopped = False  # by a signal or the time limit, before max_steps
         self.stop_signal: int | None = None  # the signal that asked to stop, if one did
+        self.writing = self.interrupt_after_write = False  # a checkpoint being written; a second Ctrl-C during it
         self.log = RunLogger(self.run_dir, self.env.is_main, resume_step=self.state.step if self.resumed else None)
         if self.env.is_main:
             changes = record_config(self.run_dir, cfg, self.step if self.resumed else None)
@@ -134,6 +139,8 @@ class Trainer:
         counts = self.model.param_counts()
         self.log.info(f"run directory {self.run_dir} "
                       f"({'resumed at step ' + str(self.step) if self.resumed else 'new run'})")
+        if self.removed_temporary:
+            self.log.info(f"removed {self.removed_temporary} temporary file(s) left by a process killed while writing")
         self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
@@ -158,16 +165,19 @@ class Trainer:
     def save_checkpoint(self) -> None:
         """checkpoint.pt: the model, optimizers, loss scaler and every rank's TrainState (gathered to rank 0).
         Refused if not finite (RunCheckpoints.save_last). Collective: every rank takes part."""
-        self.checkpoints.save_last({**self._model_record(), "optimizers": self.optimizers.state_dict(),
-                                    "scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
-                                    "train_state": gather_objects(self.state.state_dict(), self.env)})
+        record = {**self._model_record(), "optimizers": self.optimizers.state_dict(),
+                  "scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
+                  "train_state": gather_objects(self.state.state_dict(), self.env)}
+        with self._write_whole():
+            self.checkpoints.save_last(record)
 
     def save_best(self) -> None:
         """best.pt: the model only (for evaluation), LoRA adapters merged into plain weights."""
         record = self._model_record()
         if self.lora:
             record["model"] = lora.merged_state_dict(self.model)
-        self.checkpoints.save_best(record)
+        with self._write_whole():
+            self.checkpoints.save_best(record)
 
     @property
     def saved_step(self) -> int | None:
@@ -176,7 +186,7 @@ class Trainer:
 
     def resume(self) -> None:
         state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab")
-        self.optimizers.load_state_dict(state["optimizers"])
+        self.optimizers.load_state_dict(state["optimizers"], state["config"], self.ckpt_path)
         self.scaler.load_state_dict(state["scaler"])
         ranks = state["train_state"] if "train_state" in state else from_earlier_version(state)
         self.state.load_state_dict(ranks[self.env.rank])
@@ -279,9 +289,23 @@ class Trainer:
         return last_valid
 
     def _request_stop(self, signum, frame) -> None:
-        if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:
-            raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
+        if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:  # a second Ctrl-C: stop now...
+            if self.writing:
+                self.interrupt_after_write = True  # ...once the file being written is whole
+                return
+            raise KeyboardInterrupt
         self.stop_signal = signum
+
+    @contextmanager
+    def _write_whole(self):
+        """A checkpoint write that a second Ctrl-C does not cut: the interrupt waits until it ends."""
+        self.writing = True
+        try:
+            yield
+        finally:
+            self.writing = False
+        if self.interrupt_after_write:
+            raise KeyboardInterrupt
 
     def _save_due(self, last_save: float) -> bool:
         """A checkpoint is due by train.save_every_steps or train.save_every_minutes (rank 0's clock)."""

@@ -64,6 +64,8 @@ def init_shard(weight: torch.Tensor, dim: int, shard: ValueShard) -> None:
     unsharded init, drawn row-chunk by row-chunk. torch's CPU normal_ draws blocks of 16 values, so
     chunks whose sizes are multiples of 16 (all but the last, which ends where the whole table ends)
     consume the random stream exactly as one draw of the whole table (tests/test_value_shards.py)."""
+    if weight.is_meta:  # shapes only (a model built on the meta device to count its parameters)
+        return
     n, columns = weight.shape[0], shard.columns(dim)
     with torch.no_grad():
         start = 0
