@@ -1,7 +1,7 @@
 """docs/own-corpus.md, run as a user would: every command of its bash blocks in order, from a directory
 outside the checkout holding the user's corpus (300 documents) and links to the three scripts, with the
 venv's `python` on PATH; then its Python block as a script of the user's. Each `train.py` command gets
-the tests' tiny-model overrides appended (TINY, 300 steps); the first one is stopped with a real SIGINT
+the tests' tiny-model overrides appended (TINY, 100 steps); the first one is stopped with a real SIGINT
 after its second step, as the page says to."""
 
 import os
@@ -17,7 +17,7 @@ from conftest import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "own-corpus.md"
-SIZE = [o for o in TINY if not o.startswith("train.exp_name=")] + ["train.max_steps=300"]
+SIZE = [o for o in TINY if not o.startswith("train.exp_name=")] + ["train.max_steps=100"]
 
 
 def _commands(language: str) -> list[str]:
@@ -56,7 +56,7 @@ def test_the_own_corpus_page_runs_as_written(tiny_corpus, tmp_path):
             metrics = tmp_path / "dumped" / "mine" / "first" / "metrics.jsonl"
             deadline = time.time() + 120
             while not (metrics.exists() and '"step": 2,' in metrics.read_text()) and time.time() < deadline:
-                time.sleep(0.05)
+                time.sleep(0.01)
             os.killpg(run.pid, signal.SIGINT)  # Ctrl-C reaches the terminal's whole process group
             out, err = run.communicate(timeout=120)
             assert run.returncode == 75, err

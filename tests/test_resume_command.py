@@ -44,7 +44,7 @@ def test_ctrl_c_in_another_directory_saves_prints_the_resume_command_and_it_resu
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
     script = os.path.relpath(ROOT / "train.py", cwd)
-    args = ["--no-test", *tiny_overrides(tmp_path, "train.max_steps=400", "train.exp_id=ctrlc")]
+    args = ["--no-test", *tiny_overrides(tmp_path, "train.max_steps=100", "train.exp_id=ctrlc")]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
            "PYTHONUNBUFFERED": "1"}
     run = subprocess.Popen(["python", script, *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
@@ -52,18 +52,18 @@ def test_ctrl_c_in_another_directory_saves_prints_the_resume_command_and_it_resu
     metrics = tmp_path / "tiny" / "ctrlc" / "metrics.jsonl"
     deadline = time.time() + 120
     while not (metrics.exists() and '"step": 2,' in metrics.read_text()) and time.time() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.01)
     run.send_signal(signal.SIGINT)
     out, err = run.communicate(timeout=120)
     assert run.returncode == 75, err
     stop = checkpoint.load(tmp_path / "tiny" / "ctrlc" / "checkpoint.pt")["step"]
-    assert 2 <= stop < 400 and f"stopping at step {stop} (SIGINT)" in out
+    assert 2 <= stop < 100 and f"stopping at step {stop} (SIGINT)" in out
     [command] = [line.split(RESUME, 1)[1] for line in out.splitlines() if RESUME in line]
     assert command == shlex.join(["python", script, *args])  # its exp_id already last
     resumed = subprocess.run(shlex.split(command), cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed at step {stop}" in resumed.stdout and RESUME not in resumed.stdout
-    full = reference_run("train.max_steps=400")
+    full = reference_run("train.max_steps=100")
     assert logged_losses(tmp_path / "tiny" / "ctrlc") == logged_losses(full.run_dir)
 
 
