@@ -24,11 +24,10 @@ from xlm_pkm.runtime.distributed import DistEnv, any_rank
 
 
 class RunCheckpoints:
-    def __init__(self, run_dir: Path, model: nn.Module, env: DistEnv, device: torch.device,
-                 saved_step: int | None = None):
+    def __init__(self, run_dir: Path, model: nn.Module, env: DistEnv, device: torch.device):
         self.last_path, self.best_path = run_dir / "checkpoint.pt", run_dir / "best.pt"
         self.model, self.env, self.device = model, env, device
-        self.saved_step = saved_step  # step of the last good checkpoint.pt (None: none written by this run)
+        self.saved_step: int | None = None  # step of the last good checkpoint.pt (None: none saved or loaded)
 
     def save_last(self, record: dict) -> None:
         """checkpoint.pt, unless a parameter or an optimizer state is not finite (NonFiniteError, and the

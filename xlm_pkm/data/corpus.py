@@ -39,6 +39,18 @@ def input_format(path: Path) -> str:
     return "jsonl" if suffixes and suffixes[-1] in (".jsonl", ".json") else "text"
 
 
+def folder_files(folder: Path) -> tuple[list[Path], list[str]]:
+    """The (not hidden) files of `folder`, sorted, and one glob per kind of file name among them, in order of
+    first appearance: `*.jsonl`, `*.txt.gz` (a compression suffix keeps the one before it), `*` (no suffix)."""
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
+    kinds = []
+    for f in files:
+        kind = "*" + "".join(f.suffixes[-2:] if f.suffix in OPENERS else f.suffixes[-1:])
+        if kind not in kinds:
+            kinds.append(kind)
+    return files, kinds
+
+
 class Reader:
     """Iterate over the documents (str) of one input file, counting replaced invalid UTF-8 sequences."""
 

@@ -23,11 +23,11 @@ import numpy as np
 
 from xlm_pkm.utils.atomic import write_text
 
+from .corpus import folder_files
 from .dictionary import Dictionary
 from .shard import ShardError, hash_file, read_header, shard_paths, write_shard
 
 SPLITS = ("train", "valid", "test")
-COMPRESSED = (".gz", ".xz", ".bz2")  # a corpus file's kind is then its last two suffixes
 
 
 def file_digest(path: Path) -> str:
@@ -111,8 +111,8 @@ def verify_outputs(data_dir: Path, plan: dict) -> tuple[str | None, list[Path]]:
 def not_a_data_directory(folder: Path) -> str:
     """The error for an existing folder that no preprocessing run wrote (raw text, say), with the command
     that makes a data directory of its files."""
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith("."))
-    kinds = sorted({"*" + "".join(p.suffixes[-2:] if p.suffix in COMPRESSED else p.suffixes[-1:]) for p in files})
+    files, kinds = folder_files(folder)
+    kinds = sorted(kinds)
     quoted = shlex.quote(str(folder))
     if not files:
         inputs = "FILE [FILE ...]"

@@ -107,7 +107,7 @@ def resolve_held_out(options: dict, n_docs: int) -> dict:
     PlanError when the sizes do not leave a training document, naming sizes that do."""
     default = default_held_out(n_docs)
     valid, test = (default if options[k] is None else options[k] for k in ("valid_docs", "test_docs"))
-    if valid < 0 or test < 0 or valid + test >= n_docs:
+    if valid + test >= n_docs:  # negative sizes are refused before the scan (preprocess)
         if 2 * default < n_docs:
             fit = (f"--valid-docs {default} --test-docs {default} fit ({_default_rule(n_docs)}, "
                    "as when both are left out)")
@@ -115,9 +115,8 @@ def resolve_held_out(options: dict, n_docs: int) -> dict:
             fit = "at least 3 are needed (a valid, a test and a training document)"
         if options["valid_docs"] is None and options["test_docs"] is None:
             raise PlanError(f"the input has {n_docs} document{'s' * (n_docs != 1)}: {fit}")
-        problem = "cannot be negative" if min(valid, test) < 0 else "must leave training documents"
-        raise PlanError(f"--valid-docs {valid} + --test-docs {test} {problem}: the input has {n_docs} "
-                        f"documents; {fit}")
+        raise PlanError(f"--valid-docs {valid} + --test-docs {test} must leave training documents: the input has "
+                        f"{n_docs} documents; {fit}")
     return {**options, "valid_docs": valid, "test_docs": test}
 
 

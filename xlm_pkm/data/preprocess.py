@@ -44,7 +44,7 @@ from xlm_pkm.utils.atomic import atomic_file, is_temporary, write_error, write_t
 from xlm_pkm.utils.lock import DirectoryLock
 from xlm_pkm.utils.program import program_name
 
-from .corpus import OPENERS, CorpusError, Reader
+from .corpus import CorpusError, Reader, folder_files
 from .dictionary import Dictionary
 from .executor import Executor
 from .fastbpe import bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
@@ -241,17 +241,12 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
 def _directory_input(path: Path) -> str:
     """What to say of a directory given as --input: inputs are files (give the directory's files)."""
     try:
-        files = sorted(p for p in path.iterdir() if p.is_file() and not p.name.startswith("."))
+        files, kinds = folder_files(path)
     except OSError as e:
         return f"--input {path} is a directory, not a file ({e.strerror} to list it): give text or JSONL files"
     if not files:
         return f"--input {path} is a directory, with no files in it: give text or JSONL files"
-    patterns = []
-    for f in files:  # DIR/*.jsonl, DIR/*.txt.gz...: one pattern per kind of file name
-        suffixes = f.suffixes[-2:] if f.suffix in OPENERS else f.suffixes[-1:]
-        pattern = str(path / f"*{''.join(suffixes)}")
-        if pattern not in patterns:
-            patterns.append(pattern)
+    patterns = [str(path / kind) for kind in kinds]  # DIR/*.jsonl, DIR/*.txt.gz...
     return (f"--input {path} is a directory, not a file: give its files, e.g. --input {' '.join(patterns[:3])} "
             f"({len(files)} file{'s' if len(files) > 1 else ''} there)")
 

@@ -199,13 +199,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def any_ranks(flags: list[bool], env: DistEnv, device: torch.device) -> list[bool]:
+    """Each flag true on every rank when it is true on at least one: one all-reduce for all of them."""
+    if not env.is_distributed:
+        return list(flags)
+    t = torch.tensor([float(f) for f in flags], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return [bool(v) for v in t.tolist()]
+
+
 def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
     """True on every rank when `flag` is true on at least one."""
-    if not env.is_distributed:
-        return flag
-    t = torch.tensor([float(flag)], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return any_ranks([flag], env, device)[0]
 
 
 def shutdown(failed: bool = False) -> None:

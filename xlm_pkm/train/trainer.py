@@ -33,7 +33,7 @@ from xlm_pkm.finetune.memory_finetune import SparseMemoryFinetuning
 from xlm_pkm.finetune.trainable import freeze
 from xlm_pkm.optim.optimizers import value_optimizer
 from xlm_pkm.runtime import slurm_env
-from xlm_pkm.runtime.distributed import (all_reduce_sum, any_rank, average_value_grads_, data_parallel, gather_objects,
+from xlm_pkm.runtime.distributed import (all_reduce_sum, any_ranks, average_value_grads_, data_parallel, gather_objects,
                                          init_distributed, synced_values)
 from xlm_pkm.runtime.hardware import peak_flops
 from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
@@ -273,13 +273,17 @@ class Trainer:
                 if state.step % cfg.eval_every == 0 or state.step == cfg.max_steps:
                     last_valid = self.validate()
                     self.save_checkpoint()
-                if self._save_due(last_save):
+                out_of_time = cfg.max_time_minutes > 0 and time.time() - start > 60 * cfg.max_time_minutes
+                stop = self.stop_signal is not None
+                minutes_due = (self.env.is_main and cfg.save_every_minutes > 0  # rank 0's clock decides
+                               and time.time() - last_save >= 60 * cfg.save_every_minutes)
+                # one host sync per step (if distributed) for both: a stop asked anywhere, a save due by time
+                stop_anywhere, minutes_due = any_ranks([stop or out_of_time, minutes_due], self.env, self.device)
+                if self.saved_step != state.step and (minutes_due or self._steps_due()):
                     self.save_checkpoint()
                 if self.saved_step == state.step:
                     last_save = time.time()
-                out_of_time = cfg.max_time_minutes > 0 and time.time() - start > 60 * cfg.max_time_minutes
-                stop = self.stop_signal is not None
-                if any_rank(stop or out_of_time, self.env, self.device):  # host sync if distributed
+                if stop_anywhere:
                     self._stop(signal.Signals(self.stop_signal).name if stop else
                                "time limit" if out_of_time else "a signal to another rank")
                     break
@@ -307,17 +311,10 @@ class Trainer:
         if self.interrupt_after_write:
             raise KeyboardInterrupt
 
-    def _save_due(self, last_save: float) -> bool:
-        """A checkpoint is due by train.save_every_steps or train.save_every_minutes (rank 0's clock)."""
-        cfg = self.cfg.train
-        if self.saved_step == self.step:
-            return False
-        if cfg.save_every_steps and self.step % cfg.save_every_steps == 0:
-            return True
-        if not cfg.save_every_minutes:
-            return False
-        return any_rank(self.env.is_main and time.time() - last_save >= 60 * cfg.save_every_minutes,
-                        self.env, self.device)
+    def _steps_due(self) -> bool:
+        """A checkpoint is due by train.save_every_steps (train.save_every_minutes: in the loop)."""
+        every = self.cfg.train.save_every_steps
+        return bool(every) and self.step % every == 0
 
     def _stop(self, why: str) -> None:
         """Checkpoints (unless just done) and stops; under SLURM, requeues the job on its time-limit warning."""
