@@ -18,12 +18,19 @@ from xlm_pkm.model.transformer import TransformerLM
 SHARED = ["model.dim=32", "model.n_layers=3", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[1,3]",
           "model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2", "model.memory.knn=4",
           "model.memory.share_values=true"]
+VARIANTS = {  # random models of each memory variant (docs/variants.md), PEER's tables shared by two memories
+    "shared values": SHARED,
+    "peer": [*SHARED, "model.memory.values=peer", "model.memory.share_keys=true"],
+    "ultramem": [*SHARED[:-1], "model.memory.key_type=tucker", "model.memory.tucker_cores=2",
+                 "model.memory.values=expanded", "model.memory.value_expansion=2", "model.memory.score=identity"],
+}
 
 
-def shared_values_checkpoint(tiny_data_dir, path):
-    """A checkpoint of a model whose two memories read one value table (random weights, BatchNorm moved)."""
+def random_checkpoint(tiny_data_dir, path, overrides=SHARED):
+    """A checkpoint of a model of `overrides` (by default two memories reading one value table), random
+    weights, BatchNorm moved."""
     dictionary = Dictionary.load(tiny_data_dir / "vocab")
-    cfg = load_config(None, [f"data.path={tiny_data_dir}", f"model.vocab_size={len(dictionary)}", *SHARED])
+    cfg = load_config(None, [f"data.path={tiny_data_dir}", f"model.vocab_size={len(dictionary)}", *overrides])
     torch.manual_seed(0)
     model = TransformerLM(cfg.model)
     for _, memory in model.memories():
@@ -33,14 +40,14 @@ def shared_values_checkpoint(tiny_data_dir, path):
     return model
 
 
-@pytest.mark.parametrize("kind", ["trained run", "shared values"])
+@pytest.mark.parametrize("kind", ["trained run", *VARIANTS])
 def test_export_round_trips_with_the_same_logits(kind, reference_run, tiny_data_dir, tmp_path):
     if kind == "trained run":
         path = reference_run().best_path
         original, _, _, _ = load_trained(path)
     else:
-        path = tmp_path / "shared.pt"
-        original = shared_values_checkpoint(tiny_data_dir, path).eval()
+        path = tmp_path / "random.pt"
+        original = random_checkpoint(tiny_data_dir, path, VARIANTS[kind]).eval()
     out = export(path, tmp_path / "exported")
     assert sorted(p.name for p in out.iterdir()) == ["codes", "config.json", "model.safetensors", "vocab"]
     for name in ("codes", "vocab"):
@@ -51,12 +58,12 @@ def test_export_round_trips_with_the_same_logits(kind, reference_run, tiny_data_
     tokens = torch.randint(0, len(dictionary), (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), original(tokens), rtol=0, atol=0)
-    if kind == "shared values":
+    if kind in ("shared values", "peer"):
         (_, first), (_, second) = model.memories()
-        assert first.values.weight is second.values.weight  # still one table, not two copies
+        assert first.values is second.values  # still one store, not two copies
         with safe_open(str(out / "model.safetensors"), "pt") as f:
-            assert sum(".values.weight" in k for k in f.keys()) == 1
-            assert f.metadata()["step"] == "7"
+            tables = [k for k in f.keys() if ".values." in k]
+            assert len(tables) == len(first.values.tables()) and f.metadata()["step"] == "7"
 
 
 def test_generation_from_the_exported_folder_equals_the_checkpoint(reference_run, tmp_path):

@@ -26,6 +26,10 @@ MODELS = {  # name -> model config overrides
                                memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4, query_norm="layernorm")),
     "shared_values": dict(mem_layers=[1, 3], memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4,
                                                                  share_values=True)),
+    "peer": dict(n_memories=1, memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4, values="peer", share_keys=True)),
+    "ultramem": dict(n_memories=1, memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4, key_type="tucker",
+                                                       tucker_cores=2, values="expanded", value_expansion=2,
+                                                       score="identity")),
     "no_memory": dict(n_memories=0),
 }
 

@@ -8,7 +8,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from xlm_pkm.config import ConfigError, MemoryConfig
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
-from xlm_pkm.model.memory.pkm import ProductKeyMemory, value_table
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.value_stores import TableValues
 
 
 def small_memory(**kw):
@@ -55,6 +56,16 @@ def test_search_equals_brute_force(key_type, n_keys, k_dim, heads, knn, dtype):
     keys = KEY_SEARCHES[key_type](cfg)
     assert keys.n_slots == KEY_SEARCHES[key_type].slots(cfg)  # what sizes a shared value table
     assert_exact_topk(keys, torch.randn(64, heads, k_dim).to(dtype))
+
+
+@pytest.mark.parametrize("key_type", ["product", "flat"])
+def test_shared_keys_are_one_set_searched_by_every_head(key_type):
+    torch.manual_seed(0)
+    keys = KEY_SEARCHES[key_type](MemoryConfig(key_type=key_type, n_keys=8, k_dim=8, heads=3, knn=4, share_keys=True))
+    assert keys.weight.shape[0] == 1 and keys.full_keys().shape[0] == 3
+    assert_exact_topk(keys, torch.randn(32, 3, 8))
+    _, indices = keys.search(torch.randn(5, 1, 8).expand(5, 3, 8))  # one query on every head: the same slots
+    assert (indices == indices[:, :1]).all()
 
 
 def test_product_indices_are_first_half_times_n_keys_plus_second_half():
@@ -175,11 +186,11 @@ def test_config_with_field_overrides_and_shared_values():
     assert memory.keys.knn == 3 and memory.n_slots == 64 and not memory.sparse_values
     assert isinstance(memory.keys, KEY_SEARCHES["flat"]) and isinstance(memory.query_norm, torch.nn.LayerNorm)
     assert [name for name, _ in memory.named_parameters()][:2] == ["keys.weight", "query_net.0.weight"]
-    shared = value_table(64, 10)
-    a, b = (ProductKeyMemory(12, 10, cfg, values=shared) for _ in range(2))
+    shared = TableValues(cfg, 12, 10, 64)
+    a, b = (ProductKeyMemory(12, 10, cfg, shared_values=shared) for _ in range(2))
     assert a.values is b.values is shared
-    with pytest.raises(ValueError, match=r"shared values have shape \(64, 10\), this memory needs \(64, 11\)"):
-        ProductKeyMemory(12, 11, cfg, values=shared)
+    with pytest.raises(ValueError, match=r"^shared values hold 64 slots of 10 outputs, this memory needs 64 of 11$"):
+        ProductKeyMemory(12, 11, cfg, shared_values=shared)
 
 
 def test_any_leading_shape_and_bad_arguments():

@@ -11,17 +11,17 @@ from xlm_pkm.model.memory.stats import SlotStats
 
 def test_hand_computed_example():
     stats = SlotStats(4)
-    stats.add(torch.tensor([[0, 1], [0, 2]]), torch.tensor([[0.75, 0.25], [0.5, 0.5]]))
-    stats.add(torch.tensor([[2]]), torch.tensor([[0.0]]))  # a hit of weight 0: counted, weight unchanged
-    # summed weights z' = [1.25, 0.25, 0.5, 0] -> z = [0.625, 0.125, 0.25, 0]; counts [2, 1, 2, 0] -> [.4, .2, .4, 0]
+    stats.add(torch.tensor([[0, 1], [0, 2]]), torch.tensor([[0.75, 0.25], [0.5, -0.5]]))  # by magnitude
+    stats.add(torch.tensor([[2]]), torch.tensor([[0.0]]))  # a selection of weight 0 (ReLU): not a read
+    # summed |weights| z' = [1.25, 0.25, 0.5, 0] -> z = [0.625, 0.125, 0.25, 0]; counts [2, 1, 1, 0] -> [.5, .25, .25, 0]
     assert stats.weights.tolist() == [1.25, 0.25, 0.5, 0.0]
-    assert stats.counts.tolist() == [2.0, 1.0, 2.0, 0.0]
+    assert stats.counts.tolist() == [2.0, 1.0, 1.0, 0.0]
     s = stats.summary()
     assert s["usage"] == 75.0 and s["usage_count"] == 75.0
     # log 4 + .625 ln .625 + .125 ln .125 + .25 ln .25 = 1.3862944 - 0.2937525 - 0.2599302 - 0.3465736
     assert s["kl"] == pytest.approx(0.4860381, abs=1e-6)
-    # log 4 + 2 * .4 ln .4 + .2 ln .2
-    assert s["kl_count"] == pytest.approx(math.log(4) + 0.8 * math.log(0.4) + 0.2 * math.log(0.2), abs=1e-9)
+    # log 4 + .5 ln .5 + 2 * .25 ln .25
+    assert s["kl_count"] == pytest.approx(math.log(4) + 0.5 * math.log(0.5) + 0.5 * math.log(0.25), abs=1e-9)
     # sorted z: .625 (>= 50%), .625 + .25 = .875 (< 90%), + .125 = 1
     assert (s["slots_50"], s["slots_90"], s["slots_99"]) == (1, 3, 3)
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from xlm_pkm.config import ConfigError
-from xlm_pkm.model.memory.pkm import is_memory_value
+from xlm_pkm.model.memory.value_stores import is_memory_value
 
 
 def _snapshot(model) -> dict[str, torch.Tensor]:

@@ -24,11 +24,11 @@ import torch.multiprocessing as mp
 from conftest import assert_two_processes_equal_one
 
 from xlm_pkm.checkpoint import sharded_values
-from xlm_pkm.config import Config, ModelConfig, OptimConfig
+from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig
 from xlm_pkm.launch.cli import evaluate_main
 from xlm_pkm.model.memory import value_shards
-from xlm_pkm.model.memory.pkm import value_table
 from xlm_pkm.model.memory.value_shards import ValueShard, init_shard
+from xlm_pkm.model.memory.value_stores import TableValues
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv, average_value_grads_, free_port, init_distributed, shutdown
@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_shard_init_is_the_columns_of_the_unsharded_init(monkeypatch, n_slots, dim, world):
     monkeypatch.setattr(value_shards, "INIT_CHUNK_ROWS", 16)  # several chunks and a long last one
     torch.manual_seed(0)
-    full = value_table(n_slots, dim).weight.detach()
+    full = TableValues(MemoryConfig(), dim, dim, n_slots).weight.detach()
     after = torch.rand(3)
     for rank in range(world):
         torch.manual_seed(0)
@@ -92,8 +92,8 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
         ref, ref_opt = build(tiny_config(False, values_optimizer, shared))
         model, opt = build(tiny_config(True, values_optimizer, shared))
         (_, memory), (_, ref_memory) = model.memories()[0], ref.memories()[0]
-        columns = memory.shard.columns(16)
-        assert memory.shard == ValueShard(rank, world) and memory.values.weight.shape == (36, 16 // world)
+        columns = memory.values.weight.value_shard.columns(16)
+        assert memory.values.weight.value_shard == ValueShard(rank, world) and memory.values.weight.shape == (36, 16 // world)
         assert torch.equal(memory.values.weight, ref_memory.values.weight[:, columns])
         assert model.param_counts() == ref.param_counts()  # sharded tables count whole
 
@@ -154,7 +154,7 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
     dist.barrier()
     name = "blocks.1.sublayers.1.values.weight"
     assert name not in main["model"] and "values" not in main["optimizers"]
-    own = sharded_values.attach(torch.load(path, weights_only=False), path, memory.shard)
+    own = sharded_values.attach(torch.load(path, weights_only=False), path, memory.values.weight.value_shard)
     assert torch.equal(own["model"][name], memory.values.weight)
     state = opt.state_dict()["values"]["state"][0]
     assert torch.equal(own["optimizers"]["values"]["state"][0]["exp_avg"], state["exp_avg"])
@@ -172,7 +172,7 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
     if rank == 0:
         torch.save({"step": 7, "model": ref.state_dict(), "optimizers": ref_opt.state_dict()}, replicated)
     dist.barrier()
-    cut = sharded_values.attach(torch.load(replicated, weights_only=False), replicated, memory.shard,
+    cut = sharded_values.attach(torch.load(replicated, weights_only=False), replicated, memory.values.weight.value_shard,
                                   sharded_values.sharded_names(model))
     assert torch.equal(cut["model"][name], ref_memory.values.weight[:, columns])
     ref_state = ref_opt.state_dict()["values"]["state"][0]

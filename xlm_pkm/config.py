@@ -46,12 +46,33 @@ class MemoryConfig:
     value_dropout: float = 0.0  # on the values read
     gated: bool = False  # Memory+ output gating: W_o(silu(W_g x) * read) (Berges et al. 2024)
     qk_norm: bool = False  # L2-normalise queries and keys (product: each half) before scoring
+    share_keys: bool = False  # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
     temperature: float = 1.0  # softmax(scores / temperature) over the selected keys; 1: the paper
     share_values: bool = False  # all memory layers of the model read one value table
     # each of W processes holds 1/W of every value row and of its optimizer state (model/memory/value_shards.py)
     shard_values: bool = False
     # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/memory/value_read.py)
     value_read: Literal["auto", "torch", "triton"] = "auto"
+    # the selected scores -> the read weights: softmax (the paper) | relu (Csordás et al. 2023) | identity
+    # (the raw scores, UltraMem) | any function in model/memory/scores.py
+    score: str = field(default="softmax", metadata={"choices": "xlm_pkm.model.memory.scores:SCORE_FUNCTIONS"})
+    # what the slots hold: table (one value row per slot, the paper) | peer (PEER's single-neuron experts)
+    # | any store in model/memory/value_stores.py or registered by a variant's module
+    values: str = field(default="table", metadata={"choices": "xlm_pkm.model.memory.value_stores:VALUE_STORES"})
+    # PEER (model/memory/peer.py)
+    # σ of each expert σ(u_i·x) v_i (values=peer): the paper's "ReLU or GELU" (He 2024, Eq. 6); gelu: erf form
+    peer_activation: Literal["gelu", "relu"] = "gelu"
+    # UltraMem (model/memory/ultramem.py)
+    tucker_rank: int = 2  # key_type=tucker: r, each sub-key's components; an r x r core mixes row and column scores
+    tucker_cores: int = 1  # key_type=tucker: cores per head (multi-core scoring, > 1 needs values=expanded)
+    tucker_topm: int = 0  # key_type=tucker: rows and columns kept by the core's rank-1 approximation; 0: knn
+    # key_type=tucker: also keep the m lowest rows and columns (two negatives make a high score too) and their
+    # m² pairs; false: the paper's top-m only
+    tucker_both_signs: bool = False
+    tucker_aux_coeff: float = 0.001  # key_type=tucker: α of the core's loss α/(r-1) Σ_{i>=2} max(0, λ_i - τ)²
+    tucker_aux_margin: float = 0.15  # key_type=tucker: τ of that loss
+    value_expansion: int = 1  # values=expanded: E virtual blocks over n_slots / E physical values
+    value_dim: int = 0  # values=expanded: width of the physical values; 0: the memory's output dim
 
 
 @dataclass
@@ -162,6 +183,10 @@ class OptimConfig:
     values_beta2: float = 0.999  # adam / lazy_adam
     values_eps: float = 1e-8  # epsilon of the values optimizer
     values_weight_decay: float = 0.0  # adam / lazy_adam only
+    # UltraMem's value lr decay (optim/schedule.py): > 0: the values take the dense lr times a factor going
+    # linearly from values_lr_start_factor to 1 over this many steps (values_lr unused); 0: constant values_lr
+    values_lr_decay_steps: int = 0
+    values_lr_start_factor: float = 10.0  # the values' lr over the dense lr at step 0 (values_lr_decay_steps > 0)
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: adapters only (optim.trainable must be all)
 
 

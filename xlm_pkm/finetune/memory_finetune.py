@@ -27,8 +27,9 @@ import torch
 from torch import nn
 
 from xlm_pkm.config import ConfigError, MemoryFinetuneConfig
-from xlm_pkm.model.memory.pkm import ProductKeyMemory, is_memory_value
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.stats import SlotStats
+from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.runtime.distributed import DistEnv, all_reduce_sum
 
 KIND = "xlm_pkm slot counts"  # marks a background file
@@ -77,8 +78,8 @@ def value_tables(model: nn.Module) -> dict[str, tuple[nn.Parameter, list[Product
     tables: dict[str, tuple[nn.Parameter, list[ProductKeyMemory]]] = {}
     for module in model.modules():
         if isinstance(module, ProductKeyMemory):
-            weight = module.values.weight
-            tables.setdefault(names[id(weight)], (weight, []))[1].append(module)
+            for weight in module.values.tables():  # PEER: two tables read by the same slots
+                tables.setdefault(names[id(weight)], (weight, []))[1].append(module)
     return tables
 
 

@@ -14,7 +14,8 @@ import fnmatch
 from torch import nn
 
 from xlm_pkm.config import ConfigError
-from xlm_pkm.model.memory.pkm import ProductKeyMemory, is_memory_value
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.value_stores import is_memory_value
 
 PRESETS = ("all", "memory", "memory_values")
 

@@ -22,7 +22,8 @@ from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.all_attention import AllAttention, RelativePositions
 from xlm_pkm.model.attention import KVCache, SelfAttention
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
-from xlm_pkm.model.memory.pkm import ProductKeyMemory, value_table
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.value_stores import VALUE_STORES
 from xlm_pkm.model.stream_attention import StreamAttention
 from xlm_pkm.registry import Registry
 
@@ -53,7 +54,7 @@ def feed_forward(cfg: ModelConfig, shared: dict) -> nn.Module:
 
 @SUBLAYERS.register("memory")
 def memory(cfg: ModelConfig, shared: dict) -> nn.Module:
-    return ProductKeyMemory(cfg.dim, cfg.dim, cfg.memory, values=shared.get("values"))
+    return ProductKeyMemory(cfg.dim, cfg.dim, cfg.memory, shared_values=shared.get("values"))
 
 
 def _stream_attention(cfg: ModelConfig, shared: dict, n_persistent: int) -> StreamAttention:
@@ -78,12 +79,12 @@ def span_attention(cfg: ModelConfig, shared: dict) -> nn.Module:
 
 def shared_state(cfg: ModelConfig, plan: list[list[str]]) -> dict:
     """What the sublayers of `plan` (each layer's sublayer names) share: with memory.share_values, one
-    value table for every memory, sized by the key search; for the context attentions, the relative
+    value store for every memory, sized by the key search; for the context attentions, the relative
     position table (d_h x max_span)."""
     shared = {}
     if cfg.memory.share_values and any("memory" in names for names in plan):
-        shared["values"] = value_table(KEY_SEARCHES[cfg.memory.key_type].slots(cfg.memory), cfg.dim,
-                                       cfg.memory.shard_values)
+        n_slots = KEY_SEARCHES[cfg.memory.key_type].slots(cfg.memory)
+        shared["values"] = VALUE_STORES[cfg.memory.values](cfg.memory, cfg.dim, cfg.dim, n_slots)
     if any(name in CONTEXT_SUBLAYERS for names in plan for name in names):
         shared["positions"] = RelativePositions(cfg.dim // cfg.n_heads, cfg.span.max_span)
     return shared

@@ -24,7 +24,7 @@ x = LN(x + AllAttn(x)), no FFN); the adaptive-span transformer is [span_attentio
 sublayers keep a cache of their stream between forwards, so consecutive blocks of the same B
 streams continue each other:
 
-    loss = model(x, targets=y).mean() + model.span_loss()   # span loss in training only
+    loss = model(x, targets=y).mean() + model.aux_loss()   # span and memory loss terms, training only
     loss.backward(); optimizer.step(); model.clamp_spans()
     state = model.stream_state()           # save with the data position; reset_stream_state() for
     model.load_stream_state(state)         # new streams; model.eval() starts evaluation streams afresh
@@ -49,8 +49,9 @@ from xlm_pkm.model.adaptive_io import AdaptiveEmbedding, AdaptiveLogSoftmax
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.attention import KVCache
 from xlm_pkm.model.blocks import SUBLAYERS, Block, shared_state
-from xlm_pkm.model.memory.pkm import ProductKeyMemory, is_memory_value
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_shards import ValueShard
+from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.stream_attention import StreamAttention
 
 logger = logging.getLogger(__name__)
@@ -184,6 +185,19 @@ class TransformerLM(nn.Module):
     def span_loss(self) -> torch.Tensor:
         """Σ_layers coeff · S · mean z: add to the training loss (not to evaluation's)."""
         return sum((span.span_loss() for span in self.spans()), torch.zeros((), device=next(self.parameters()).device))
+
+    def has_aux_loss(self) -> bool:
+        """Whether training adds aux_loss(): adaptive spans, or a memory whose key search has a loss term."""
+        return bool(self.spans()) or any(hasattr(m.keys, "aux_loss") for _, m in self.memories())
+
+    def aux_loss(self) -> torch.Tensor:
+        """The training-only loss terms: span_loss() and every memory's aux_loss() (UltraMem's core loss)."""
+        terms = [m.aux_loss() for _, m in self.memories()]
+        return self.span_loss() + sum((t for t in terms if t is not None), torch.zeros((), device=self.device))
+
+    @property
+    def device(self) -> torch.device:
+        return self.tok_emb.weight.device if hasattr(self.tok_emb, "weight") else next(self.parameters()).device
 
     def clamp_spans(self) -> None:
         """Keep every span ratio in [0, 1]: call after each optimizer update."""

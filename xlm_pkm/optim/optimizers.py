@@ -1,5 +1,6 @@
 """Optimizers of a run (paper §4.3): one Adam for the dense parameters on the inverse square-root
-schedule, and one for the memory values at a constant, higher learning rate.
+schedule, and one for the memory values at a constant, higher learning rate (or, with
+optim.values_lr_decay_steps, UltraMem's value lr decay: schedule.values_lr).
 
 Each group has its own optimizer, learning-rate rule and gradient clipping (per group, or one global
 norm with `optim.clip_scope=global`). Both optimizers are chosen by name. The dense one
@@ -39,7 +40,7 @@ from xlm_pkm.config import ConfigError, OptimConfig, migrate
 from xlm_pkm.optim.adagrad import ClippedAdagrad
 from xlm_pkm.optim.clipping import clip_grad_norm, scale_grads_
 from xlm_pkm.optim.lazy_adam import LazyAdam
-from xlm_pkm.optim.schedule import scheduled_lr
+from xlm_pkm.optim.schedule import scheduled_lr, values_lr
 from xlm_pkm.registry import Registry
 
 DENSE_OPTIMIZERS = Registry("dense optimizer")
@@ -123,6 +124,9 @@ class Optimizers:
         if cfg.clip_per_tensor and cfg.optimizer != "adagrad":
             raise ConfigError(f"optim.clip_per_tensor is Adagrad's (optim.optimizer=adagrad), "
                               f"got optim.optimizer={cfg.optimizer}")
+        if cfg.values_lr_decay_steps < 0 or cfg.values_lr_start_factor <= 0:
+            raise ConfigError(f"optim.values_lr_decay_steps must be >= 0 and optim.values_lr_start_factor > 0, got "
+                              f"{cfg.values_lr_decay_steps} and {cfg.values_lr_start_factor}")
         values = [p for p in model.memory_value_parameters() if p.requires_grad]
         value_ids = {id(p) for p in values}
         dense = [p for p in model.parameters() if p.requires_grad and id(p) not in value_ids]
@@ -135,7 +139,7 @@ class Optimizers:
                                           lambda step: scheduled_lr(step, cfg), group_clip))
         if values:
             self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
-                                          lambda step: cfg.values_lr, group_clip,
+                                          lambda step: values_lr(step, cfg), group_clip,
                                           sharded=any(hasattr(p, "value_shard") for p in values)))
 
     def set_step(self, step: int) -> dict[str, float]:

@@ -1,5 +1,6 @@
 """The dense learning rate by optimizer step (paper §4.3: Vaswani et al.'s inverse square root after a
-linear warmup), chosen by `optim.schedule` from SCHEDULES; the memory values keep a constant rate."""
+linear warmup), chosen by `optim.schedule` from SCHEDULES; the memory values keep a constant rate, or
+decay with UltraMem's value lr decay (values_lr)."""
 
 from __future__ import annotations
 
@@ -28,3 +29,18 @@ SCHEDULES.register("constant")(lambda step, cfg: cfg.lr)
 def scheduled_lr(step: int, cfg: OptimConfig) -> float:
     """Dense learning rate at optimizer step `step` (1-based), by cfg.schedule (SCHEDULES)."""
     return SCHEDULES[cfg.schedule](step, cfg)
+
+
+def values_lr(step: int, cfg: OptimConfig) -> float:
+    """The memory values' learning rate at optimizer step `step` (1-based): values_lr, constant; or, with
+    values_lr_decay_steps = S > 0, UltraMem's value lr decay (Huang et al. 2025, Table 2 "+value lr decay": the
+    values start at 10x the other parameters' lr, which decays linearly to 1x; schedule of their released
+    code, olmo/optim.py):
+
+        lr_values(t) = lr_dense(t) · (1 + (F - 1) · max(0, 1 - t / S))     F = values_lr_start_factor
+
+    lr_dense(t) is the dense schedule (scheduled_lr), warmup included; after S steps the values follow it."""
+    if cfg.values_lr_decay_steps <= 0:
+        return cfg.values_lr
+    factor = 1.0 + (cfg.values_lr_start_factor - 1.0) * max(0.0, 1.0 - step / cfg.values_lr_decay_steps)
+    return scheduled_lr(step, cfg) * factor

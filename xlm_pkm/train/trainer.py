@@ -218,7 +218,7 @@ class Trainer:
         accumulate = cfg.optim.accumulate
         loss_sum = torch.zeros((), device=self.device)
         tokens = words = 0
-        spans = self.model.span_loss if self.model.spans() else None  # training-only loss term
+        aux = self.model.aux_loss if self.model.has_aux_loss() else None  # training-only loss terms
         if self.memory_finetune:
             self.memory_finetune.begin_step()
         for i in range(accumulate):
@@ -234,7 +234,7 @@ class Trainer:
             sync = self.forward_model.no_sync() if in_ddp and not last else nullcontext()
             with sync:
                 loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
-                                          accumulate, spans)
+                                          accumulate, aux)
         average_value_grads_(self.synced_values, self.env)  # host sync if sparse and replicated: row counts
         slots = self.memory_finetune.restrict_gradients() if self.memory_finetune else {}  # host sync
         loss = loss_sum / accumulate

@@ -1,7 +1,11 @@
 """The product-key memory layer (Lample et al. 2019) and its parts. A new memory design goes here.
 
-    pkm.py                ProductKeyMemory: query network, key search, softmax, value read (§3, on one screen)
+    pkm.py                ProductKeyMemory: query network, key search, score function, value store (§3)
     keys.py               key searches by name (KEY_SEARCHES): product keys, flat keys (Table 4)
+    scores.py             score functions by name (SCORE_FUNCTIONS): softmax, relu, identity
+    value_stores.py       value stores by name (VALUE_STORES): the paper's one table
+    peer.py               PEER's single-neuron experts, a value store (He 2024)
+    ultramem.py           UltraMem's Tucker-decomposed search and expanded values (Huang et al. 2025)
     value_read.py         out[n] = Σ w · values[idx]: dense or row-sparse table gradient
     triton_value_read.py  the same read as Triton kernels (GPUs; Triton's interpreter on CPU)
     slot_groups.py        lookups grouped by slot, shared by both value-read backends
@@ -15,6 +19,7 @@
 May import: errors, config, registry (never the rest of model/: the transformer imports the memory).
 """
 
+from xlm_pkm.model.memory import peer, ultramem  # noqa: F401  (register their value stores and key search)
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 
 __all__ = ["ProductKeyMemory"]

@@ -9,6 +9,10 @@ A key search is an nn.Module holding every head's keys, built from a MemoryConfi
     keys.full_keys()                       (heads, n_slots, k_dim): every slot's whole key, for the
                                            tests' brute-force reference (search never forms it)
 
+share_keys: every head searches the same keys (one (1, ...) parameter broadcast over the heads; PEER's
+"different heads share the same pool of experts with the same set of product keys", He 2024 §2); the
+heads still differ by their queries.
+
 qk_norm: queries and keys are L2-normalised before scoring (product keys: each half-query and each
 sub-key), so every score is a sum of cosines; pair it with a softmax temperature < 1.
 
@@ -42,8 +46,12 @@ def uniform_keys(*shape: int) -> nn.Parameter:
 class KeySearch(nn.Module, ABC):
     """The interface; subclasses hold their keys and check their own constraints on cfg."""
 
+    shares_keys = False  # whether the class implements cfg.share_keys
+
     def __init__(self, cfg: MemoryConfig):
         super().__init__()
+        if cfg.share_keys and not self.shares_keys:
+            raise ValueError(f"memory.share_keys is not available with key_type={cfg.key_type} (product, flat)")
         self.heads, self.k_dim, self.knn, self.qk_norm = cfg.heads, cfg.k_dim, cfg.knn, cfg.qk_norm
         self.n_slots = self.slots(cfg)
         if not 1 <= cfg.knn <= self.max_knn(cfg):
@@ -81,12 +89,14 @@ class ProductKeys(KeySearch):
         s1_i + s2_j for the knn × knn pairs, top-knn     (knn,): no better pair can be outside them
     """
 
+    shares_keys = True
+
     def __init__(self, cfg: MemoryConfig):
         if cfg.k_dim % 2:
             raise ValueError(f"memory.k_dim={cfg.k_dim} must be even for key_type=product (two halves)")
         super().__init__(cfg)
         self.n_keys = cfg.n_keys
-        self.weight = uniform_keys(cfg.heads, 2, cfg.n_keys, cfg.k_dim // 2)  # (H, 2, n_keys, k_dim/2)
+        self.weight = uniform_keys(1 if cfg.share_keys else cfg.heads, 2, cfg.n_keys, cfg.k_dim // 2)  # (H or 1, 2, n_keys, k_dim/2)
 
     @classmethod
     def slots(cls, cfg: MemoryConfig) -> int:
@@ -102,6 +112,7 @@ class ProductKeys(KeySearch):
         q = q.view(N, H, 2, self.k_dim // 2)  # (N, H, 2, k_dim/2): the two sub-queries
         if self.qk_norm:
             q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
+        keys = keys.expand(H, *keys.shape[1:])  # (H, 2, n_keys, k_dim/2), a view when shared
         half_scores, half_indices = torch.einsum("nhpd,hpsd->nhps", q, keys).topk(K, dim=-1)  # (N, H, 2, K)
         pair_scores = half_scores[:, :, 0, :, None] + half_scores[:, :, 1, None, :]  # (N, H, K, K)
         scores, best = pair_scores.view(N, H, K * K).topk(K, dim=-1)  # (N, H, K)
@@ -110,9 +121,9 @@ class ProductKeys(KeySearch):
         return scores, i * self.n_keys + j
 
     def full_keys(self) -> torch.Tensor:
-        n = self.n_keys
-        first = self.weight[:, 0].repeat_interleave(n, dim=1)  # (H, n², k_dim/2): c_i of slot i·n + j
-        second = self.weight[:, 1].repeat(1, n, 1)  # (H, n², k_dim/2): c'_j
+        n, weight = self.n_keys, self.weight.expand(self.heads, *self.weight.shape[1:])
+        first = weight[:, 0].repeat_interleave(n, dim=1)  # (H, n², k_dim/2): c_i of slot i·n + j
+        second = weight[:, 1].repeat(1, n, 1)  # (H, n², k_dim/2): c'_j
         return torch.cat([first, second], dim=-1)
 
 
@@ -120,9 +131,11 @@ class ProductKeys(KeySearch):
 class FlatKeys(KeySearch):
     """Per head n_keys² full keys of k_dim, searched exhaustively (the paper's Table 4 baseline)."""
 
+    shares_keys = True
+
     def __init__(self, cfg: MemoryConfig):
         super().__init__(cfg)
-        self.weight = uniform_keys(cfg.heads, self.n_slots, cfg.k_dim)  # (H, n_slots, k_dim)
+        self.weight = uniform_keys(1 if cfg.share_keys else cfg.heads, self.n_slots, cfg.k_dim)  # (H or 1, n_slots, k_dim)
 
     @classmethod
     def slots(cls, cfg: MemoryConfig) -> int:
@@ -132,7 +145,8 @@ class FlatKeys(KeySearch):
         q, keys = at_least_float32(q), at_least_float32(self.weight)
         if self.qk_norm:
             q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
+        keys = keys.expand(self.heads, *keys.shape[1:])  # (H, n_slots, k_dim)
         return torch.einsum("nhd,hsd->nhs", q, keys).topk(self.knn, dim=-1)  # from (N, H, n_slots)
 
     def full_keys(self) -> torch.Tensor:
-        return self.weight
+        return self.weight.expand(self.heads, *self.weight.shape[1:])

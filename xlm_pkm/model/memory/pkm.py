@@ -5,7 +5,7 @@
     weights, indices = memory.lookup(x)    # (..., heads, knn) each: the slots x reads, their weights
     scores, indices = memory.search(q)     # q: (N, heads, k_dim) -> the knn best slots per head
 
-The algorithm, per token x and per head h (heads are summed, and share one value table):
+The algorithm, per token x and per head h (heads are summed, and share one value store):
     q = norm(query_net(x))_h                           (k_dim,)    the head's query
     s1 = q[:k_dim/2] · C_h,  s2 = q[k_dim/2:] · C'_h    (n_keys,)   scores against both sub-key sets
     top-knn of s1 (i's) and of s2 (j's)                 (knn,)      each
@@ -15,15 +15,21 @@ The algorithm, per token x and per head h (heads are summed, and share one value
     m_h(x) = Σ w · values[slot]                          (output_dim,) via EmbeddingBag or a fused
                                                                       Triton kernel (value_read.py), so no
                                                                       (tokens, heads·knn, output_dim) tensor
-The search (lines 2-4) is the key search of keys.py: product keys as above, or flat keys (an
-exhaustive search, the paper's Table 4 baseline). Search, softmax and value read run in float32,
-also under autocast.
+Three parts are chosen by name, so that the variants of the design are this same layer:
+  - the key search (lines 2-4; memory.key_type, keys.py): product keys as above, flat keys (an
+    exhaustive search, the paper's Table 4 baseline), UltraMem's Tucker-decomposed search;
+  - the score function (memory.score, scores.py): softmax (the paper), relu (Csordás et al. 2023),
+    identity (UltraMem);
+  - the value store (memory.values, value_stores.py): one table (the paper), PEER's single-neuron
+    experts (peer.py), UltraMem's expanded values.
+Search, score function and value read run in float32, also under autocast. A key search may add a
+training loss term (`aux_loss()`, UltraMem's on its core): the model sums them (TransformerLM.aux_loss).
 
 Every setting is a field of xlm_pkm.config.MemoryConfig (documented there); keyword arguments
 override the fields of `cfg` (default MemoryConfig()). Beyond the config:
-  - values: an existing value table to share between memory layers (Berges et al. 2024 share one
+  - shared_values: an existing value store to share between memory layers (Berges et al. 2024 share one
     memory pool across layers).
-  - sparse_values (attribute, default False): the value table's gradient is a sparse tensor with one
+  - sparse_values (attribute, default False): the value tables' gradients are sparse tensors with one
     row per distinct slot read in the step (value_read.py), for optimizers on row-sparse gradients
     (LazyAdam): the step cost does not grow with the table. TransformerLM.set_sparse_values sets it.
   - cfg.shard_values: the table holds this rank's columns of every row (value_shards.py), and forward
@@ -50,34 +56,17 @@ from torch import nn
 from xlm_pkm.config import MemoryConfig, validate
 from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
+from xlm_pkm.model.memory.scores import SCORE_FUNCTIONS
 from xlm_pkm.model.memory.stats import SlotStats
-from xlm_pkm.model.memory.value_read import choose_backend, read_values, resolve_backend
-from xlm_pkm.model.memory.value_shards import ValueShard, current_shard, init_shard
-
-
-def value_table(n_slots: int, output_dim: int, sharded: bool = False) -> nn.EmbeddingBag:
-    """The (n_slots, output_dim) values, read as weighted sums; init N(0, 1/output_dim). sharded: this
-    rank's (n_slots, output_dim / W) columns of the same table (value_shards.py), marked `value_shard`."""
-    shard = current_shard(output_dim) if sharded else ValueShard(0, 1)
-    weight = torch.empty(n_slots, shard.width(output_dim))
-    init_shard(weight, output_dim, shard)
-    values = nn.EmbeddingBag(n_slots, weight.shape[1], mode="sum", _weight=weight)
-    values.weight.is_memory_value = True  # lets an optimizer find the value parameters
-    if sharded:
-        values.weight.value_shard = shard
-    return values
-
-
-def is_memory_value(p: torch.Tensor) -> bool:
-    """Whether p is a value table's weight (marked by value_table)."""
-    return getattr(p, "is_memory_value", False)
+from xlm_pkm.model.memory.value_read import choose_backend, resolve_backend
+from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, is_memory_value
 
 
 class ProductKeyMemory(nn.Module):
     """(..., input_dim) -> (..., output_dim) through the key search's slots; see the module docstring."""
 
     def __init__(self, input_dim: int, output_dim: int, cfg: MemoryConfig | None = None, *,
-                 values: nn.EmbeddingBag | None = None, **fields):
+                 shared_values: ValueStore | None = None, **fields):
         super().__init__()
         self.cfg = cfg = validate(dataclasses.replace(cfg or MemoryConfig(), **fields), "model.memory.")
         self.input_dim, self.output_dim, self.heads, self.knn = input_dim, output_dim, cfg.heads, cfg.knn
@@ -96,12 +85,10 @@ class ProductKeyMemory(nn.Module):
 
         self.keys = KEY_SEARCHES[cfg.key_type](cfg)
         self.n_slots = self.keys.n_slots
-        self.values = values if values is not None else value_table(self.n_slots, output_dim, cfg.shard_values)
-        self.shard = getattr(self.values.weight, "value_shard", None)  # a ValueShard when sharded
-        width = output_dim if self.shard is None else self.shard.width(output_dim)
-        if self.values.weight.shape != (self.n_slots, width):
-            raise ValueError(f"shared values have shape {tuple(self.values.weight.shape)}, "
-                             f"this memory needs ({self.n_slots}, {width})")
+        self.score = SCORE_FUNCTIONS[cfg.score]
+        values = shared_values or VALUE_STORES[cfg.values](cfg, input_dim, output_dim, self.n_slots)
+        values.check(self.n_slots, output_dim)
+        self.values = values
         if cfg.gated:
             self.gate = nn.Linear(input_dim, output_dim, bias=False)
             self.out_proj = nn.Linear(output_dim, output_dim, bias=False)
@@ -113,31 +100,29 @@ class ProductKeyMemory(nn.Module):
         self.track_stats = False
         self.slot_stats = SlotStats(self.n_slots)  # evaluation's reads, while track_stats
         self.step_reads: SlotStats | None = None  # training's reads, when set (memory_finetune.py)
-        self.read_backend = choose_backend(cfg.value_read, self.values.weight.device)
-        self.read = read_values  # or, with a shard of a table split over processes, the exchanging read
-        if self.shard is not None and self.shard.world > 1:
-            from xlm_pkm.model.memory.sharded_read import sharded_read  # imported only here: it loads torch._dynamo
-            self.read = sharded_read
+        self.read_backend = choose_backend(cfg.value_read, self.device)
+
+    @property
+    def device(self) -> torch.device:
+        return self.query_net[0].weight.device
 
     def _apply(self, fn, recurse=True):
         """.to(), .cuda(), .double()...: the value-read backend is chosen again for the new device."""
         super()._apply(fn, recurse)
-        self.read_backend = choose_backend(self.cfg.value_read, self.values.weight.device)
+        self.read_backend = choose_backend(self.cfg.value_read, self.device)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: (..., input_dim) -> (..., output_dim)."""
         lead = x.shape[:-1]
         x = self.input_dropout(x.reshape(-1, self.input_dim))  # (N, input_dim)
-        weights, indices = self.lookup(x)  # (N, H, K) each, float32 at least
-        N = x.shape[0]
-        backend = self.read_backend or resolve_backend(self.cfg.value_read, self.values.weight.device)  # None: why
+        weights, indices = self.lookup(x)  # (N, H, K[, cores]), (N, H, K); float32 at least
+        backend = self.read_backend or resolve_backend(self.cfg.value_read, self.device)  # None: why
         with torch.autocast(x.device.type, enabled=False):
             reads = self.step_reads if self.training else self.slot_stats if self.track_stats else None
             if reads is not None:
-                reads.add(indices, weights)
-            out = self.read(self.values.weight, indices.view(N, -1), weights.view(N, -1), self.sparse_values,
-                            backend)  # (N, output_dim), heads summed by the bag
+                reads.add(indices, weights if weights.dim() == 3 else weights.abs().sum(-1))
+            out = self.values(x, indices, weights, self.sparse_values, backend)  # (N, output_dim), heads summed
         out = self.value_dropout(out)
         if self.cfg.gated:  # Memory+: out = W_o(silu(W_g x) ⊙ read)
             out = self.out_proj(F.silu(self.gate(x)) * out)
@@ -145,14 +130,15 @@ class ProductKeyMemory(nn.Module):
 
     def lookup(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x: (..., input_dim) -> (weights, indices), each (..., heads, knn): the slots x reads and their
-        softmax weights (float32 at least). forward reads through this (after its input dropout)."""
+        weights (the score function's, float32 at least; weights (..., heads, knn, cores) for a search
+        that scores with several cores). forward reads through this (after its input dropout)."""
         lead = x.shape[:-1]
         q = self.query_net(x.reshape(-1, self.input_dim))  # (N, H * k_dim), in the autocast dtype if any
         with torch.autocast(x.device.type, enabled=False):
             q = self.query_dropout(self.normalize_queries(at_least_float32(q)))  # (N, H, k_dim)
-            scores, indices = self.search(q)  # (N, H, K) each
-            weights = F.softmax(scores / self.cfg.temperature, dim=-1)  # (N, H, K)
-        return weights.view(*lead, self.heads, self.knn), indices.view(*lead, self.heads, self.knn)
+            scores, indices = self.search(q)  # (N, H, K[, cores]), (N, H, K)
+            weights = self.score(scores, self.cfg.temperature)  # like scores
+        return weights.view(*lead, *weights.shape[1:]), indices.view(*lead, self.heads, self.knn)
 
     def normalize_queries(self, q: torch.Tensor) -> torch.Tensor:
         """q: (N, H * k_dim) -> (N, H, k_dim) after the query norm (BatchNorm over all heads' channels,
@@ -169,9 +155,16 @@ class ProductKeyMemory(nn.Module):
 
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs (forward + backward) per token: 6 per dense weight (the keys count as the
-        search, one multiply-add per key weight) and 6 per value element read (heads · knn · output_dim)."""
-        dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
-        return 6.0 * (dense + self.heads * self.knn * self.output_dim)
+        search, one multiply-add per key weight), and the value store's (table: 6 per value element
+        read, heads · knn · output_dim)."""
+        store = {id(p) for p in self.values.parameters()}
+        dense = sum(p.numel() for p in self.parameters() if id(p) not in store)
+        return 6.0 * dense + self.values.flops_per_token(self.heads, self.knn)
+
+    def aux_loss(self) -> torch.Tensor | None:
+        """The key search's training loss term (UltraMem's on its core), or None."""
+        aux = getattr(self.keys, "aux_loss", None)
+        return aux() if aux is not None else None
 
     def reset_stats(self) -> None:
         self.slot_stats.reset()
@@ -183,10 +176,10 @@ class ProductKeyMemory(nn.Module):
     def slot_weights(self) -> torch.Tensor:
         """(n_slots,) float64 summed weight of every slot since reset_stats() (zeros before any read)."""
         if self.slot_stats.weights is None:
-            return torch.zeros(self.n_slots, dtype=torch.float64, device=self.values.weight.device)
+            return torch.zeros(self.n_slots, dtype=torch.float64, device=self.device)
         return self.slot_stats.weights
 
     def extra_repr(self) -> str:
         c = self.cfg
         return (f"{self.input_dim} -> {self.output_dim}, slots={self.n_slots}, keys={c.key_type}, "
-                f"k_dim={c.k_dim}, heads={c.heads}, knn={c.knn}")
+                f"k_dim={c.k_dim}, heads={c.heads}, knn={c.knn}, score={c.score}, values={c.values}")

@@ -1,7 +1,8 @@
 """Memory usage statistics of the paper (§4.2): how evenly a memory's slots are read.
 
-Over an evaluation set, each slot i accumulates z'_i = Σ_x w(x)_i (the summed softmax weight it
-received) and c_i (how many times it was selected). With z = z' / ||z'||_1:
+Over an evaluation set, each slot i accumulates z'_i = Σ_x |w(x)_i| (the summed weight it received:
+softmax, or the magnitude of a ReLU / raw score) and c_i (how many times it was read with a weight
+≠ 0). With z = z' / ||z'||_1:
 
     usage = 100 · #{i : z_i ≠ 0} / |K|           (% of slots ever read)
     kl    = log|K| + Σ_i z_i log z_i             (KL(z ‖ uniform), nats; 0 = perfectly even)
@@ -33,12 +34,14 @@ class SlotStats:
         self.counts: torch.Tensor | None = None  # (n_slots,) float64
 
     def add(self, indices: torch.Tensor, weights: torch.Tensor) -> None:
-        """indices, weights: (N, ...) selected slots and their weights."""
+        """indices, weights: (N, ...) selected slots and their weights. A slot counts by the magnitude of
+        its weight, and a selection with weight 0 (a ReLU score) is not a read."""
         if self.weights is None:
             self.weights = torch.zeros(self.n_slots, dtype=torch.float64, device=indices.device)
             self.counts = torch.zeros(self.n_slots, dtype=torch.float64, device=indices.device)
-        self.weights.index_add_(0, indices.reshape(-1), weights.detach().double().reshape(-1))
-        self.counts.index_add_(0, indices.reshape(-1), torch.ones_like(weights, dtype=torch.float64).reshape(-1))
+        weights = weights.detach().double().abs().reshape(-1)
+        self.weights.index_add_(0, indices.reshape(-1), weights)
+        self.counts.index_add_(0, indices.reshape(-1), (weights != 0).double())
 
     def summary(self) -> dict[str, float]:
         """usage, kl, usage_count, kl_count, slots_50, slots_90, slots_99 (see the module docstring)."""

@@ -1,0 +1,197 @@
+"""PEER: every slot is a single-neuron expert (He 2024, "Mixture of A Million Experts", §2), a value store.
+
+    memory = ProductKeyMemory(512, 512, MemoryConfig(values="peer", n_keys=1024, heads=8, knn=16))  # 1024² experts
+
+The memory layer's search chooses the experts (Eq. 1, 4-5: the top-k of the product keys), its score
+function gives the router scores g_i(x) (Eq. 2: softmax over the k selected, memory.score), and this
+store computes, per token x (the memory's input) and per head h, over the head's k experts I^h:
+
+    e_i(x) = σ(u_iᵀ x) v_i                              Eq. 6: expert i, one hidden neuron
+    f(x)   = Σ_h Σ_{i ∈ I^h} g_i(x) e_i(x)              Eq. 3 and 7: heads summed
+    s[n, l] = down[idx[n, l]] · x[n]                    (N, H·K)     u_iᵀ x: the down projection
+    out[n]  = Σ_l g[n, l] σ(s[n, l]) · up[idx[n, l]]    (N, output_dim) the value read of value_read.py
+
+`down` (n_slots, input_dim) holds the u_i, `up` (n_slots, output_dim) the v_i. Both are tables read by
+slot (marked is_memory_value: the values optimizer group, sparse memory finetuning). With `sparse`
+each gradient holds one row per distinct expert read, built like the value read's (slot_groups.py):
+the up side *is* the value read; the down side is its transpose,
+
+    grad_down[slot] = Σ_{(n, l) reading slot} grad_s[n, l] · x[n]     (U, input_dim), a CSR product
+    grad_x[n]       = Σ_l grad_s[n, l] · down[idx[n, l]]                an EmbeddingBag read of `down`
+
+so no (N, H·K, dim) tensor is kept for backward. Both sides follow the memory's value-read backend
+(memory.value_read): "torch" computes the forward's s = Σ_d down[idx]·x in chunks of at most
+CHUNK_ELEMENTS gathered elements and the sums above by EmbeddingBag and a CSR product, as value_read.py;
+"triton" launches the fused read's own kernels (triton_value_read.py: its weight-gradient kernel is
+exactly the dots u_i·x, its table-gradient kernel the per-slot sums), with no gathered tensor at all.
+
+Where the paper is silent or ambiguous, chosen here:
+  - σ: "a nonlinear activation function such as ReLU or GELU" (after Eq. 6), the experiments do not say
+    which: memory.peer_activation, default gelu (exact erf form; Algorithm 1 leaves `self.activation`
+    open, lucidrains/PEER-pytorch defaults to GELU).
+  - init: not stated. Algorithm 1 stores u and v in Flax `nn.Embed(features=d_model)`, whose default
+    init is variance_scaling(1, fan_in, normal, out_axis=0), i.e. N(0, 1/features): down N(0, 1/input_dim)
+    (unit-variance pre-activations for a unit-variance input), up N(0, 1/output_dim) (the table store's).
+  - dimensions: u_i and v_i are "vectors with the same dimension as x" (Eq. 6), the transformer case of
+    §2's f: R^n -> R^m; a memory with output_dim != input_dim gets v_i of output_dim (the general f).
+  - no bias terms ("we omit bias terms here for brevity": Algorithm 1 has none), no dropout on the
+    hidden neurons (none in the paper; memory.value_dropout acts on the output).
+  - heads: "different heads share the same pool of experts with the same set of product keys" (§2). The
+    store is shared by the heads as the paper says; the keys are the key search's (keys.py, per head).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.function import once_differentiable
+
+from xlm_pkm.config import MemoryConfig
+from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
+from xlm_pkm.model.memory.value_read import read_values
+from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
+
+CHUNK_ELEMENTS = 2**24  # the forward gathers at most this many down-table elements at a time (64 MiB float32)
+
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # σ of Eq. 6 (memory.peer_activation)
+
+
+def expert_inputs(down: torch.Tensor, indices: torch.Tensor, x: torch.Tensor, backend: str) -> torch.Tensor:
+    """down (n_slots, D), indices (N, L), x (N, D) -> s (N, L), s[n, l] = down[indices[n, l]] · x[n], summed in
+    at least float32. torch: in chunks of tokens (at most CHUNK_ELEMENTS gathered elements each); triton:
+    the fused read's weight-gradient kernel, which computes exactly these dots (no gathered tensor)."""
+    N, L = indices.shape
+    dtype = torch.promote_types(at_least_float32(down).dtype, x.dtype)
+    if backend == "triton":
+        return _triton_kernels().row_dots(down, indices, x.to(down.dtype)).to(dtype)
+    s = torch.empty(N, L, dtype=dtype, device=x.device)
+    step = max(1, CHUNK_ELEMENTS // max(1, L * down.shape[1]))
+    for start in range(0, N, step):
+        rows = F.embedding(indices[start:start + step], down)  # (n, L, D): this chunk's experts' u_i
+        s[start:start + step] = torch.einsum("nld,nd->nl", rows.to(dtype), x[start:start + step].to(dtype))
+    return s
+
+
+def slot_sums(indices: torch.Tensor, coeffs: torch.Tensor, inputs: torch.Tensor, shape: torch.Size,
+              sparse: bool, backend: str) -> torch.Tensor:
+    """Σ over the lookups (n, l) of each slot of coeffs[n, l] · inputs[n]: indices, coeffs (N, L), inputs
+    (N, D) -> the (n_slots, D) table gradient, sparse (one row per distinct slot, coalesced) or dense. The
+    value read's table gradient (value_read.py, triton_value_read.py) with `inputs` for grad_out."""
+    N, L = indices.shape
+    slots, order, row_starts = group_by_slot(indices)
+    if backend == "triton":
+        rows = _triton_kernels().slot_rows(inputs, coeffs, order, row_starts, slots.numel(), L)
+    else:
+        inputs32 = at_least_float32(inputs)
+        selection = torch.sparse_csr_tensor(row_starts, order // L, coeffs.reshape(-1)[order].to(inputs32.dtype),
+                                            (slots.numel(), N), check_invariants=False)  # (U, N)
+        rows = selection @ inputs32  # (U, D)
+    return table_gradient(slots, rows, shape, sparse)
+
+
+class _TritonKernels:
+    """The fused value read's kernels (triton_value_read.py) launched with PEER's operands: its weight-gradient
+    kernel gives the dots u_i · x, its table-gradient kernel the per-slot sums Σ grad_s · x."""
+
+    def __init__(self):
+        import triton  # only on this path
+
+        from xlm_pkm.model.memory import triton_value_read as fused
+        self.triton, self.fused = triton, fused
+
+    def row_dots(self, table, indices, vectors):
+        table, indices, vectors = table.contiguous(), indices.contiguous(), vectors.contiguous()
+        (N, L), D = indices.shape, table.shape[1]
+        block_l, block_d = self.fused._blocks(L, D)
+        out = torch.empty(N, L, dtype=at_least_float32(table).dtype, device=table.device)
+        if N:
+            self.fused._weights_grad_kernel[(N, self.triton.cdiv(L, block_l))](
+                table, indices, vectors, out, L, D, BLOCK_L=block_l, BLOCK_D=block_d)
+        return out
+
+    def slot_rows(self, vectors, coeffs, order, row_starts, n_rows, L):
+        vectors, coeffs = vectors.contiguous(), coeffs.contiguous()
+        D = vectors.shape[1]
+        block_l, block_d = self.fused._blocks(L, D)
+        rows = torch.empty(n_rows, D, dtype=at_least_float32(vectors).dtype, device=vectors.device)
+        if n_rows:
+            self.fused._table_grad_kernel[(n_rows, self.triton.cdiv(D, block_d))](
+                vectors, coeffs, order, row_starts, rows, L, D, BLOCK_E=block_l, BLOCK_D=block_d)
+        return rows
+
+
+@functools.cache
+def _triton_kernels() -> _TritonKernels:
+    return _TritonKernels()
+
+
+class _ExpertInputs(torch.autograd.Function):
+    """s = expert_inputs(down, indices, x), with the gradients of the module docstring: x's a value read of
+    `down` weighted by grad_s, down's one row per distinct slot (sparse COO, or dense)."""
+
+    @staticmethod
+    def forward(ctx, x, down, indices, sparse, backend):
+        ctx.save_for_backward(x, down, indices)
+        ctx.sparse, ctx.backend = sparse, backend
+        return expert_inputs(down, indices, x, backend)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_s):  # grad_s: (N, L)
+        x, down, indices = ctx.saved_tensors
+        grad_x = grad_down = None
+        if ctx.needs_input_grad[0]:  # grad_x[n] = Σ_l grad_s[n, l] · down[idx[n, l]]: a value read of `down`
+            grad_x = read_values(down, indices, grad_s, False, ctx.backend).to(x.dtype)  # (N, D)
+        if ctx.needs_input_grad[1]:
+            grad_down = slot_sums(indices, grad_s, x, down.shape, ctx.sparse, ctx.backend).to(down.dtype)
+        return grad_x, grad_down, None, None, None
+
+
+@torch.compiler.disable  # the Triton kernels launch eagerly, as the fused read's; a compiled model runs around them
+def fused_expert_inputs(x: torch.Tensor, down: torch.Tensor, indices: torch.Tensor, sparse: bool) -> torch.Tensor:
+    return _ExpertInputs.apply(x, down, indices, sparse, "triton")
+
+
+@VALUE_STORES.register("peer")
+class PeerExperts(ValueStore):
+    """n_slots single-neuron experts: `down` (n_slots, input_dim) the u_i, `up` (n_slots, output_dim) the
+    v_i; out = Σ_heads Σ_knn g · σ(u_iᵀ x) v_i (see the module docstring)."""
+
+    def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
+        super().__init__(cfg, input_dim, output_dim, n_slots)
+        if cfg.shard_values:
+            raise ValueError("memory.values=peer: PEER's expert tables are not sharded; "
+                             "set memory.shard_values=false")
+        self.activation_name = cfg.peer_activation
+        self.activation = ACTIVATIONS[cfg.peer_activation]
+        self.down = mark_memory_value(nn.Parameter(torch.randn(n_slots, input_dim) * input_dim**-0.5))
+        self.up = mark_memory_value(nn.Parameter(torch.randn(n_slots, output_dim) * output_dim**-0.5))
+
+    def forward(self, x, indices, weights, sparse, backend):
+        if weights.dim() != 3:
+            raise ValueError("memory.values=peer reads one router score per expert; scores with a cores axis "
+                             "need a store that splits values by core")
+        if x.shape[-1] != self.input_dim:  # a store shared by memories of another input width
+            raise ValueError(f"memory.values=peer: the experts' u_i have {self.input_dim} inputs, "
+                             f"this memory's input has {x.shape[-1]}")
+        N = x.shape[0]
+        indices, weights = indices.reshape(N, -1), weights.reshape(N, -1)  # (N, H·K): heads summed below
+        if backend == "triton":
+            s = fused_expert_inputs(x, self.down, indices, sparse)  # (N, H·K) u_iᵀ x
+        else:
+            s = _ExpertInputs.apply(x, self.down, indices, sparse, backend)
+        hidden = weights * self.activation(s)  # (N, H·K) g_i(x) σ(u_iᵀ x)
+        return read_values(self.up, indices, hidden, sparse, backend)  # (N, output_dim) Σ g σ(uᵀx) v_i
+
+    def flops_per_token(self, heads: int, knn: int) -> float:
+        """6 per element of the u_i and v_i read (heads · knn · (input_dim + output_dim)): Eq. 6's dot and
+        scaled sum, forward and backward (the paper's P_active = (2 d_model + 1) · h · k, §2)."""
+        return 6.0 * heads * knn * (self.input_dim + self.output_dim)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.n_slots}, down={self.input_dim}, up={self.output_dim}, "
+                f"activation={self.activation_name}")

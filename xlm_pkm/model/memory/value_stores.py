@@ -1,0 +1,102 @@
+"""Value stores: what a memory's slots hold, and how the slots a token selected become its output.
+
+    store = VALUE_STORES[cfg.values](cfg, input_dim, output_dim, n_slots)
+    out = store(x, indices, weights, sparse, backend)   # x (N, input_dim); indices (N, heads, knn) int64;
+                                                        # weights (N, heads, knn[, cores]) -> (N, output_dim)
+    store.tables()                                      # its row-sparse tables (marked is_memory_value)
+
+Every table a store reads by slot is marked `is_memory_value`: the optimizers put it in the values
+group (LazyAdam, Adagrad, SGD on sparse rows), sparse memory finetuning selects its rows, and with
+`sparse` its gradient holds one row per distinct slot read. Everything else in a store (projections)
+is dense. One store may be shared by several memories (memory.share_values, Memory+).
+
+"table" is the paper's (§3.1): one (n_slots, output_dim) table, out = Σ_heads Σ_knn w · values[slot].
+Variants register theirs from their own module (peer.py, ultramem.py), imported by the package.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import nn
+
+from xlm_pkm.config import MemoryConfig
+from xlm_pkm.model.memory.value_read import read_values
+from xlm_pkm.model.memory.value_shards import ValueShard, current_shard, init_shard
+from xlm_pkm.registry import Registry
+
+VALUE_STORES = Registry("memory value store")
+
+
+def mark_memory_value(p: nn.Parameter) -> nn.Parameter:
+    """Marks p as a table read by slot (is_memory_value); returns it."""
+    p.is_memory_value = True
+    return p
+
+
+def is_memory_value(p: torch.Tensor) -> bool:
+    """Whether p is a table read by slot (marked by mark_memory_value)."""
+    return getattr(p, "is_memory_value", False)
+
+
+class ValueStore(nn.Module, ABC):
+    """The interface; subclasses check their own constraints on cfg (one-line ValueErrors)."""
+
+    def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
+        super().__init__()
+        self.input_dim, self.output_dim, self.n_slots = input_dim, output_dim, n_slots
+
+    @abstractmethod
+    def forward(self, x: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool,
+                backend: str) -> torch.Tensor:
+        """x (N, input_dim), indices (N, H, K), weights (N, H, K[, cores]) -> (N, output_dim). sparse: the
+        tables' gradients are row-sparse; backend: the resolved value-read backend (value_read.py)."""
+
+    def tables(self) -> list[nn.Parameter]:
+        """The tables read by slot (each (n_slots, width))."""
+        return [p for p in self.parameters() if is_memory_value(p)]
+
+    def flops_per_token(self, heads: int, knn: int) -> float:
+        """Training FLOPs per token of the store's reads and dense parts (forward + backward)."""
+        dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
+        return 6.0 * (dense + heads * knn * sum(p.shape[1] for p in self.tables()))
+
+    def check(self, n_slots: int, output_dim: int) -> None:
+        """Raises if this (shared) store cannot serve a memory of n_slots slots and output_dim outputs."""
+        if (self.n_slots, self.output_dim) != (n_slots, output_dim):
+            raise ValueError(f"shared values hold {self.n_slots} slots of {self.output_dim} outputs, "
+                             f"this memory needs {n_slots} of {output_dim}")
+
+
+@VALUE_STORES.register("table")
+class TableValues(ValueStore):
+    """One (n_slots, output_dim) table `weight`, init N(0, 1/output_dim); read as weighted sums (value_read.py).
+    With cfg.shard_values, this rank's (n_slots, output_dim / W) columns (value_shards.py), marked
+    `value_shard`, and the read exchanges lookups and output slices with the other ranks."""
+
+    def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
+        super().__init__(cfg, input_dim, output_dim, n_slots)
+        shard = current_shard(output_dim) if cfg.shard_values else ValueShard(0, 1)
+        weight = torch.empty(n_slots, shard.width(output_dim))
+        init_shard(weight, output_dim, shard)
+        self.weight = mark_memory_value(nn.Parameter(weight))
+        if cfg.shard_values:
+            self.weight.value_shard = shard
+        self.read = read_values  # or, with a shard of a table split over processes, the exchanging read
+        if shard.world > 1:
+            from xlm_pkm.model.memory.sharded_read import sharded_read  # imported only here: it loads torch._dynamo
+            self.read = sharded_read
+
+    def forward(self, x, indices, weights, sparse, backend):
+        if weights.dim() != 3:
+            raise ValueError("memory.values=table reads one weight per slot; scores with a cores axis "
+                             "need a store that splits values by core")
+        N = indices.shape[0]
+        return self.read(self.weight, indices.reshape(N, -1), weights.reshape(N, -1), sparse, backend)  # heads summed
+
+    def flops_per_token(self, heads: int, knn: int) -> float:
+        return 6.0 * heads * knn * self.output_dim  # every column, also when this rank holds a shard
+
+    def extra_repr(self) -> str:
+        return f"slots={self.n_slots}, width={self.weight.shape[1]}"
