@@ -45,8 +45,8 @@ def test_cells_sharing_a_config_share_a_run(tmp_path):
     runs, skipped = plan("table3", SCALES["tiny"], tmp_path)
     assert skipped == []
     base = next(r for r in runs if r.name == "ablation_base")
-    assert sorted(c.name for c in base.cells) == ["figure6_heads4_knn32", "table2_keys512_batchnorm",
-                                                  "table3_position5", "table4_keys512_product"]
+    assert sorted(c.name for c in base.cells) == ["figure6_heads4_knn32", "pkm", "table2_keys512_batchnorm",
+                                                  "table3_position5", "table4_keys512_product"]  # pkm: the variants
     assert base.run_dir == tmp_path.resolve() / "ablation_base" / "tiny"
     assert [r.name for r in runs] == ["ablation_no_memory", *(f"table3_position{p}" for p in range(1, 5)),
                                       "ablation_base", "table3_position6"]

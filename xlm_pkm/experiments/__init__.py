@@ -1,10 +1,12 @@
 """Experiments built on the framework; nothing else in xlm_pkm imports them.
 
-    reproduce.py   every cell of one of the paper's tables or figures, at full size or scaled down
-    report.py      the report: the paper's tables beside ours, figures, verdicts over seeds
-    introspect.py  what a trained memory stores: the contexts that read its most used slots
-    facts.py       made-up facts to finetune on, preprocessed with the pretraining vocabulary
-    continual.py   learning those facts against forgetting the pretraining corpus
+    reproduce.py        every cell of one of the paper's tables or figures (or of the variants' study),
+                        at full size or scaled down
+    report.py           the report: the paper's tables beside ours, figures, verdicts over seeds
+    variants_report.py  the memory variants' study: each design beside the orderings its papers publish
+    introspect.py       what a trained memory stores: the contexts that read its most used slots
+    facts.py            made-up facts to finetune on, preprocessed with the pretraining vocabulary
+    continual.py        learning those facts against forgetting the pretraining corpus
 
 May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train,
 inference, launch.

@@ -4,8 +4,10 @@
     python -m xlm_pkm.experiments.reproduce table1 --scale paper --slurm --partition learn --gpus-per-node 8
     scripts/reproduce.sh figure6 --scale small --data data/ccnews/processed
 
-Tables: table1 (and figure4, the same runs), table2, table3, table4, figure6. A cell is a config of
-configs/paper or configs/ablations; cells whose configs resolve to the same model and training (the
+Tables: table1 (and figure4, the same runs), table2, table3, table4, figure6, and variants (every
+config of configs/variants/paper: the memory designs' study of results/variants, its dense cells
+widened to the PKM cell's parameters or FLOPs). A cell is a config of configs/paper, configs/ablations
+or configs/variants/paper; cells whose configs resolve to the same model and training (the
 ablation model is Table 2's 512²/BatchNorm cell, Table 3's position 5, Figure 6's 4 heads × k=32
 and Table 4's product keys at 512²) share one run, named after the first of them in the order
 table1, table2, table3, table4, figure6. Each run is a normal run directory
@@ -51,6 +53,7 @@ Extra `--set key=value` overrides go to every run last (e.g. train.num_threads=1
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import hashlib
 import json
@@ -61,10 +64,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from xlm_pkm.config import Config, ConfigError, load_config, to_dict
 from xlm_pkm.errors import EXIT_STOPPED
 from xlm_pkm.experiments.report import HEADS, KEYS, KNNS
-from xlm_pkm.model.transformer import resolve_memory_layers
+from xlm_pkm.model.transformer import TransformerLM, resolve_memory_layers
 from xlm_pkm.utils.atomic import write_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,7 +147,17 @@ TABLES: dict[str, list[Cell]] = {
                      (("heads", h), ("knn", k))) for h in HEADS for k in KNNS],
 }
 TABLES["figure4"] = TABLES["table1"]
-CANONICAL_ORDER = ("table1", "table2", "table3", "table4", "figure6")
+
+# The memory variants' study (results/variants): every config of configs/variants/paper is a cell, so a
+# design added there joins it. The dense cells widen every FFN (model.ffn_dim) to match the PKM cell's
+# parameters or training FLOPs per token at the run's own scale: the match is computed, not written in
+# their config, because scaling shrinks a memory (n_keys² slots) faster than an FFN.
+VARIANTS = "configs/variants/paper"
+MATCHED_DENSE = {"dense_params": "params", "dense_flops": "flops"}  # cell -> what it matches of VARIANT_REFERENCE
+VARIANT_REFERENCE = "pkm"
+TABLES["variants"] = [Cell("variants", path.stem, f"{VARIANTS}/{path.name}", (("variant", path.stem),))
+                      for path in sorted((REPO / VARIANTS).glob("*.yaml"))]
+CANONICAL_ORDER = ("table1", "table2", "table3", "table4", "figure6", "variants")
 
 
 @functools.lru_cache(maxsize=None)
@@ -187,11 +202,37 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
            f"train.log_every={max(1, (scale.eval_every or cfg.train.eval_every) // 4)}",
            f"train.eval_every={scale.eval_every or cfg.train.eval_every}",
            f"train.eval_max_batches={scale.eval_max_batches or cfg.train.eval_max_batches}"]
+    if optim.values_lr_decay_steps:  # the values' lr decay spans the same share of the shorter run
+        steps = scale.max_steps or cfg.train.max_steps
+        out.append(f"optim.values_lr_decay_steps={max(1, _half_up(optim.values_lr_decay_steps * steps / cfg.train.max_steps))}")
     if scale.precision:
         out.append(f"train.precision={scale.precision}")
     if scale.data:
         out.append(f"data.path={scale.data}")
     return out
+
+
+def model_size(cfg: Config, seq_len: int) -> dict[str, float]:
+    """total and active parameters (per token: the dense ones and the value rows read), training FLOPs
+    per token, of cfg's model built on the meta device (no memory used; any vocabulary size will do
+    for comparisons: it adds the same to every model of one data set, 1000 here)."""
+    with torch.device("meta"):
+        model = TransformerLM(dataclasses.replace(cfg.model, vocab_size=1000))
+    counts = model.param_counts()
+    read = sum(m.heads * m.knn * sum(p.shape[1] for p in m.values.tables()) for _, m in model.memories())
+    return {"total": counts["total"], "active": counts["dense"] + read,
+            "flops": model.dense_flops_per_token(seq_len)}
+
+
+def matched_ffn_dim(cell: Cell, overrides: list[str], scale: Scale) -> int:
+    """The FFN width that gives `cell`'s dense model the parameters (or FLOPs per token) of the
+    VARIANT_REFERENCE cell at the same scale: both grow linearly with model.ffn_dim."""
+    reference = next(c for c in TABLES["variants"] if c.name == VARIANT_REFERENCE)
+    what = {"params": "total", "flops": "flops"}[MATCHED_DENSE[cell.name]]
+    ref_cfg = _config(reference.config, tuple(scale_overrides(reference, scale)))
+    target = model_size(ref_cfg, ref_cfg.data.bptt)[what]
+    at = [model_size(_config(cell.config, (*overrides, f"model.ffn_dim={f}")), ref_cfg.data.bptt)[what] for f in (1, 2)]
+    return max(1, _half_up(1 + (target - at[0]) / (at[1] - at[0])))
 
 
 def _shown(path: Path) -> str:
@@ -281,8 +322,12 @@ def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list
     wanted: dict[str, list[str]] = {}  # identity -> overrides, for the cells of `table` to run
     skipped = []
     for cell in dict.fromkeys([*BASELINES, *(c for t in CANONICAL_ORDER for c in TABLES[t])]):
+        if cell.name in MATCHED_DENSE and cell not in TABLES[table]:
+            continue  # widened for the study only: never the run of another table's cell
         try:
             overrides = [*scale_overrides(cell, scale), *extra]
+            if cell.name in MATCHED_DENSE:
+                overrides.append(f"model.ffn_dim={matched_ffn_dim(cell, overrides, scale)}")
         except UnscalableCell as e:
             if cell in TABLES[table]:
                 skipped.append(str(e))
