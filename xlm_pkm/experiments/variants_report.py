@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 from xlm_pkm.config import load_config
-from xlm_pkm.experiments.report import (FAILS, HOLDS, NOISE, CellRuns, Measure, _md_table, _pyplot, _save, by_cell,
+from xlm_pkm.experiments.report import (FAILS, HOLDS, NOISE, CellRuns, Measure, RunData, _md_table, _pyplot, _save,
                                         find_runs, shows)
 from xlm_pkm.experiments.reproduce import model_size
 from xlm_pkm.utils.atomic import write_text
@@ -42,6 +42,25 @@ ORDERINGS = [
      ["dense_params", "pkm_relu", "pkm"]),
     ("PEER (He 2024), Table 1 / Fig. 1: at matched FLOPs, PEER < PKM < dense", ["peer", "pkm", "dense_flops"]),
 ]
+
+
+def variant_cells(runs: list[RunData]) -> dict[str, CellRuns]:
+    """{cell: its runs with a test result}, in cell order; a run fills every variants cell it serves (the
+    last UltraMem step and `ultramem` are one config, so one run)."""
+    cells: dict[str, CellRuns] = {}
+    for run in runs:
+        for cell in run.cells:
+            if cell["table"] == "variants" and run.test:
+                cells.setdefault(cell["key"]["variant"], CellRuns()).append(run)
+    return dict(sorted(cells.items()))
+
+
+def design(name: str) -> tuple[str, str, str]:
+    """(design, paper, what it changes) of a cell; UltraMem's steps from their names."""
+    if name.startswith("ultramem_step"):
+        k, what = name[13:].split("_", 1)
+        return f"UltraMem step {k}", "Huang et al. 2025, Table 2", f"the step before, + {what.replace('_', ' ')}"
+    return DESIGNS.get(name, (name, "", ""))
 
 
 def ultramem_steps(cells: dict[str, CellRuns]) -> list[str]:
@@ -87,9 +106,9 @@ def _count(n: float) -> str:
 def cell_table(cells: dict[str, CellRuns], speeds: dict[str, float]) -> str:
     rows = []
     for name, cell in cells.items():
-        design, paper, change = DESIGNS.get(name, (name, "", ""))
+        label, paper, change = design(name)
         size, usage, kl = sizes(cell), memory_measure(cell, "usage"), memory_measure(cell, "kl")
-        rows.append([design, f"`{name}`", paper, change, cell.measure("ppl").text(), _count(size["total"]),
+        rows.append([label, f"`{name}`", paper, change, cell.measure("ppl").text(), _count(size["total"]),
                      _count(size["active"]), f"{size['flops'] / 1e6:.2f}M",
                      f"{speeds[name]:,.0f}" if name in speeds else "·", usage.text() if usage else "-",
                      kl.text(2) if kl else "-", str(len(cell))])
@@ -102,7 +121,7 @@ def plot(cells: dict[str, CellRuns], speeds: dict[str, float], path: Path) -> Pa
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     markers = "osD^v<>phX*P"
     for i, (name, cell) in enumerate(cells.items()):
-        ppl, label = cell.measure("ppl"), DESIGNS.get(name, (name,))[0]
+        ppl, label = cell.measure("ppl"), design(name)[0]
         style = dict(marker=markers[i % len(markers)], capsize=3, linestyle="none", label=label)
         axes[0].errorbar(sizes(cell)["active"], ppl.mean, yerr=ppl.sd, **style)
         if name in speeds:
@@ -146,8 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", nargs="*", default=[], help="variants_speed benchmark JSON")
     args = parser.parse_args(argv)
     try:
-        cells = {key[0]: cell for key, cell in sorted(by_cell(find_runs([Path(d) for d in args.dirs]),
-                                                               "variants").items())}
+        cells = variant_cells(find_runs([Path(d) for d in args.dirs]))
         benches = [json.loads(Path(b).read_text()) for b in args.bench]
     except (ValueError, OSError, json.JSONDecodeError) as e:
         print(f"variants_report: error: {e}", file=sys.stderr)
