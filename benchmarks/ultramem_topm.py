@@ -12,9 +12,10 @@ on random N(0, 1) queries (what a BatchNorm'd query looks like at initialisation
 initialisation (cores uniform in [0, 1), as built), for the same layer after its cores were trained on the
 aux loss alone until every non-leading singular value is within the margin τ (the core pushed toward rank 1,
 as the aux loss does in training; coefficient 1 here to get there in a few Adam steps), and for a core of
-N(0, 1) entries (mixed signs, a stress case for the rank-1 approximation). With --checkpoint, the trained model's tucker memories on
-their own queries (random token sequences through the model), at their configured m and also at m = n_keys
-(which must be exact).
+N(0, 1) entries (mixed signs, a stress case for the rank-1 approximation). With --checkpoint, the trained
+model's tucker memories on their own queries (the model run on the start of the valid split of --data,
+default the run's; random tokens if it has none), at their configured m and also at m = n_keys (which must
+be exact).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def synthetic(args) -> list[dict]:
 def trained(args) -> list[dict]:
     from xlm_pkm.checkpoint.trained import load_trained
 
-    model, cfg, _, _ = load_trained(args.checkpoint, args.data)
+    model, cfg, _, data_dir = load_trained(args.checkpoint, args.data)
     model.to(args.device)
     memories = [(layer, m) for layer, m in model.memories() if isinstance(m.keys, TuckerKeys)]
     if not memories:
@@ -110,9 +111,16 @@ def trained(args) -> list[dict]:
     queries = {layer: [] for layer, _ in memories}
     for layer, memory in memories:  # record each memory's queries as the model searches
         memory.search = lambda q, layer=layer, search=memory.search: (queries[layer].append(q.detach()), search(q))[1]
-    torch.manual_seed(args.seed)
     seq = min(256, cfg.model.max_len)
-    tokens = torch.randint(0, cfg.model.vocab_size, (max(1, args.queries // seq), seq), device=args.device)
+    shards = sorted(Path(data_dir).glob("valid.*.bin"))
+    if shards:  # the first queries of the valid split
+        from xlm_pkm.data.shard import read_shard
+        ids = torch.from_numpy(read_shard(shards[0]).tokens[: max(1, args.queries // seq) * seq].astype("int64"))
+        tokens, source = ids.view(-1, seq).to(args.device), f"{shards[0].name}, first {ids.numel()} tokens"
+    else:
+        torch.manual_seed(args.seed)
+        tokens = torch.randint(0, cfg.model.vocab_size, (max(1, args.queries // seq), seq), device=args.device)
+        source = "random tokens (no valid split in the data directory)"
     with torch.no_grad():
         model(tokens)
     rows = []
@@ -122,7 +130,8 @@ def trained(args) -> list[dict]:
             keys = memory.keys
             saved, keys.topm = keys.topm, topm
             rows.append(dict(layer=layer, n_keys=keys.n_keys, topm=topm, knn=keys.knn, rank=keys.rank, cores=keys.cores,
-                             core="trained", singular_values=singular_values(keys)) | recall(keys, q))
+                             core="trained", queries_from=source, singular_values=singular_values(keys))
+                        | recall(keys, q))
             keys.topm = saved
     return rows
 

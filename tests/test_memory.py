@@ -22,7 +22,10 @@ def assert_exact_topk(keys, q):
     """keys.search(q) is the exact top-knn of the brute-force scores q · full_keys() (float64)."""
     with torch.no_grad():
         scores, indices = keys.search(q)
-        full = torch.einsum("nhd,hsd->nhs", q.double(), keys.full_keys().double()).numpy()  # (N, H, n_slots)
+        if hasattr(keys, "all_scores"):  # a search whose scores are not inner products with whole keys (tucker)
+            full = keys.all_scores(q.double()).numpy()  # (N, H, n_slots)
+        else:
+            full = torch.einsum("nhd,hsd->nhs", q.double(), keys.full_keys().double()).numpy()  # (N, H, n_slots)
     N, H, K = q.shape[0], keys.heads, keys.knn
     assert scores.shape == indices.shape == (N, H, K)
     assert scores.dtype == torch.float32
@@ -40,6 +43,7 @@ def assert_exact_topk(keys, q):
 SEARCH_CASES = {
     "product": [(4, 4, 1, 4), (8, 16, 2, 5), (16, 8, 4, 16), (32, 32, 3, 8)],
     "flat": [(4, 8, 2, 3), (8, 8, 2, 16), (16, 5, 3, 40)],
+    "tucker": [(4, 4, 1, 4), (8, 16, 2, 5), (16, 8, 4, 16)],  # exact with every row and column kept (topm = n_keys)
 }
 
 
@@ -52,7 +56,7 @@ def test_every_key_type_has_search_cases():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_search_equals_brute_force(key_type, n_keys, k_dim, heads, knn, dtype):
     torch.manual_seed(0)
-    cfg = MemoryConfig(key_type=key_type, n_keys=n_keys, k_dim=k_dim, heads=heads, knn=knn)
+    cfg = MemoryConfig(key_type=key_type, n_keys=n_keys, k_dim=k_dim, heads=heads, knn=knn, tucker_topm=n_keys)
     keys = KEY_SEARCHES[key_type](cfg)
     assert keys.n_slots == KEY_SEARCHES[key_type].slots(cfg)  # what sizes a shared value table
     assert_exact_topk(keys, torch.randn(64, heads, k_dim).to(dtype))

@@ -202,6 +202,10 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
            f"train.log_every={max(1, (scale.eval_every or cfg.train.eval_every) // 4)}",
            f"train.eval_every={scale.eval_every or cfg.train.eval_every}",
            f"train.eval_max_batches={scale.eval_max_batches or cfg.train.eval_max_batches}"]
+    if mem.value_dim:  # UltraMem's physical value width scales with the model's
+        out.append(f"model.memory.value_dim={max(1, mem.value_dim // scale.width)}")
+    if mem.tucker_topm:  # UltraMem's candidate rows and columns scale with k
+        out.append(f"model.memory.tucker_topm={max(knn, mem.tucker_topm // scale.knn)}")
     if optim.values_lr_decay_steps:  # the values' lr decay spans the same share of the shorter run
         steps = scale.max_steps or cfg.train.max_steps
         out.append(f"optim.values_lr_decay_steps={max(1, _half_up(optim.values_lr_decay_steps * steps / cfg.train.max_steps))}")

@@ -157,8 +157,8 @@ class SparseMemoryFinetuning:
             if reads is None or param.grad is None:
                 continue
             reads = all_reduce_sum(reads, self.env)
-            rows = top_slots(reads, self.background.doc_freq[name], self.background.documents, self.top_t)
-            keep_rows_(param, rows)
+            slots = top_slots(reads, self.background.doc_freq[name], self.background.documents, self.top_t)
+            keep_rows_(param, memories[0].values.table_rows(slots))  # UltraMem's expanded rows are not slots
             read += int((reads > 0).sum())
             updated += int(param.grad.indices().shape[1])
         return {"slots_read": read, "slots_updated": updated}

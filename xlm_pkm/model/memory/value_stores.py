@@ -57,6 +57,11 @@ class ValueStore(nn.Module, ABC):
         """The tables read by slot (each (n_slots, width))."""
         return [p for p in self.parameters() if is_memory_value(p)]
 
+    def table_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """The rows of the tables that `slots` read (here the same: a table row per slot; UltraMem's
+        expanded store maps virtual slots to physical rows)."""
+        return slots
+
     def flops_per_token(self, heads: int, knn: int) -> float:
         """Training FLOPs per token of the store's reads and dense parts (forward + backward)."""
         dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
