@@ -103,27 +103,27 @@ def _count(n: float) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
 
 
-def cell_table(cells: dict[str, CellRuns], speeds: dict[str, float]) -> str:
+def cell_table(cells: dict[str, CellRuns], size: dict[str, dict], speeds: dict[str, float]) -> str:
     rows = []
     for name, cell in cells.items():
         label, paper, change = design(name)
-        size, usage, kl = sizes(cell), memory_measure(cell, "usage"), memory_measure(cell, "kl")
-        rows.append([label, f"`{name}`", paper, change, cell.measure("ppl").text(), _count(size["total"]),
-                     _count(size["active"]), f"{size['flops'] / 1e6:.2f}M",
+        usage, kl = memory_measure(cell, "usage"), memory_measure(cell, "kl")
+        rows.append([label, f"`{name}`", paper, change, cell.measure("ppl").text(), _count(size[name]["total"]),
+                     _count(size[name]["active"]), f"{size[name]['flops'] / 1e6:.2f}M",
                      f"{speeds[name]:,.0f}" if name in speeds else "·", usage.text() if usage else "-",
                      kl.text(2) if kl else "-", str(len(cell))])
     return _md_table(["design", "cell", "paper", "what it changes", "test ppl", "params", "active params",
                       "train FLOPs/token", "train tokens/s", "usage %", "KL", "seeds"], rows)
 
 
-def plot(cells: dict[str, CellRuns], speeds: dict[str, float], path: Path) -> Path:
+def plot(cells: dict[str, CellRuns], size: dict[str, dict], speeds: dict[str, float], path: Path) -> Path:
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
     markers = "osD^v<>phX*P"
     for i, (name, cell) in enumerate(cells.items()):
         ppl, label = cell.measure("ppl"), design(name)[0]
         style = dict(marker=markers[i % len(markers)], capsize=3, linestyle="none", label=label)
-        axes[0].errorbar(sizes(cell)["active"], ppl.mean, yerr=ppl.sd, **style)
+        axes[0].errorbar(size[name]["active"], ppl.mean, yerr=ppl.sd, **style)
         if name in speeds:
             axes[1].errorbar(speeds[name], ppl.mean, yerr=ppl.sd, **style)
     axes[0].set(xlabel="active parameters per token", ylabel="test perplexity (mean ± sd over seeds)")
@@ -140,7 +140,8 @@ def write_report(cells: dict[str, CellRuns], out: Path, benches: list[dict], com
     if len(path) > 2:
         orderings.append(("UltraMem (Huang et al. 2025), Table 2: each added component lowers the loss ("
                           + " → ".join(path) + ")", *ordering_verdict(cells, path[::-1])))
-    figure = plot(cells, speeds, out / "variants.png")
+    size = {name: sizes(cell) for name, cell in cells.items()}  # each model built once, on the meta device
+    figure = plot(cells, size, speeds, out / "variants.png")
     parts = [
         "# The memory variants at one scale: PKM, PKM-ReLU, Memory+, PEER, UltraMem and dense baselines",
         f"{sum(map(len, cells.values()))} runs in {len(cells)} cells; made by `{command}`.",
@@ -149,7 +150,7 @@ def write_report(cells: dict[str, CellRuns], out: Path, benches: list[dict], com
         f"does, and is **{NOISE}** otherwise.",
         "## Published orderings\n\n" + _md_table(["claim", "here", "test perplexity"],
                                                  [list(o) for o in orderings]),
-        "## Cells\n\n" + cell_table(cells, speeds),
+        "## Cells\n\n" + cell_table(cells, size, speeds),
         f"![{figure.name}]({figure.name})",
     ]
     report = out / "report.md"

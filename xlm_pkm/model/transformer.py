@@ -193,11 +193,7 @@ class TransformerLM(nn.Module):
     def aux_loss(self) -> torch.Tensor:
         """The training-only loss terms: span_loss() and every memory's aux_loss() (UltraMem's core loss)."""
         terms = [m.aux_loss() for _, m in self.memories()]
-        return self.span_loss() + sum((t for t in terms if t is not None), torch.zeros((), device=self.device))
-
-    @property
-    def device(self) -> torch.device:
-        return self.tok_emb.weight.device if hasattr(self.tok_emb, "weight") else next(self.parameters()).device
+        return sum((t for t in terms if t is not None), self.span_loss())
 
     def clamp_spans(self) -> None:
         """Keep every span ratio in [0, 1]: call after each optimizer update."""

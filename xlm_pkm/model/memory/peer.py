@@ -37,12 +37,11 @@ Where the paper is silent or ambiguous, chosen here:
   - no bias terms ("we omit bias terms here for brevity": Algorithm 1 has none), no dropout on the
     hidden neurons (none in the paper; memory.value_dropout acts on the output).
   - heads: "different heads share the same pool of experts with the same set of product keys" (§2). The
-    store is shared by the heads as the paper says; the keys are the key search's (keys.py, per head).
+    store is shared by the heads; the keys are the key search's, one set for every head with
+    memory.share_keys (as in the configs of configs/variants), else one per head.
 """
 
 from __future__ import annotations
-
-import functools
 
 import torch
 import torch.nn.functional as F
@@ -51,8 +50,8 @@ from torch.autograd.function import once_differentiable
 
 from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory.dtypes import at_least_float32
-from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
-from xlm_pkm.model.memory.value_read import read_values
+from xlm_pkm.model.memory.slot_groups import table_gradient
+from xlm_pkm.model.memory.value_read import read_values, slot_sums
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
 
 CHUNK_ELEMENTS = 2**24  # the forward gathers at most this many down-table elements at a time (64 MiB float32)
@@ -67,66 +66,14 @@ def expert_inputs(down: torch.Tensor, indices: torch.Tensor, x: torch.Tensor, ba
     N, L = indices.shape
     dtype = torch.promote_types(at_least_float32(down).dtype, x.dtype)
     if backend == "triton":
-        return _triton_kernels().row_dots(down, indices, x.to(down.dtype)).to(dtype)
+        from xlm_pkm.model.memory.triton_value_read import fused_row_dots  # imports Triton only when used
+        return fused_row_dots(down, indices, x.to(down.dtype), at_least_float32(down).dtype).to(dtype)
     s = torch.empty(N, L, dtype=dtype, device=x.device)
     step = max(1, CHUNK_ELEMENTS // max(1, L * down.shape[1]))
     for start in range(0, N, step):
         rows = F.embedding(indices[start:start + step], down)  # (n, L, D): this chunk's experts' u_i
         s[start:start + step] = torch.einsum("nld,nd->nl", rows.to(dtype), x[start:start + step].to(dtype))
     return s
-
-
-def slot_sums(indices: torch.Tensor, coeffs: torch.Tensor, inputs: torch.Tensor, shape: torch.Size,
-              sparse: bool, backend: str) -> torch.Tensor:
-    """Σ over the lookups (n, l) of each slot of coeffs[n, l] · inputs[n]: indices, coeffs (N, L), inputs
-    (N, D) -> the (n_slots, D) table gradient, sparse (one row per distinct slot, coalesced) or dense. The
-    value read's table gradient (value_read.py, triton_value_read.py) with `inputs` for grad_out."""
-    N, L = indices.shape
-    slots, order, row_starts = group_by_slot(indices)
-    if backend == "triton":
-        rows = _triton_kernels().slot_rows(inputs, coeffs, order, row_starts, slots.numel(), L)
-    else:
-        inputs32 = at_least_float32(inputs)
-        selection = torch.sparse_csr_tensor(row_starts, order // L, coeffs.reshape(-1)[order].to(inputs32.dtype),
-                                            (slots.numel(), N), check_invariants=False)  # (U, N)
-        rows = selection @ inputs32  # (U, D)
-    return table_gradient(slots, rows, shape, sparse)
-
-
-class _TritonKernels:
-    """The fused value read's kernels (triton_value_read.py) launched with PEER's operands: its weight-gradient
-    kernel gives the dots u_i · x, its table-gradient kernel the per-slot sums Σ grad_s · x."""
-
-    def __init__(self):
-        import triton  # only on this path
-
-        from xlm_pkm.model.memory import triton_value_read as fused
-        self.triton, self.fused = triton, fused
-
-    def row_dots(self, table, indices, vectors):
-        table, indices, vectors = table.contiguous(), indices.contiguous(), vectors.contiguous()
-        (N, L), D = indices.shape, table.shape[1]
-        block_l, block_d = self.fused._blocks(L, D)
-        out = torch.empty(N, L, dtype=at_least_float32(table).dtype, device=table.device)
-        if N:
-            self.fused._weights_grad_kernel[(N, self.triton.cdiv(L, block_l))](
-                table, indices, vectors, out, L, D, BLOCK_L=block_l, BLOCK_D=block_d)
-        return out
-
-    def slot_rows(self, vectors, coeffs, order, row_starts, n_rows, L):
-        vectors, coeffs = vectors.contiguous(), coeffs.contiguous()
-        D = vectors.shape[1]
-        block_l, block_d = self.fused._blocks(L, D)
-        rows = torch.empty(n_rows, D, dtype=at_least_float32(vectors).dtype, device=vectors.device)
-        if n_rows:
-            self.fused._table_grad_kernel[(n_rows, self.triton.cdiv(D, block_d))](
-                vectors, coeffs, order, row_starts, rows, L, D, BLOCK_E=block_l, BLOCK_D=block_d)
-        return rows
-
-
-@functools.cache
-def _triton_kernels() -> _TritonKernels:
-    return _TritonKernels()
 
 
 class _ExpertInputs(torch.autograd.Function):
@@ -146,8 +93,9 @@ class _ExpertInputs(torch.autograd.Function):
         grad_x = grad_down = None
         if ctx.needs_input_grad[0]:  # grad_x[n] = Σ_l grad_s[n, l] · down[idx[n, l]]: a value read of `down`
             grad_x = read_values(down, indices, grad_s, False, ctx.backend).to(x.dtype)  # (N, D)
-        if ctx.needs_input_grad[1]:
-            grad_down = slot_sums(indices, grad_s, x, down.shape, ctx.sparse, ctx.backend).to(down.dtype)
+        if ctx.needs_input_grad[1]:  # grad_down[slot] = Σ grad_s · x over its lookups: the read's table gradient
+            slots, rows = slot_sums(indices, grad_s, x, ctx.backend)
+            grad_down = table_gradient(slots, rows, down.shape, ctx.sparse).to(down.dtype)
         return grad_x, grad_down, None, None, None
 
 

@@ -59,7 +59,7 @@ from xlm_pkm.model.memory.keys import KEY_SEARCHES
 from xlm_pkm.model.memory.scores import SCORE_FUNCTIONS
 from xlm_pkm.model.memory.stats import SlotStats
 from xlm_pkm.model.memory.value_read import choose_backend, resolve_backend
-from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, is_memory_value
+from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore
 
 
 class ProductKeyMemory(nn.Module):

@@ -85,6 +85,34 @@ def _blocks(L: int, D: int) -> tuple[int, int]:
     return min(32, triton.next_power_of_2(L)), min(256, triton.next_power_of_2(D))
 
 
+def fused_row_dots(table: torch.Tensor, indices: torch.Tensor, vectors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """table (S, D), indices (N, L), vectors (N, D) -> (N, L) in `dtype`: out[n, l] = table[indices[n, l]] ·
+    vectors[n] (the read's weight gradient; PEER's u_iᵀx), summed in float32."""
+    table, indices, vectors = table.contiguous(), indices.contiguous(), vectors.contiguous()
+    (N, L), D = indices.shape, table.shape[1]
+    block_l, block_d = _blocks(L, D)
+    out = torch.empty(N, L, dtype=dtype, device=table.device)
+    if N:
+        _weights_grad_kernel[(N, triton.cdiv(L, block_l))](table, indices, vectors, out, L, D,
+                                                           BLOCK_L=block_l, BLOCK_D=block_d)
+    return out
+
+
+def fused_slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch.Tensor,
+                    dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """indices, weights (N, L), vectors (N, D) -> slots (U,) the distinct slots read, rows (U, D) in `dtype`:
+    rows[u] = Σ over the lookups (n, l) of slots[u] of weights[n, l] · vectors[n] (the read's table gradient)."""
+    weights, vectors = weights.contiguous(), vectors.contiguous()
+    (N, L), D = indices.shape, vectors.shape[1]
+    block_l, block_d = _blocks(L, D)
+    slots, order, row_starts = group_by_slot(indices)  # (U,), (N*L,), (U + 1,)
+    rows = torch.empty(slots.numel(), D, dtype=dtype, device=vectors.device)  # (U, D)
+    if slots.numel():
+        _table_grad_kernel[(slots.numel(), triton.cdiv(D, block_d))](
+            vectors, weights, order, row_starts, rows, L, D, BLOCK_E=block_l, BLOCK_D=block_d)
+    return slots, rows
+
+
 class FusedValueRead(torch.autograd.Function):
     """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in the table's dtype."""
 
@@ -104,21 +132,11 @@ class FusedValueRead(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):  # grad_out: (N, D)
         table, indices, weights = ctx.saved_tensors
-        grad_out = grad_out.contiguous()
-        (N, L), D = indices.shape, table.shape[1]
-        block_l, block_d = _blocks(L, D)
         grad_table = grad_weights = None
         if ctx.needs_input_grad[2]:
-            grad_weights = torch.empty_like(weights)  # (N, L)
-            if N:
-                _weights_grad_kernel[(N, triton.cdiv(L, block_l))](table, indices, grad_out, grad_weights, L, D,
-                                                                   BLOCK_L=block_l, BLOCK_D=block_d)
+            grad_weights = fused_row_dots(table, indices, grad_out, weights.dtype)  # (N, L)
         if ctx.needs_input_grad[0]:
-            slots, order, row_starts = group_by_slot(indices)  # (U,), (N*L,), (U + 1,)
-            rows = torch.empty(slots.numel(), D, dtype=table.dtype, device=table.device)  # (U, D)
-            if slots.numel():
-                _table_grad_kernel[(slots.numel(), triton.cdiv(D, block_d))](
-                    grad_out, weights, order, row_starts, rows, L, D, BLOCK_E=block_l, BLOCK_D=block_d)
+            slots, rows = fused_slot_sums(indices, weights, grad_out, table.dtype)  # (U,), (U, D)
             grad_table = table_gradient(slots, rows, table.shape, ctx.sparse)
         return grad_table, None, grad_weights, None
 

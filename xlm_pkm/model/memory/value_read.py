@@ -46,13 +46,24 @@ class _AttachSparseTableGrad(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):  # grad_out: (N, dim)
         indices, weights = ctx.saved_tensors  # (N, L) each
-        N, L = indices.shape
-        slots, order, row_starts = group_by_slot(indices)
-        grad_sum = at_least_float32(grad_out)  # float32 sums for fp16/bf16 tables
-        selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(grad_sum.dtype),
-                                            (slots.numel(), N), check_invariants=False)  # (U, N)
-        rows = (selection @ grad_sum).to(grad_out.dtype)  # (U, dim): each slot's lookups summed
-        return grad_out, table_gradient(slots, rows, ctx.table_shape, sparse=True), None, None
+        slots, rows = slot_sums(indices, weights, grad_out)  # (U,), (U, dim): each slot's lookups summed
+        return grad_out, table_gradient(slots, rows.to(grad_out.dtype), ctx.table_shape, sparse=True), None, None
+
+
+def slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch.Tensor,
+              backend: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
+    """indices, weights (N, L), vectors (N, D) -> slots (U,) the distinct slots read, rows (U, D) in at least
+    float32: rows[u] = Σ over the lookups (n, l) of slots[u] of weights[n, l] · vectors[n]. With vectors = the
+    output gradient, the table's gradient rows (module docstring); PEER's down table uses it with its inputs."""
+    rows_dtype = at_least_float32(vectors).dtype  # float32 sums for fp16/bf16
+    if backend == "triton":
+        from xlm_pkm.model.memory.triton_value_read import fused_slot_sums
+        return fused_slot_sums(indices, weights, vectors, rows_dtype)
+    N, L = indices.shape
+    slots, order, row_starts = group_by_slot(indices)
+    selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(rows_dtype),
+                                        (slots.numel(), N), check_invariants=False)  # (U, N)
+    return slots, selection @ vectors.to(rows_dtype)
 
 
 @functools.cache
