@@ -5,7 +5,7 @@
 For N tokens each reading L = heads·knn rows of a (slots, dim) table (the paper's 512² slots, dim
 1024, 4 heads × k=32 by default), three passes are timed per implementation and dtype:
   - forward: out = Σ w · table[idx];
-  - backward to the table (sparse rows: one per distinct slot; torch: the CSR product of value_read.py);
+  - backward to the table (sparse rows: one per distinct slot; torch: the slot-sorted embedding bag of value_read.py);
   - backward to the table (dense (slots, dim) gradient; torch: EmbeddingBag's own backward).
 Bytes counted are those the operation must move at least: the value rows gathered (N·L·dim) and the
 output written (N·dim) for the forward; the gradient rows gathered (N·L·dim) and the distinct table
@@ -102,7 +102,7 @@ def main():
         "settings": {"tokens": args.tokens, "lookups_per_token": args.lookups, "slots": slots, "dim": args.dim,
                      "distinct_slots_read": distinct, "repeats": args.repeats, "statistic": "median",
                      "backends": {"triton": "xlm_pkm/model/memory/triton_value_read.py",
-                                  "torch": "nn.EmbeddingBag (+ CSR product for sparse rows)"}},
+                                  "torch": "nn.EmbeddingBag (+ a slot-sorted EmbeddingBag for sparse rows)"}},
         "machine": machine_info(args.device),
         "peak_memory_bandwidth_GB_per_s": peak / 1e9 if peak else None,
         "results": rows,

@@ -132,6 +132,53 @@ def test_gradients_match_finite_differences_in_float64(options, one_thread):
         assert memory.get_parameter(name).grad.abs().sum() > 0, name
 
 
+def naive_output(memory, x):
+    """The layer written out one token and one head at a time (float64): every slot's score from the
+    keys as the paper defines them (product: [c_i, c'_j], each half-query against its half; qk_norm:
+    each normalised first), the top-knn by sorting, softmax, the weighted rows summed over heads."""
+    cfg = memory.cfg
+    q = memory.normalize_queries(memory.query_net(x))  # (N, H, k_dim)
+    weight = memory.keys.weight.expand(cfg.heads, *memory.keys.weight.shape[1:])
+    norm = (lambda v: v / v.norm()) if cfg.qk_norm else (lambda v: v)
+    out = []
+    for t in range(x.shape[0]):
+        total = torch.zeros(memory.output_dim, dtype=x.dtype)
+        for h in range(cfg.heads):
+            if cfg.key_type == "product":
+                half, n = cfg.k_dim // 2, cfg.n_keys
+                s = torch.stack([norm(q[t, h, :half]) @ norm(weight[h, 0, i]) + norm(q[t, h, half:]) @ norm(weight[h, 1, j])
+                                 for i in range(n) for j in range(n)])  # (n²,) slot i·n + j
+            else:
+                s = torch.stack([norm(q[t, h]) @ norm(weight[h, slot]) for slot in range(memory.n_slots)])
+            best = sorted(range(memory.n_slots), key=lambda slot: -s[slot].item())[:cfg.knn]
+            w = torch.softmax(s[best] / cfg.temperature, 0)
+            total = total + sum(w[r] * memory.values.weight[slot] for r, slot in enumerate(best))
+        out.append(total)
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(sparse=True), dict(key_type="flat"), dict(share_keys=True),
+                                     dict(qk_norm=True, temperature=0.5, sparse=True),
+                                     dict(key_type="flat", share_keys=True, qk_norm=True)])
+def test_output_and_every_gradient_equal_the_naive_layer_in_float64(options, one_thread):
+    """The search's backward through the selected keys only (selected_scores.py) and the sparse rows
+    (value_read.slot_sums) against autograd through the dense, written-out computation."""
+    options = dict(options)
+    sparse = options.pop("sparse", False)
+    memory = small_memory(input_dim=6, output_dim=5, n_keys=4, k_dim=4, heads=2, knn=3, query_norm="layernorm",
+                          **options).double()
+    memory.sparse_values = sparse
+    x = torch.randn(7, 6, dtype=torch.float64, requires_grad=True)
+    ours, ref = memory(x), naive_output(memory, x)
+    assert (ours - ref).abs().max() <= 1e-10
+    grad_out = torch.randn_like(ours)
+    params = [x, *memory.parameters()]
+    ours_grads = torch.autograd.grad(ours, params, grad_out)
+    for name, g, r in zip(["x", *dict(memory.named_parameters())], ours_grads, torch.autograd.grad(ref, params, grad_out)):
+        assert g.is_sparse == (sparse and name == "values.weight"), name
+        assert (g.to_dense() - r).abs().max() <= 1e-10, name
+
+
 def test_no_tokens_by_heads_knn_by_output_dim_intermediate():
     N, H, K, D = 512, 4, 32, 256  # a (N, H*K, D) float32 tensor would be 64 MiB
     memory = small_memory(input_dim=64, output_dim=D, n_keys=64, k_dim=32, heads=H, knn=K)

@@ -30,6 +30,7 @@ from torch import nn
 
 from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.selected_scores import top_scores
 from xlm_pkm.registry import Registry
 
 KEY_SEARCHES = Registry("memory key type")
@@ -112,8 +113,9 @@ class ProductKeys(KeySearch):
         q = q.view(N, H, 2, self.k_dim // 2)  # (N, H, 2, k_dim/2): the two sub-queries
         if self.qk_norm:
             q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
-        keys = keys.expand(H, *keys.shape[1:])  # (H, 2, n_keys, k_dim/2), a view when shared
-        half_scores, half_indices = torch.einsum("nhpd,hpsd->nhps", q, keys).topk(K, dim=-1)  # (N, H, 2, K)
+        keys = keys.expand(H, *keys.shape[1:]).reshape(2 * H, self.n_keys, -1)  # (H·2, n_keys, k_dim/2)
+        half_scores, half_indices = top_scores(q.reshape(N, 2 * H, -1), keys, K)  # (N, H·2, K) each
+        half_scores, half_indices = half_scores.view(N, H, 2, K), half_indices.view(N, H, 2, K)
         pair_scores = half_scores[:, :, 0, :, None] + half_scores[:, :, 1, None, :]  # (N, H, K, K)
         scores, best = pair_scores.view(N, H, K * K).topk(K, dim=-1)  # (N, H, K)
         i = half_indices[:, :, 0].gather(-1, best // K)  # (N, H, K) first-half sub-key of each pick
@@ -145,8 +147,7 @@ class FlatKeys(KeySearch):
         q, keys = at_least_float32(q), at_least_float32(self.weight)
         if self.qk_norm:
             q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
-        keys = keys.expand(self.heads, *keys.shape[1:])  # (H, n_slots, k_dim)
-        return torch.einsum("nhd,hsd->nhs", q, keys).topk(self.knn, dim=-1)  # from (N, H, n_slots)
+        return top_scores(q, keys.expand(self.heads, *keys.shape[1:]), self.knn)  # keys: (H, n_slots, k_dim)
 
     def full_keys(self) -> torch.Tensor:
         return self.weight.expand(self.heads, *self.weight.shape[1:])

@@ -16,12 +16,13 @@ slot (marked is_memory_value: the values optimizer group, sparse memory finetuni
 each gradient holds one row per distinct expert read, built like the value read's (slot_groups.py):
 the up side *is* the value read; the down side is its transpose,
 
-    grad_down[slot] = Σ_{(n, l) reading slot} grad_s[n, l] · x[n]     (U, input_dim), a CSR product
+    grad_down[slot] = Σ_{(n, l) reading slot} grad_s[n, l] · x[n]     (U, input_dim), an embedding bag
     grad_x[n]       = Σ_l grad_s[n, l] · down[idx[n, l]]                an EmbeddingBag read of `down`
 
 so no (N, H·K, dim) tensor is kept for backward. Both sides follow the memory's value-read backend
 (memory.value_read): "torch" computes the forward's s = Σ_d down[idx]·x in chunks of at most
-CHUNK_ELEMENTS gathered elements and the sums above by EmbeddingBag and a CSR product, as value_read.py;
+CHUNK_ELEMENTS gathered elements and the sums above by EmbeddingBag (grad_down's over the lookups
+sorted by slot), as value_read.py;
 "triton" launches the fused read's own kernels (triton_value_read.py: its weight-gradient kernel is
 exactly the dots u_i·x, its table-gradient kernel the per-slot sums), with no gathered tensor at all.
 

@@ -9,11 +9,13 @@ Dense gradient: a (n_slots, dim) tensor. Sparse gradient: one row per *distinct*
 step, so its size (and an optimizer step on it) does not grow with the table.
 `nn.EmbeddingBag(sparse=True)` is no good for this: its gradient has one row per lookup
 (tokens·heads·knn rows, uncoalesced), more than the dense gradient at the paper's batch sizes. The
-reference builds the rows from a sparse-dense product, with no (lookups, dim) intermediate:
+reference builds the rows as the read's transpose, itself an embedding bag, with no (lookups, dim)
+intermediate and no dense (U, N) or (n_slots, dim) buffer:
 
-    grad_rows = S @ grad_out      S: (U, N) sparse, S[u, n] = Σ_l w[n, l] · [idx[n, l] = slot_u]
+    grad_rows[u] = Σ over the lookups (n, l) of slot_u of w[n, l] · grad_out[n]
 
-S is built in CSR form from the lookups sorted by slot (a stable sort, so results are deterministic).
+the lookups sorted by slot (a stable sort, so the sums' order and the results are deterministic), each
+slot's run one bag over the rows of grad_out.
 The weights' gradient still comes from EmbeddingBag's own backward (on the detached table); the
 table's gradient is attached by an identity function whose backward adds it.
 """
@@ -23,15 +25,12 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import warnings
 
 import torch
 import torch.nn.functional as F
 
 from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
-
-warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")  # used internally only
 
 
 class _AttachSparseTableGrad(torch.autograd.Function):
@@ -59,11 +58,11 @@ def slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch.Tenso
     if backend == "triton":
         from xlm_pkm.model.memory.triton_value_read import fused_slot_sums
         return fused_slot_sums(indices, weights, vectors, rows_dtype)
-    N, L = indices.shape
-    slots, order, row_starts = group_by_slot(indices)
-    selection = torch.sparse_csr_tensor(row_starts, order // L, weights.reshape(-1)[order].to(rows_dtype),
-                                        (slots.numel(), N), check_invariants=False)  # (U, N)
-    return slots, selection @ vectors.to(rows_dtype)
+    slots, order, row_starts = group_by_slot(indices)  # (U,), (N*L,), (U + 1,)
+    lookup_weights = weights.reshape(-1)[order].to(rows_dtype)  # (N*L,) grouped by slot
+    rows = F.embedding_bag(order // indices.shape[1], vectors.to(rows_dtype), row_starts[:-1],
+                           per_sample_weights=lookup_weights, mode="sum")  # (U, D): slot u's run is bag u
+    return slots, rows
 
 
 @functools.cache
