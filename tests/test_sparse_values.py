@@ -9,6 +9,7 @@ from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_read import read_values
 from xlm_pkm.optim.clipping import clip_grad_norm
+from xlm_pkm.optim import lazy_adam
 from xlm_pkm.optim.lazy_adam import LazyAdam
 from xlm_pkm.runtime.precision import grad_scaler
 from xlm_pkm.train.build import build_model, build_optimizers
@@ -46,7 +47,9 @@ def test_sparse_read_matches_dense_read_and_gradients():
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])
-def test_lazy_adam_equals_dense_adamw_on_touched_rows(weight_decay):
+@pytest.mark.parametrize("chunk_bytes", [2**20, 32])  # the 30 rows of a step in one chunk, or 2 rows a chunk
+def test_lazy_adam_equals_dense_adamw_on_touched_rows(weight_decay, chunk_bytes, monkeypatch):
+    monkeypatch.setattr(lazy_adam, "CHUNK_BYTES", chunk_bytes)
     torch.manual_seed(0)
     n_slots, dim = 200, 4
     param = torch.nn.Parameter(torch.randn(n_slots, dim))
@@ -70,6 +73,22 @@ def test_lazy_adam_equals_dense_adamw_on_touched_rows(weight_decay):
         assert torch.equal(param.detach()[untouched], before[untouched])
         torch.testing.assert_close(param.detach(), expected)
     assert opt.state[param]["exp_avg"].shape == (n_slots, dim)  # allocated once, as dense tables
+
+
+def test_lazy_adam_chunks_give_the_same_bits(monkeypatch):
+    def run(chunk_bytes):
+        monkeypatch.setattr(lazy_adam, "CHUNK_BYTES", chunk_bytes)
+        torch.manual_seed(0)
+        param = torch.nn.Parameter(torch.randn(300, 8))
+        opt = LazyAdam([param], lr=1e-2, weight_decay=0.1)
+        for _ in range(3):
+            rows = torch.randperm(300)[:100].sort().values
+            param.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), torch.randn(100, 8), (300, 8), check_invariants=True)
+            opt.step()
+        return param.detach(), opt.state[param]["exp_avg"], opt.state[param]["exp_avg_sq"]
+
+    for chunked, whole in zip(run(96), run(2**20)):  # 3 rows a chunk, or all 100
+        assert torch.equal(chunked, whole)
 
 
 def tiny_config(values_optimizer: str) -> Config:
