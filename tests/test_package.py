@@ -1,6 +1,7 @@
 """The package: `pip install .` in a fresh virtual environment gives the console commands; the layer
 imports and trains with torch alone (the data, launcher and logging dependencies made unimportable)."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -69,6 +70,16 @@ def test_the_layer_needs_only_torch():
     out = subprocess.run([sys.executable, "-c", blocking_prelude(BLOCKED) + check], capture_output=True, text=True,
                          cwd=ROOT, timeout=120)
     assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
+
+
+@pytest.mark.parametrize("given, expected", [(None, "1"), ("0", "0")])
+def test_importing_the_package_sets_huge_pages_for_cpu_tensors_unless_told(given, expected):
+    """xlm_pkm/__init__.py: THP_MEM_ALLOC_ENABLE defaults to 1 before torch's first allocation."""
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    env |= {"THP_MEM_ALLOC_ENABLE": given} if given else {}
+    out = subprocess.run([sys.executable, "-c", "import os, xlm_pkm; print(os.environ['THP_MEM_ALLOC_ENABLE'])"],
+                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
+    assert out.stdout == expected + "\n", out.stderr
 
 
 def test_the_docs_show_the_tested_layer_snippet():

@@ -3,7 +3,11 @@
     from xlm_pkm import ProductKeyMemory       # the layer alone: needs only torch
 
 Importing the package imports nothing else; `ProductKeyMemory` and `TransformerLM` are loaded when
-first used (xlm_pkm.model.memory, xlm_pkm.model.transformer), and need only torch.
+first used (xlm_pkm.model.memory, xlm_pkm.model.transformer), and need only torch. It sets one default
+in the environment: THP_MEM_ALLOC_ENABLE=1, PyTorch's switch for CPU tensors of 2 MB and more on
+transparent huge pages, read at torch's first allocation. A sparse step allocates hundreds of MB of
+fresh gradient rows and optimizer temporaries; on 4 KB pages their page faults cost more than the
+arithmetic (docs/benchmarks.md, "One memory layer"). THP_MEM_ALLOC_ENABLE=0 keeps PyTorch's default.
 
 The subpackages, lowest layer first; each may import only layers below it (its __init__.py says which,
 and tests/test_layout.py checks it):
@@ -22,6 +26,10 @@ and tests/test_layout.py checks it):
     launch/       train.py / evaluate.py command lines, SLURM
     experiments/  reproduction, reports, introspection, the continual-learning study
 """
+
+import os
+
+os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 __version__ = "0.1.0"
 
