@@ -1,6 +1,7 @@
-"""Timing of a benchmark step: tokens/s over a minimum time, best of interleaved rounds; or the median
-time of single steps.
+"""Timing of a benchmark step: tokens/s over a minimum time, in interleaved rounds (each round's, or the
+best); or the median time of single steps.
 
+    speeds = interleaved_rounds({"a": step_a, "b": step_b}, n_tokens, "cuda", min_time=1.0, rounds=5)
     best = best_of_rounds({"a": step_a, "b": step_b}, n_tokens, "cuda", min_time=1.0, rounds=2)
     seconds = median_seconds(step, steps=20, warmup=2, device="cuda")
 """
@@ -45,15 +46,22 @@ def tokens_per_second(step, n_tokens: int, device: str | torch.device, min_time:
     return n_tokens * reps / (time.perf_counter() - start)
 
 
-def best_of_rounds(steps: dict, n_tokens: int, device: str | torch.device, min_time: float, rounds: int,
-                   warmup: int = 1) -> dict:
-    """{name: best tokens/s}: each step run `warmup` times, then measured `rounds` times, interleaved,
-    so that load from other processes on a shared machine hits every entry alike."""
+def interleaved_rounds(steps: dict, n_tokens: int, device: str | torch.device, min_time: float, rounds: int,
+                       warmup: int = 1) -> dict:
+    """{name: [tokens/s of each round]}: each step run `warmup` times, then measured `rounds` times,
+    interleaved, so that load from other processes on a shared machine hits every entry alike."""
     for step in steps.values():
         for _ in range(warmup):
             step()
-    best = dict.fromkeys(steps, 0.0)
+    speeds = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
-            best[name] = max(best[name], tokens_per_second(step, n_tokens, device, min_time))
-    return best
+            speeds[name].append(tokens_per_second(step, n_tokens, device, min_time))
+    return speeds
+
+
+def best_of_rounds(steps: dict, n_tokens: int, device: str | torch.device, min_time: float, rounds: int,
+                   warmup: int = 1) -> dict:
+    """{name: best tokens/s} of interleaved_rounds."""
+    return {name: max(speeds) for name, speeds in interleaved_rounds(steps, n_tokens, device, min_time, rounds,
+                                                                     warmup).items()}

@@ -86,6 +86,29 @@ def test_training_speed(tiny_data_dir, tmp_path):
         for r in rows if r["memories"])
 
 
+def test_memory_layer_speed(tmp_path):
+    """Every mode and layer at every size, the ratios recomputed from the rows, the traffic floor by hand."""
+    result = run_benchmark("memory_layer_speed", tmp_path / "layer.json", "--train-keys", "32", "64", "--no-peer")
+    speed = {(r["mode"], r["layer"], r["n_keys"]): r["tokens_per_s"] for r in result["rows"]}
+    assert sorted(speed) == sorted((mode, layer, n) for n in (32, 64) for mode, layer in [
+        ("train", "dense_ffn"), ("train", "pkm"), ("train", "pkm_sparse"), ("train_step", "dense_ffn"),
+        ("train_step", "pkm_sparse"), ("inference", "dense_ffn"), ("inference", "pkm")])
+    assert all(v > 0 for v in speed.values())
+    small, large = result["ratios"]
+    assert large["train_over_dense_ffn"] == round(speed["train", "pkm_sparse", 64] / speed["train", "dense_ffn", 64], 3)
+    assert large["train_step_time_over_half_n_keys"] == round(
+        speed["train_step", "pkm_sparse", 32] / speed["train_step", "pkm_sparse", 64], 3)
+    assert "train_step_time_over_half_n_keys" not in small
+    lookups, tokens = 16 * 4 * 32, 16  # 2 x 8 tokens, 4 heads x knn 32
+    for floor in result["sparse_train_floor"]:
+        assert floor["bytes"]["value_rows_read_twice"] == 2 * lookups * 512 * 4
+        rows_read = floor["bytes"]["sparse_gradient_rows_written"] // (512 * 4)
+        assert 32 <= rows_read <= min(lookups, floor["n_keys"] ** 2)  # each token-head reads knn distinct slots
+        measured_ms = 1e3 * tokens / speed["train", "pkm_sparse", floor["n_keys"]]
+        assert floor["measured_ms"] == pytest.approx(measured_ms, rel=1e-3)
+        assert floor["fraction_of_floor"] == pytest.approx(floor["floor_ms"] / floor["measured_ms"], abs=2e-3)
+
+
 def test_sharded_values_arithmetic():
     """benchmarks/sharded_values.py's fit and its bytes per token (the table of docs/sparse-and-sharded-values.md) by hand."""
     sys.path.insert(0, str(REPO / "benchmarks"))
