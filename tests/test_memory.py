@@ -146,7 +146,8 @@ def naive_output(memory, x):
         for h in range(cfg.heads):
             if cfg.key_type == "product":
                 half, n = cfg.k_dim // 2, cfg.n_keys
-                s = torch.stack([norm(q[t, h, :half]) @ norm(weight[h, 0, i]) + norm(q[t, h, half:]) @ norm(weight[h, 1, j])
+                s = torch.stack([norm(q[t, h, :half]) @ norm(weight[h, 0, i])
+                                 + norm(q[t, h, half:]) @ norm(weight[h, 1, j])
                                  for i in range(n) for j in range(n)])  # (n²,) slot i·n + j
             else:
                 s = torch.stack([norm(q[t, h]) @ norm(weight[h, slot]) for slot in range(memory.n_slots)])
@@ -174,7 +175,8 @@ def test_output_and_every_gradient_equal_the_naive_layer_in_float64(options, one
     grad_out = torch.randn_like(ours)
     params = [x, *memory.parameters()]
     ours_grads = torch.autograd.grad(ours, params, grad_out)
-    for name, g, r in zip(["x", *dict(memory.named_parameters())], ours_grads, torch.autograd.grad(ref, params, grad_out)):
+    ref_grads = torch.autograd.grad(ref, params, grad_out)
+    for name, g, r in zip(["x", *dict(memory.named_parameters())], ours_grads, ref_grads):
         assert g.is_sparse == (sparse and name == "values.weight"), name
         assert (g.to_dense() - r).abs().max() <= 1e-10, name
 

@@ -11,6 +11,7 @@ from xlm_pkm.model.memory.value_read import read_values
 from xlm_pkm.optim.clipping import clip_grad_norm
 from xlm_pkm.optim import lazy_adam
 from xlm_pkm.optim.lazy_adam import LazyAdam
+from xlm_pkm.optim.sparse_grads import coalesced
 from xlm_pkm.runtime.precision import grad_scaler
 from xlm_pkm.train.build import build_model, build_optimizers
 from xlm_pkm.train.step import loss_backward, optimizer_update
@@ -89,6 +90,25 @@ def test_lazy_adam_chunks_give_the_same_bits(monkeypatch):
 
     for chunked, whole in zip(run(96), run(2**20)):  # 3 rows a chunk, or all 100
         assert torch.equal(chunked, whole)
+
+
+@pytest.mark.parametrize("rows", [[0, 3, 7, 9], [7, 3, 9, 0], [3, 3, 7, 9]])  # in order; unsorted; a repeat
+def test_coalesced_equals_coalesce_and_copies_nothing_when_rows_are_in_order(rows):
+    values = torch.randn(4, 5)
+    grad = torch.sparse_coo_tensor(torch.tensor([rows]), values, (10, 5), check_invariants=True)
+    assert not grad.is_coalesced()  # as AccumulateGrad stores the memory's gradient
+    ours = coalesced(grad)
+    assert ours.is_coalesced() and torch.equal(ours.to_dense(), grad.to_dense())
+    assert torch.equal(ours.indices(), grad.coalesce().indices())
+    assert (ours.values().data_ptr() == values.data_ptr()) == (rows == sorted(set(rows)))
+
+
+def test_the_memory_gradient_reaches_the_optimizer_in_order():
+    memory = ProductKeyMemory(16, 16, n_keys=8, k_dim=8, heads=2, knn=4)
+    memory.sparse_values = True
+    memory(torch.randn(5, 16)).sum().backward()
+    rows = memory.values.weight.grad._indices()[0]
+    assert bool((rows[1:] > rows[:-1]).all())  # so coalesced() only sets the flag
 
 
 def tiny_config(values_optimizer: str) -> Config:

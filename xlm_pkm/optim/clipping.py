@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from xlm_pkm.optim.sparse_grads import coalesced
+
 
 def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
     """Total 2-norm of the gradients, like torch.nn.utils.get_total_norm, but sparse gradients count too
@@ -14,7 +16,7 @@ def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
     grads, sharded = [], []
     for p in params:
         if p.grad is not None and p.grad.is_sparse:
-            p.grad = p.grad.coalesce()
+            p.grad = coalesced(p.grad)
         if p.grad is not None:
             (sharded if hasattr(p, "value_shard") else grads).append(p.grad._values() if p.grad.is_sparse else p.grad)
     norm = torch.nn.utils.get_total_norm(grads)

@@ -20,6 +20,8 @@ import math
 
 import torch
 
+from xlm_pkm.optim.sparse_grads import coalesced
+
 CHUNK_BYTES = 2**20  # on CPU, rows are updated this many bytes of each tensor at a time: the temporaries
                      # stay in cache, and only the gathers and scatters go to memory (1.7x faster at 512²)
 
@@ -43,7 +45,7 @@ class LazyAdam(torch.optim.Optimizer):
                     continue
                 if not p.grad.is_sparse:
                     raise ValueError("LazyAdam needs sparse gradients (optim.values_optimizer=lazy_adam sets them)")
-                grad = p.grad.coalesce()
+                grad = coalesced(p.grad)
                 rows, g = grad.indices()[0], grad.values()  # (U,), (U, dim)
                 state = self.state[p]
                 if not state:

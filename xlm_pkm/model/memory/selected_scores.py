@@ -34,7 +34,7 @@ class _SelectedScores(torch.autograd.Function):
         q, keys, indices = ctx.saved_tensors  # (N, G, d), (G, S, d), (N, G, K)
         N, G, K = indices.shape
         S, d = keys.shape[1:]
-        flat = (indices + torch.arange(G, device=indices.device)[:, None] * S).view(N * G, K)  # rows of keys.view(G*S, d)
+        flat = (indices + torch.arange(G, device=indices.device)[:, None] * S).view(N * G, K)  # into (G·S, d)
         grad = grad.reshape(N * G, K).to(q.dtype)
         grad_q = grad_keys = None
         if ctx.needs_input_grad[0]:
