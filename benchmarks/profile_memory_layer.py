@@ -45,8 +45,8 @@ def main() -> None:
         for _ in range(args.steps):
             step()
     table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=60)
-    header = (f"memory layer forward + backward, |K| = {args.n_keys}^2, sparse values, 1,024 tokens, {args.steps} steps; "
-              f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
+    header = (f"memory layer forward + backward, |K| = {args.n_keys}^2, sparse values, 1,024 tokens, "
+              f"{args.steps} steps; torch {torch.__version__}, {torch.get_num_threads()} threads, "
               f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}\n")
     print(header + table)
     out = Path(args.out or ROOT / "dumped" / "bench" / f"profile_memory_layer_{args.n_keys}.txt")

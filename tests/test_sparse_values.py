@@ -8,8 +8,8 @@ import torch
 from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_read import read_values
-from xlm_pkm.optim.clipping import clip_grad_norm
 from xlm_pkm.optim import lazy_adam
+from xlm_pkm.optim.clipping import clip_grad_norm
 from xlm_pkm.optim.lazy_adam import LazyAdam
 from xlm_pkm.optim.sparse_grads import coalesced
 from xlm_pkm.runtime.precision import grad_scaler
