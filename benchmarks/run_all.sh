@@ -27,6 +27,7 @@ fi
 
 $PY benchmarks/preprocess_throughput.py --output "$out/preprocess_throughput_$dev.json"
 $PY benchmarks/memory_layer_speed.py --out "$out/memory_layer_speed_$dev.json"
+$PY benchmarks/profile_memory_layer.py --out "$out/profile_memory_layer_512.txt"
 $PY benchmarks/sparse_training_step.py --out "$out/sparse_training_step_$dev.json"
 $PY benchmarks/inference_speed.py "${INFER[@]}" --out "$out/inference_speed_$dev.json"
 $PY benchmarks/training_speed.py "${TRAIN[@]}" --out "$out/training_speed_$dev.json"
