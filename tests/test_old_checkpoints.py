@@ -40,6 +40,12 @@ def test_an_old_run_checkpoint_resumes_exactly_as_an_uninterrupted_run_of_today(
     assert resumed.resumed
     full = reference_run(*EXTRA)
     # steps 1-4 logged by the old code, 5-8 by today's after the resume: all equal today's uninterrupted run
-    assert train_losses(resumed.run_dir) == train_losses(full.run_dir)
+    # up to float32 rounding: issue 36 changed the summation order of the memory's backward (the key search
+    # through the selected sub-keys), so the old code's steps differ from today's in the last bits
+    # (step 4: 6.8951526 then, 6.8951530 now). Today's own resume is bit-exact (test_resume_checks.py).
+    old, today = train_losses(resumed.run_dir), train_losses(full.run_dir)
+    assert old.keys() == today.keys() and all(math.isclose(old[s], today[s], rel_tol=1e-6) for s in old)
+    # the parameters likewise, to Adam's step size: the attention keys' bias has a zero gradient in exact
+    # arithmetic, so Adam turns the rounding noise of its gradient into steps of about lr
     for name, p in full.model.state_dict().items():
-        assert torch.equal(p, resumed.model.state_dict()[name]), name
+        torch.testing.assert_close(resumed.model.state_dict()[name], p, rtol=1e-5, atol=2e-3, msg=name)

@@ -2,6 +2,7 @@
 
     pkm.py                ProductKeyMemory: query network, key search, score function, value store (§3)
     keys.py               key searches by name (KEY_SEARCHES): product keys, flat keys (Table 4)
+    selected_scores.py    the search's top scores, with a backward through the selected keys only
     scores.py             score functions by name (SCORE_FUNCTIONS): softmax, relu, identity
     value_stores.py       value stores by name (VALUE_STORES): the paper's one table
     peer.py               PEER's single-neuron experts, a value store (He 2024)
