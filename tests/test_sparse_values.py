@@ -11,10 +11,10 @@ from xlm_pkm.model.memory.value_read import read_values
 from xlm_pkm.optim import lazy_adam
 from xlm_pkm.optim.clipping import clip_grad_norm
 from xlm_pkm.optim.lazy_adam import LazyAdam
-from xlm_pkm.optim.sparse_grads import coalesced
 from xlm_pkm.runtime.precision import grad_scaler
 from xlm_pkm.train.build import build_model, build_optimizers
 from xlm_pkm.train.step import loss_backward, optimizer_update
+from xlm_pkm.utils.sparse_grads import coalesced
 
 
 def lookups(n_slots=500, dim=6, tokens=40, per_token=12, seed=0):

@@ -5,8 +5,7 @@
     schedule.py    the dense learning rate by step (SCHEDULES: inverse_sqrt, linear_warmup, constant)
     clipping.py    gradient norm and clipping over sparse and sharded gradients
     lazy_adam.py   Adam on the rows of a row-sparse gradient only (the memory values)
-    sparse_grads.py  a row-sparse gradient coalesced without a sort when its rows are already in order
     adagrad.py     Adagrad with per-tensor step clipping (the all-attention paper)
 
-May import: errors, config, registry.
+May import: errors, utils, config, registry.
 """

@@ -6,7 +6,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from xlm_pkm.optim.sparse_grads import coalesced
+from xlm_pkm.utils.sparse_grads import coalesced
 
 
 def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:

@@ -20,7 +20,7 @@ import math
 
 import torch
 
-from xlm_pkm.optim.sparse_grads import coalesced
+from xlm_pkm.utils.sparse_grads import coalesced
 
 CHUNK_BYTES = 2**20  # on CPU, rows are updated this many bytes of each tensor at a time: the temporaries
                      # stay in cache, and only the gathers and scatters go to memory (1.7x faster at 512²)

@@ -23,6 +23,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from xlm_pkm.errors import UserError
 from xlm_pkm.runtime import slurm_env
+from xlm_pkm.utils.sparse_grads import coalesced
 
 _heartbeat: Heartbeat | None = None
 
@@ -147,7 +148,7 @@ def all_reduce_sparse_grad_(param: torch.Tensor, env: DistEnv) -> None:
     """
     if not env.is_distributed:
         return
-    grad = param.grad.coalesce()
+    grad = coalesced(param.grad)
     rows, values = grad.indices()[0], grad.values()  # (nnz,), (nnz, dim)
     sizes = [torch.zeros(1, dtype=torch.long, device=rows.device) for _ in range(env.world_size)]
     dist.all_gather(sizes, torch.tensor([rows.numel()], device=rows.device))

@@ -2,8 +2,9 @@
 
 The memory layer builds its value gradient coalesced (one row per distinct slot, ascending), but
 autograd's AccumulateGrad stores it as a new sparse tensor without that flag, so `grad.coalesce()`
-would sort and copy every row again (78 ms of a 370 ms step at 512² slots). Gradients summed over
-micro-batches or ranks are truly uncoalesced and still go through `coalesce()`.
+would sort and copy every row again (78 ms of a 370 ms step at 512² slots). Clipping, LazyAdam and
+the sparse all-gather across ranks (runtime/distributed.py) take it through `coalesced`. Gradients
+summed over micro-batches or ranks are truly uncoalesced and still go through `coalesce()`.
 """
 
 from __future__ import annotations
