@@ -9,21 +9,21 @@ import pytest
 from tests.test_report import make_run
 from xlm_pkm.config import load_config
 from xlm_pkm.experiments import variants_report
-from xlm_pkm.experiments.reproduce import MATCHED_DENSE, REPO, SCALES, TABLES, model_size, plan
+from xlm_pkm.experiments.reproduce import MATCHED, REPO, SCALES, TABLES, model_size, plan
 
 
 def test_every_variant_config_is_a_cell_and_builds():
     papers = sorted(p.stem for p in (REPO / "configs/variants/paper").glob("*.yaml"))
-    assert [c.name for c in TABLES["variants"]] == papers and {"pkm", *MATCHED_DENSE} <= set(papers)
+    assert [c.name for c in TABLES["variants"]] == papers and {"pkm", *MATCHED} <= set(papers)
     for path in sorted((REPO / "configs/variants").rglob("*.yaml")):
         cfg = load_config(path)
         assert model_size(cfg, cfg.data.bptt)["total"] > 0, path
 
 
 @pytest.mark.parametrize("scale", ["tiny", "paper"])
-def test_dense_cells_match_the_pkm_cell_at_the_runs_scale(tmp_path, scale):
+def test_matched_cells_match_the_pkm_cell_at_the_runs_scale(tmp_path, scale):
     runs = {next(c.name for c in r.cells if c.table == "variants"): r
-            for r in plan("variants", SCALES[scale], tmp_path, only=["pkm", *MATCHED_DENSE])[0]}
+            for r in plan("variants", SCALES[scale], tmp_path, only=["pkm", *MATCHED])[0]}
 
     def size(cell, *extra):
         cfg = load_config(REPO / runs[cell].config, [*runs[cell].overrides, *extra])
@@ -37,6 +37,11 @@ def test_dense_cells_match_the_pkm_cell_at_the_runs_scale(tmp_path, scale):
         for other in (width - 1, width + 1):
             assert abs(got[what] - target[what]) <= abs(size(cell, f"model.ffn_dim={other}")[0][what] - target[what])
         assert abs(got[what] - target[what]) / target[what] < 0.01
+    # the Engram cells' tables take what the PKM cell's total leaves, to within the jumps of their prime sizes
+    for cell in ("engram", "engram_share25", "engram_share50", "engram_share75"):
+        cfg = load_config(REPO / runs[cell].config, runs[cell].overrides)
+        assert cfg.model.engram.layers == [2]
+        assert abs(model_size(cfg, cfg.data.bptt)["total"] - target["total"]) / target["total"] < 0.005
 
 
 def test_the_values_lr_decay_spans_the_scaled_run(tmp_path):

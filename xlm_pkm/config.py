@@ -76,6 +76,20 @@ class MemoryConfig:
 
 
 @dataclass
+class EngramConfig:
+    """Engram (DeepSeek-AI 2026, arXiv 2601.07372): hashed N-gram embeddings added to the residual stream at
+    `layers` (model/memory/engram.py). Off while `layers` is empty."""
+
+    layers: list[int] = field(default_factory=list)  # 1-indexed layers; the paper's 27B model: [2, 15] of 30
+    max_ngram: int = 3  # N: the orders 2..N are hashed (the paper's and the reference's 3)
+    heads: int = 8  # K hash heads per order, each its own table of prime size
+    table_size: int = 65536  # rows of one order's tables, all K heads together (each head ~table_size / K)
+    ngram_dim: int = 512  # width of one order's embedding, all K heads together (each head ngram_dim / K)
+    kernel_size: int = 4  # the causal depthwise convolution's width (dilation: max_ngram)
+    seed: int = 0  # the hash multipliers' seed (the reference's: seed + 10007 · layer index)
+
+
+@dataclass
 class SpanConfig:
     """Relative-position context attention with a stream cache (Sukhbaatar et al. 2019): the
     all_attention and span_attention sublayers (model/all_attention.py, model/adaptive_span.py)."""
@@ -109,6 +123,7 @@ class ModelConfig:
     # replace: memory instead of the FFN | add: x + memory(x) after the FFN
     mem_mode: Literal["replace", "add"] = "replace"
     memory: MemoryConfig = field(default_factory=MemoryConfig)
+    engram: EngramConfig = field(default_factory=EngramConfig)  # token-addressed memory, beside or instead of PKM
     # transformer: XLM's LM (learned absolute positions up to max_len, embedding LayerNorm when post-norm,
     # output tied to the token embeddings, dropout on embeddings and residual branches).
     # all_attention: the all-attention paper's LM, for the all_attention / span_attention sublayers:
@@ -187,6 +202,9 @@ class OptimConfig:
     # linearly from values_lr_start_factor to 1 over this many steps (values_lr unused); 0: constant values_lr
     values_lr_decay_steps: int = 0
     values_lr_start_factor: float = 10.0  # the values' lr over the dense lr at step 0 (values_lr_decay_steps > 0)
+    # Engram's tables (model.engram): the values optimizer at the dense lr times this, weight decay 0 (the
+    # Engram paper's setting for its embeddings: Adam, 5x the backbone's lr, no weight decay)
+    engram_lr_scale: float = 5.0
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: adapters only (optim.trainable must be all)
 
 
@@ -233,14 +251,16 @@ POSITIVE = ("model.dim", "model.n_layers", "model.n_heads", "model.max_len", "mo
             "model.memory.query_hidden", "data.batch_size", "data.bptt", "optim.lr", "optim.eps",
             "optim.accumulate", "optim.values_lr", "optim.lora.alpha", "optim.values_eps", "train.max_steps", "train.log_every",
             "train.eval_every", "train.max_nonfinite", "train.collective_timeout_minutes",
-            "model.span.max_span", "model.span.ramp", "model.adaptive_cutoffs", "model.adaptive_factor")
+            "model.span.max_span", "model.span.ramp", "model.adaptive_cutoffs", "model.adaptive_factor",
+            "model.engram.heads", "model.engram.table_size", "model.engram.ngram_dim", "model.engram.kernel_size",
+            "model.engram.layers", "optim.engram_lr_scale")
 NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.eval_batch_size",
                 "model.persistent_vectors", "model.span.loss_coeff",
                 "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
                 "optim.clip_per_tensor", "optim.lora.rank", "optim.memory_finetune.top_t",
                 "optim.values_weight_decay", "train.max_time_minutes", "train.eval_max_batches",
                 "train.save_every_steps", "train.save_every_minutes",
-                "train.num_threads", "train.seed")
+                "train.num_threads", "train.seed", "model.engram.seed")
 PROBABILITIES = ("model.dropout", "model.attention_dropout", "model.memory.input_dropout",
                  "model.memory.query_dropout", "model.memory.value_dropout")  # in [0, 1)
 BETAS = ("optim.beta1", "optim.beta2", "optim.values_beta1", "optim.values_beta2")  # in [0, 1)
@@ -409,6 +429,7 @@ def validate(cfg, prefix: str = ""):
         raise ConfigError(f"train.device: expected auto, cpu, cuda or cuda:N, got {cfg.train.device!r}")
     if isinstance(cfg, Config):
         _check_family(cfg.model, cfg.data.shuffle_blocks)
+        _check_engram(cfg.model)
         _check_run_names(cfg.train)
     if isinstance(cfg, Config) and cfg.optim.memory_finetune.top_t and not cfg.optim.memory_finetune.background:
         raise ConfigError("optim.memory_finetune.top_t needs optim.memory_finetune.background: the slot counts "
@@ -442,6 +463,28 @@ def _check_family(m: ModelConfig, shuffle_blocks: bool) -> None:
                           f"got model.family={m.family}")
     if any(b <= a for a, b in zip(m.adaptive_cutoffs, m.adaptive_cutoffs[1:])):
         raise ConfigError(f"model.adaptive_cutoffs: must increase strictly, got {m.adaptive_cutoffs}")
+
+
+def _check_engram(m: ModelConfig) -> None:
+    """Engram's own rules: N-gram orders from 2, at least one table row per hash head, heads splitting the
+    width evenly, a model whose batches start its N-gram windows afresh (model/memory/ngram_hash.py)."""
+    e = m.engram
+    if not e.layers:
+        return
+    if e.max_ngram < 2:
+        raise ConfigError(f"model.engram.max_ngram: N-grams of order 2 and up are hashed, so it must be >= 2, "
+                          f"got {e.max_ngram}")
+    if e.table_size < e.heads:
+        raise ConfigError(f"model.engram.table_size: one order's {e.heads} hash heads need at least one row "
+                          f"each, got {e.table_size} rows")
+    if e.ngram_dim % e.heads:
+        raise ConfigError(f"model.engram.ngram_dim ({e.ngram_dim}) must be divisible by model.engram.heads "
+                          f"({e.heads}): each head reads ngram_dim / heads columns")
+    if any(not 1 <= layer <= m.n_layers for layer in e.layers) or len(set(e.layers)) != len(e.layers):
+        raise ConfigError(f"model.engram.layers must be distinct layers in [1, {m.n_layers}], got {e.layers}")
+    if m.family != "transformer":
+        raise ConfigError("model.engram needs model.family=transformer: the all_attention family's streams continue "
+                          "from one batch to the next, and Engram's N-gram window starts afresh at every batch")
 
 
 def _all(value, test) -> bool:

@@ -149,11 +149,14 @@ TABLES: dict[str, list[Cell]] = {
 TABLES["figure4"] = TABLES["table1"]
 
 # The memory variants' study (results/variants): every config of configs/variants/paper is a cell, so a
-# design added there joins it. The dense cells widen every FFN (model.ffn_dim) to match the PKM cell's
-# parameters or training FLOPs per token at the run's own scale: the match is computed, not written in
-# their config, because scaling shrinks a memory (n_keys² slots) faster than an FFN.
+# design added there joins it. Some cells are matched to the PKM cell at the run's own scale, by one size
+# computed here rather than written in their config, because scaling shrinks a memory (n_keys² slots)
+# faster than an FFN: the dense cells widen every FFN (model.ffn_dim) to its parameters or training FLOPs
+# per token; the Engram cells size their tables (model.engram.table_size) to its total parameters.
 VARIANTS = "configs/variants/paper"
-MATCHED_DENSE = {"dense_params": "params", "dense_flops": "flops"}  # cell -> what it matches of VARIANT_REFERENCE
+ENGRAM_CELLS = ("engram", "engram_share25", "engram_share50", "engram_share75")  # the allocation curve
+MATCHED = {"dense_params": ("params", "model.ffn_dim"), "dense_flops": ("flops", "model.ffn_dim"),
+           **{cell: ("params", "model.engram.table_size") for cell in ENGRAM_CELLS}}  # cell -> (what, size)
 VARIANT_REFERENCE = "pkm"
 TABLES["variants"] = [Cell("variants", path.stem, f"{VARIANTS}/{path.name}", (("variant", path.stem),))
                       for path in sorted((REPO / VARIANTS).glob("*.yaml"))]
@@ -202,6 +205,9 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
            f"train.log_every={max(1, (scale.eval_every or cfg.train.eval_every) // 4)}",
            f"train.eval_every={scale.eval_every or cfg.train.eval_every}",
            f"train.eval_max_batches={scale.eval_max_batches or cfg.train.eval_max_batches}"]
+    if m.engram.layers:  # Engram's tables shrink as a memory's slots, its widths as the model's
+        out += [f"model.engram.table_size={max(m.engram.heads, m.engram.table_size // scale.keys ** 2)}",
+                f"model.engram.ngram_dim={max(1, m.engram.ngram_dim // scale.width // m.engram.heads) * m.engram.heads}"]
     if mem.value_dim:  # UltraMem's physical value width scales with the model's
         out.append(f"model.memory.value_dim={max(1, mem.value_dim // scale.width)}")
     if mem.tucker_topm:  # UltraMem's candidate rows and columns scale with k
@@ -228,15 +234,25 @@ def model_size(cfg: Config, seq_len: int) -> dict[str, float]:
             "flops": model.dense_flops_per_token(seq_len)}
 
 
-def matched_ffn_dim(cell: Cell, overrides: list[str], scale: Scale) -> int:
-    """The FFN width that gives `cell`'s dense model the parameters (or FLOPs per token) of the
-    VARIANT_REFERENCE cell at the same scale: both grow linearly with model.ffn_dim."""
+def matched_size(cell: Cell, overrides: list[str], scale: Scale) -> str:
+    """The override `key=value` of MATCHED[cell] that gives `cell`'s model the parameters (or FLOPs per
+    token) of the VARIANT_REFERENCE cell at the same scale: solved from two sizes a and 2a, as both grow
+    linearly with model.ffn_dim, then the closest of the sizes around the solution (model.engram.table_size
+    is linear only up to the prime sizes of its heads' tables: steps of one row per head)."""
     reference = next(c for c in TABLES["variants"] if c.name == VARIANT_REFERENCE)
-    what = {"params": "total", "flops": "flops"}[MATCHED_DENSE[cell.name]]
+    measure, key = MATCHED[cell.name]
+    what = {"params": "total", "flops": "flops"}[measure]
     ref_cfg = _config(reference.config, tuple(scale_overrides(reference, scale)))
     target = model_size(ref_cfg, ref_cfg.data.bptt)[what]
-    at = [model_size(_config(cell.config, (*overrides, f"model.ffn_dim={f}")), ref_cfg.data.bptt)[what] for f in (1, 2)]
-    return max(1, _half_up(1 + (target - at[0]) / (at[1] - at[0])))
+    engram = _config(cell.config, tuple(overrides)).model.engram
+    a, step = (engram.table_size, engram.heads) if key == "model.engram.table_size" else (1, 1)
+
+    def size(v: int) -> float:
+        return model_size(_config(cell.config, (*overrides, f"{key}={v}")), ref_cfg.data.bptt)[what]
+
+    at = [size(v) for v in (a, 2 * a)]
+    guess = _half_up(a + a * (target - at[0]) / (at[1] - at[0]))
+    return f"{key}={min((max(step, guess + d * step) for d in range(-8, 9)), key=lambda v: abs(size(v) - target))}"
 
 
 def _shown(path: Path) -> str:
@@ -326,12 +342,12 @@ def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list
     wanted: dict[str, list[str]] = {}  # identity -> overrides, for the cells of `table` to run
     skipped = []
     for cell in dict.fromkeys([*BASELINES, *(c for t in CANONICAL_ORDER for c in TABLES[t])]):
-        if cell.name in MATCHED_DENSE and cell not in TABLES[table]:
+        if cell.name in MATCHED and cell not in TABLES[table]:
             continue  # widened for the study only: never the run of another table's cell
         try:
             overrides = [*scale_overrides(cell, scale), *extra]
-            if cell.name in MATCHED_DENSE:
-                overrides.append(f"model.ffn_dim={matched_ffn_dim(cell, overrides, scale)}")
+            if cell.name in MATCHED:
+                overrides.append(matched_size(cell, overrides, scale))
         except UnscalableCell as e:
             if cell in TABLES[table]:
                 skipped.append(str(e))

@@ -5,9 +5,10 @@ placement choose them per layer (transformer.layer_sublayers), this registry bui
 
 Every sublayer maps (B, T, dim) to (B, T, dim) and reports `flops_per_token(seq_len)`, its training
 FLOPs (forward + backward) per token; one that attends to past positions sets `uses_cache = True`
-and takes forward(x, cache) (attention.KVCache); all_attention and span_attention
+and takes forward(x, cache) (attention.KVCache); Engram sets `uses_ngrams = True` and takes
+forward(x, rows[, cache]), its layer's rows of the model's N-gram hash; all_attention and span_attention
 (stream_attention.py) instead keep their own cache of the stream between forwards. `shared` holds what several layers share, built
-before every layer (shared_state). A Block wraps a layer's sublayers, each with its own LayerNorm
+before every layer (shared_state), and "layer", the 1-indexed layer being built. A Block wraps a layer's sublayers, each with its own LayerNorm
 and residual. A new block type is its module, its builder registered here, and a config naming it.
 """
 
@@ -21,7 +22,9 @@ from xlm_pkm.config import CONTEXT_SUBLAYERS, ModelConfig
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.all_attention import AllAttention, RelativePositions
 from xlm_pkm.model.attention import KVCache, SelfAttention
+from xlm_pkm.model.memory.engram import Engram
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
+from xlm_pkm.model.memory.ngram_hash import NgramHash
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_stores import VALUE_STORES
 from xlm_pkm.model.stream_attention import StreamAttention
@@ -57,6 +60,13 @@ def memory(cfg: ModelConfig, shared: dict) -> nn.Module:
     return ProductKeyMemory(cfg.dim, cfg.dim, cfg.memory, shared_values=shared.get("values"))
 
 
+@SUBLAYERS.register("engram")
+def engram(cfg: ModelConfig, shared: dict) -> nn.Module:
+    """Engram's hashed N-gram memory (model/memory/engram.py): first in each layer of model.engram.layers."""
+    index = cfg.engram.layers.index(shared["layer"])
+    return Engram(cfg.engram, cfg.dim, shared["ngram_hash"].layer_rows(index))
+
+
 def _stream_attention(cfg: ModelConfig, shared: dict, n_persistent: int) -> StreamAttention:
     s = cfg.span
     span = AdaptiveSpan(cfg.n_heads, s.max_span, s.ramp, s.loss_coeff) if s.adaptive else None
@@ -80,8 +90,11 @@ def span_attention(cfg: ModelConfig, shared: dict) -> nn.Module:
 def shared_state(cfg: ModelConfig, plan: list[list[str]]) -> dict:
     """What the sublayers of `plan` (each layer's sublayer names) share: with memory.share_values, one
     value store for every memory, sized by the key search; for the context attentions, the relative
-    position table (d_h x max_span)."""
+    position table (d_h x max_span); with Engram layers, the N-gram hash (its table sizes; the model owns
+    it and computes every Engram layer's rows once per forward)."""
     shared = {}
+    if cfg.engram.layers:
+        shared["ngram_hash"] = NgramHash(cfg.engram, cfg.vocab_size)
     if cfg.memory.share_values and any("memory" in names for names in plan):
         n_slots = KEY_SEARCHES[cfg.memory.key_type].slots(cfg.memory)
         shared["values"] = VALUE_STORES[cfg.memory.values](cfg.memory, cfg.dim, cfg.dim, n_slots)
@@ -100,13 +113,16 @@ class Block(nn.Module):
         self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in sublayers)
         self.dropout, self.pre_norm = nn.Dropout(dropout), pre_norm
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None,
+                ngram_rows: torch.Tensor | None = None) -> torch.Tensor:
+        """x (B, T, dim); ngram_rows (B, T, (N-1)·K): this layer's rows of the N-gram hash, for its Engram."""
         for f, norm in zip(self.sublayers, self.norms):
-            past = (cache,) if cache is not None and getattr(f, "uses_cache", False) else ()
+            args = (ngram_rows,) if getattr(f, "uses_ngrams", False) else ()
+            args += (cache,) if cache is not None and getattr(f, "uses_cache", False) else ()
             if self.pre_norm:
-                x = x + self.dropout(f(norm(x), *past))
+                x = x + self.dropout(f(norm(x), *args))
             else:
-                x = norm(x + self.dropout(f(x, *past)))
+                x = norm(x + self.dropout(f(x, *args)))
         return x
 
     def flops_per_token(self, seq_len: int) -> float:

@@ -49,7 +49,9 @@ from xlm_pkm.model.adaptive_io import AdaptiveEmbedding, AdaptiveLogSoftmax
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.attention import KVCache
 from xlm_pkm.model.blocks import SUBLAYERS, Block, shared_state
+from xlm_pkm.model.memory.engram import Engram
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.token_compression import compress_vocabulary
 from xlm_pkm.model.memory.value_shards import ValueShard
 from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.stream_attention import StreamAttention
@@ -77,8 +79,9 @@ def resolve_memory_layers(cfg: ModelConfig) -> list[int]:
 
 def layer_sublayers(cfg: ModelConfig, mem_layers: list[int], layer: int) -> list[str]:
     """The sublayer names of 1-indexed `layer`: cfg.sublayers, where a memory layer's "ffn" becomes the
-    memory (mem_mode replace), or the memory comes last (add, or no "ffn" to replace)."""
-    names = list(cfg.sublayers)
+    memory (mem_mode replace), or the memory comes last (add, or no "ffn" to replace); an Engram layer
+    (model.engram.layers) starts with "engram", before the attention, as the Engram paper places it."""
+    names = (["engram"] if layer in cfg.engram.layers else []) + list(cfg.sublayers)
     if layer in mem_layers:
         if cfg.mem_mode == "replace" and "ffn" in names:
             names[names.index("ffn")] = "memory"
@@ -111,9 +114,13 @@ class TransformerLM(nn.Module):
 
         self.plan = [layer_sublayers(cfg, self.mem_layers, layer) for layer in range(1, cfg.n_layers + 1)]
         shared = shared_state(cfg, self.plan)
+        self.ngram_hash = shared.get("ngram_hash")  # Engram's rows of every layer, once per forward
         residual_dropout = cfg.dropout if xlm else 0.0
-        self.blocks = nn.ModuleList(Block([SUBLAYERS[name](cfg, shared) for name in names], D, residual_dropout,
-                                          cfg.pre_norm) for names in self.plan)
+        self.blocks = nn.ModuleList()
+        for layer, names in enumerate(self.plan, 1):
+            shared["layer"] = layer
+            self.blocks.append(Block([SUBLAYERS[name](cfg, shared) for name in names], D, residual_dropout,
+                                     cfg.pre_norm))
         self.final_norm = nn.LayerNorm(D) if cfg.pre_norm else nn.Identity()
 
     def hidden(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
@@ -126,8 +133,10 @@ class TransformerLM(nn.Module):
                 raise ValueError(f"sequence length {start + T} exceeds model.max_len={self.cfg.max_len}")
             x = self.emb_norm(x + self.pos_emb(torch.arange(start, start + T, device=tokens.device)))
         x = self.dropout(x)
-        for block in self.blocks:
-            x = block(x, cache)
+        rows = self.ngram_hash(tokens, cache) if self.ngram_hash is not None else None  # (B, T, engrams, (N-1)·K)
+        engram_layers = self.cfg.engram.layers
+        for layer, block in enumerate(self.blocks, 1):
+            x = block(x, cache, rows[:, :, engram_layers.index(layer)] if layer in engram_layers else None)
         if cache is not None:
             cache.offset += T
         x = self.final_norm(x)
@@ -209,15 +218,29 @@ class TransformerLM(nn.Module):
         return [(layer, f) for layer, block in enumerate(self.blocks, 1)
                 for f in block.sublayers if isinstance(f, ProductKeyMemory)]
 
+    def engrams(self) -> list[tuple[int, Engram]]:
+        """[(1-indexed layer, Engram)] in layer order."""
+        return [(layer, f) for layer, block in enumerate(self.blocks, 1)
+                for f in block.sublayers if isinstance(f, Engram)]
+
+    def set_token_compression(self, words: list[str]) -> None:
+        """Engram's canonical ids from the vocabulary `words` (token_compression.py), stored in the model's
+        N-gram hash (saved with it); nothing without Engram layers."""
+        if self.ngram_hash is not None:
+            self.ngram_hash.set_compression(compress_vocabulary(words))
+
     def memory_value_parameters(self) -> list[nn.Parameter]:
         """The value tables' parameters (marked is_memory_value), each once (also when shared); every other
         parameter is dense."""
         return [p for p in self.parameters() if is_memory_value(p)]
 
     def set_sparse_values(self, flag: bool) -> None:
-        """Sparse value-table gradients (one row per slot read; for LazyAdam) in every memory, or dense."""
+        """Sparse value-table gradients (one row per slot read; for LazyAdam) in every memory and Engram
+        table, or dense."""
         for _, m in self.memories():
             m.sparse_values = flag
+        for _, e in self.engrams():
+            e.sparse = flag
 
     def param_counts(self) -> dict[str, int]:
         """total = dense + memory_values; then the dense parameters of each sublayer type (summed over
@@ -247,8 +270,9 @@ class TransformerLM(nn.Module):
         return 6.0 * outside + sum(block.flops_per_token(seq_len) for block in self.blocks)
 
     def set_memory_stats(self, enabled: bool) -> None:
-        """Turn per-slot statistics of every memory on (from zero) or off (kept for reading); eval mode only."""
-        for _, m in self.memories():
+        """Turn per-slot statistics of every memory and Engram table on (from zero) or off (kept for reading);
+        eval mode only."""
+        for _, m in [*self.memories(), *self.engrams()]:
             m.track_stats = enabled
             if enabled:
                 m.reset_stats()

@@ -28,6 +28,7 @@ lazy_adam keep the same moments, and resume each other's: ValueOptimizer.state).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -89,7 +90,8 @@ def value_optimizer(cfg: OptimConfig) -> ValueOptimizer:
 
 
 # each group's optimizer: the config key that names it, and the registry of the names
-GROUP_OPTIMIZERS = {"dense": ("optimizer", DENSE_OPTIMIZERS), "values": ("values_optimizer", VALUE_OPTIMIZERS)}
+GROUP_OPTIMIZERS = {"dense": ("optimizer", DENSE_OPTIMIZERS), "values": ("values_optimizer", VALUE_OPTIMIZERS),
+                    "engram": ("values_optimizer", VALUE_OPTIMIZERS)}
 
 
 def _saved_state(group: str, name: str) -> str:
@@ -117,8 +119,9 @@ class OptimGroup:
 
 
 class Optimizers:
-    """The optimizer groups of a model: 'dense' and, when the model has memories, 'values' (each when it has
-    a trainable parameter)."""
+    """The optimizer groups of a model: 'dense'; when the model has memories, 'values'; when it has Engram
+    layers, 'engram': their tables, with the values optimizer at the dense lr times optim.engram_lr_scale and
+    no weight decay (the Engram paper's 5x, §4.1). Each group only when it has a trainable parameter."""
 
     def __init__(self, model: nn.Module, cfg: OptimConfig):
         if cfg.clip_per_tensor and cfg.optimizer != "adagrad":
@@ -127,9 +130,11 @@ class Optimizers:
         if cfg.values_lr_decay_steps < 0 or cfg.values_lr_start_factor <= 0:
             raise ConfigError(f"optim.values_lr_decay_steps must be >= 0 and optim.values_lr_start_factor > 0, got "
                               f"{cfg.values_lr_decay_steps} and {cfg.values_lr_start_factor}")
-        values = [p for p in model.memory_value_parameters() if p.requires_grad]
-        value_ids = {id(p) for p in values}
-        dense = [p for p in model.parameters() if p.requires_grad and id(p) not in value_ids]
+        tables = [p for p in model.memory_value_parameters() if p.requires_grad]
+        engram = [p for p in tables if getattr(p, "engram_table", False)]
+        values = [p for p in tables if not getattr(p, "engram_table", False)]
+        table_ids = {id(p) for p in tables}
+        dense = [p for p in model.parameters() if p.requires_grad and id(p) not in table_ids]
         self.cfg = cfg
         self.global_clip = cfg.clip_grad_norm if cfg.clip_scope == "global" else 0.0
         group_clip = 0.0 if self.global_clip else cfg.clip_grad_norm
@@ -141,6 +146,10 @@ class Optimizers:
             self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
                                           lambda step: values_lr(step, cfg), group_clip,
                                           sharded=any(hasattr(p, "value_shard") for p in values)))
+        if engram:
+            self.groups.append(OptimGroup("engram", engram, value_optimizer(cfg).build(
+                engram, dataclasses.replace(cfg, values_weight_decay=0.0)),
+                lambda step: scheduled_lr(step, cfg) * cfg.engram_lr_scale, group_clip))
 
     def set_step(self, step: int) -> dict[str, float]:
         """Sets each group's learning rate for optimizer step `step`; returns them by group name."""

@@ -25,7 +25,8 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
     """One pass over `stream` (a TokenStream with train=False), from its first batch; sums over all ranks.
 
     Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
-    memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%);
+    memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%), for
+    each Engram layer its table's rows, the % of them read and the KL of the reads from uniform;
     on character-level data (meta.json "unit": "byte") also bpc = loss / ln 2.
     A word is a token that does not end in '@@' (specials excluded). A pass longer than 10 s prints
     its progress on stderr (progress.py).
@@ -61,6 +62,13 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
             all_reduce_sum(memory.slot_stats.weights, env)
             all_reduce_sum(memory.slot_stats.counts, env)
         memories.append({"layer": layer, **memory.stats()})
+    engrams = []  # the share of each Engram table's rows read (its reads all count alike: usage = usage_count)
+    for layer, engram in model.engrams():
+        if engram.slot_stats.counts is not None:
+            all_reduce_sum(engram.slot_stats.counts, env)
+        stats = engram.slot_stats.summary()
+        engrams.append({"layer": layer, "rows": engram.slot_stats.n_slots, "usage": stats["usage_count"],
+                        "kl": stats["kl_count"]})
     model.set_memory_stats(False)
     model.train(was_training)
     per_unit = {"bpc": loss / math.log(2)} if stream.unit == "byte" else {}  # each token is a character
@@ -73,6 +81,7 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
         "tokens_per_sec": tokens / elapsed if elapsed > 0 else 0.0,
         "words_per_sec": words / elapsed if elapsed > 0 else 0.0,
         "memories": memories,
+        "engrams": engrams,
     }
 
 

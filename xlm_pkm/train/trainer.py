@@ -25,7 +25,7 @@ import torch
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
-from xlm_pkm.config import Config, to_dict
+from xlm_pkm.config import Config, ConfigError, to_dict
 from xlm_pkm.errors import UserError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.init_from import load_weights, summarize, trained_weights
@@ -69,6 +69,11 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         set_vocab_size(cfg, len(self.dictionary))
         self.model = build_model(cfg, self.device)
+        if cfg.model.engram.layers:  # the vocabulary's canonical ids, saved with the model
+            if self.train_stream.unit == "byte":
+                raise ConfigError(f"model.engram: {cfg.data.path} is character-level data (one token per byte), "
+                                  f"whose tokens have no surface form to compress; Engram needs BPE or word data")
+            self.model.set_token_compression(self.dictionary.words)
         train = cfg.train  # the run directory is created below, once every input is checked
         self.run_dir, train.exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env,
                                                    train.max_steps)
@@ -143,6 +148,11 @@ class Trainer:
             self.log.info(f"removed {self.removed_temporary} temporary file(s) left by a process killed while writing")
         self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
+        if self.model.ngram_hash is not None:
+            canonical = int(self.model.ngram_hash.canonical.max()) + 1
+            self.log.info(f"Engram at layers {self.cfg.model.engram.layers}: tokenizer compression {len(self.dictionary):,} "
+                          f"-> {canonical:,} canonical ids ({100 * (1 - canonical / len(self.dictionary)):.1f}% fewer), "
+                          f"table rows per layer {[e.slot_stats.n_slots for _, e in self.model.engrams()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
                       + f"; trainable {self.trainable:,} ({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")

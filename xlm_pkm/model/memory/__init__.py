@@ -1,4 +1,5 @@
-"""The product-key memory layer (Lample et al. 2019) and its parts. A new memory design goes here.
+"""The product-key memory layer (Lample et al. 2019), its parts and variants, and Engram's token-addressed
+memory. A new memory design goes here.
 
     pkm.py                ProductKeyMemory: query network, key search, score function, value store (§3)
     keys.py               key searches by name (KEY_SEARCHES): product keys, flat keys (Table 4)
@@ -7,6 +8,9 @@
     value_stores.py       value stores by name (VALUE_STORES): the paper's one table
     peer.py               PEER's single-neuron experts, a value store (He 2024)
     ultramem.py           UltraMem's Tucker-decomposed search and expanded values (Huang et al. 2025)
+    engram.py             Engram: hashed N-gram rows, gated and convolved into the residual (DeepSeek-AI 2026)
+    ngram_hash.py         Engram's multi-head N-gram hash: every Engram layer's rows, once per forward
+    token_compression.py  Engram's canonical token ids (NFKC, lower-case, fastBPE's @@ dropped)
     value_read.py         out[n] = Σ w · values[idx]: dense or row-sparse table gradient
     triton_value_read.py  the same read as Triton kernels (GPUs; Triton's interpreter on CPU)
     slot_groups.py        lookups grouped by slot, shared by both value-read backends
