@@ -29,6 +29,11 @@ streams continue each other:
     state = model.stream_state()           # save with the data position; reset_stream_state() for
     model.load_stream_state(state)         # new streams; model.eval() starts evaluation streams afresh
 
+Engram (cfg.engram.layers; model/memory/engram.py): a sublayer first in each of those layers, reading
+rows of hashed N-grams that `ngram_hash` computes once per forward from the token ids, for every Engram
+layer (in decoding the cache keeps the N-1 tokens before); set_token_compression stores the vocabulary's
+canonical ids in the model.
+
 Memory placement (`memory_layers`): with L layers and N memories, the top memory sits at
 T = L - floor(L/4), leaving a quarter of the layers above it to process what was read (Table 3:
 best at an intermediate layer, worst right before the softmax), and the others evenly below it:
