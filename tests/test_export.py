@@ -23,6 +23,8 @@ VARIANTS = {  # random models of each memory variant (docs/variants.md), PEER's 
     "peer": [*SHARED, "model.memory.values=peer", "model.memory.share_keys=true"],
     "ultramem": [*SHARED[:-1], "model.memory.key_type=tucker", "model.memory.tucker_cores=2",
                  "model.memory.values=expanded", "model.memory.value_expansion=2", "model.memory.score=identity"],
+    "engram": [*SHARED, "model.engram.layers=[2]", "model.engram.heads=2", "model.engram.table_size=50",
+               "model.engram.ngram_dim=8"],
 }
 
 
@@ -33,6 +35,7 @@ def random_checkpoint(tiny_data_dir, path, overrides=SHARED):
     cfg = load_config(None, [f"data.path={tiny_data_dir}", f"model.vocab_size={len(dictionary)}", *overrides])
     torch.manual_seed(0)
     model = TransformerLM(cfg.model)
+    model.set_token_compression(dictionary.words)  # Engram's canonical ids (nothing without Engram)
     for _, memory in model.memories():
         memory.query_norm.running_mean.normal_()
     checkpoint.save_atomic({"config": to_dict(cfg), "model": model.state_dict(), "step": 7,
@@ -58,6 +61,9 @@ def test_export_round_trips_with_the_same_logits(kind, reference_run, tiny_data_
     tokens = torch.randint(0, len(dictionary), (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), original(tokens), rtol=0, atol=0)
+    if kind == "engram":  # the canonical ids travel with the weights
+        assert torch.equal(model.ngram_hash.canonical, original.ngram_hash.canonical)
+        assert model.ngram_hash.canonical.max() + 1 < len(dictionary)
     if kind in ("shared values", "peer"):
         (_, first), (_, second) = model.memories()
         assert first.values is second.values  # still one store, not two copies

@@ -10,7 +10,7 @@ import pytest
 import torch
 from sacremoses import MosesDetokenizer
 
-from xlm_pkm.config import MemoryConfig, ModelConfig, SpanConfig
+from xlm_pkm.config import EngramConfig, MemoryConfig, ModelConfig, SpanConfig
 from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.moses import tokenize_line
 from xlm_pkm.data.text_codec import ByteCodec, TextCodec, WordCodec, data_unit, text_codec
@@ -31,6 +31,8 @@ MODELS = {  # name -> model config overrides
                                                        tucker_cores=2, values="expanded", value_expansion=2,
                                                        score="identity")),
     "no_memory": dict(n_memories=0),
+    "engram": dict(n_memories=1, memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4),
+                   engram=EngramConfig(layers=[1, 3], heads=2, table_size=50, ngram_dim=8)),
 }
 
 
@@ -51,6 +53,8 @@ def tiny_model(name: str) -> TransformerLM:
             if hasattr(memory.query_norm, "running_mean"):
                 memory.query_norm.running_mean.normal_()
                 memory.query_norm.running_var.uniform_(0.5, 2.0)
+        for _, engram in model.engrams():  # its convolution starts at zero: made to reach back
+            engram.conv.normal_()
     return model.eval()
 
 
@@ -68,7 +72,7 @@ def test_cached_forward_equals_full_forward(name):
         model(tokens[:, :5], cache=cache)
 
 
-@pytest.mark.parametrize("name", ["memory_batchnorm", "no_memory"])
+@pytest.mark.parametrize("name", ["memory_batchnorm", "no_memory", "engram"])
 @pytest.mark.parametrize("sampling", [Sampling(greedy=True), Sampling(temperature=1.5, top_k=20, top_p=0.95)])
 def test_cached_and_uncached_decoders_give_the_same_tokens(name, sampling):
     model = tiny_model(name)
