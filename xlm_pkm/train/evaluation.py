@@ -26,7 +26,8 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
 
     Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
     memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%), for
-    each Engram layer its table's rows, the % of them read and the KL of the reads from uniform;
+    each Engram layer (key "engrams", models with Engram only) its table's rows, the % of them read and the
+    KL of the reads from uniform;
     on character-level data (meta.json "unit": "byte") also bpc = loss / ln 2.
     A word is a token that does not end in '@@' (specials excluded). A pass longer than 10 s prints
     its progress on stderr (progress.py).
@@ -81,7 +82,7 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
         "tokens_per_sec": tokens / elapsed if elapsed > 0 else 0.0,
         "words_per_sec": words / elapsed if elapsed > 0 else 0.0,
         "memories": memories,
-        "engrams": engrams,
+        **({"engrams": engrams} if engrams else {}),  # models with Engram layers only
     }
 
 
