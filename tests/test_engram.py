@@ -207,6 +207,7 @@ def test_sparse_and_dense_table_updates_give_the_same_step():
     ("model.engram.ngram_dim=12", r"model.engram.ngram_dim \(12\) must be divisible by model.engram.heads \(8\)"),
     ("model.engram.layers=[7]", r"model.engram.layers must be distinct layers in \[1, 4\]"),
     ("model.family=all_attention", "model.engram needs model.family=transformer"),
+    ("model.sublayers=[engram,attention,ffn]", "model.sublayers: engram is not listed there"),
 ])
 def test_bad_configurations_are_refused_in_one_line(override, message):
     extra = ["model.sublayers=[all_attention]", "data.shuffle_blocks=false"] if "family" in override else []

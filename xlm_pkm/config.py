@@ -469,6 +469,9 @@ def _check_engram(m: ModelConfig) -> None:
     """Engram's own rules: N-gram orders from 2, at least one table row per hash head, heads splitting the
     width evenly, a model whose batches start its N-gram windows afresh (model/memory/ngram_hash.py)."""
     e = m.engram
+    if "engram" in m.sublayers:
+        raise ConfigError("model.sublayers: engram is not listed there; model.engram.layers places it (first in each "
+                          "of those layers)")
     if not e.layers:
         return
     if e.max_ngram < 2:
