@@ -246,14 +246,18 @@ def matched_size(cell: Cell, overrides: list[str], scale: Scale) -> str:
     ref_cfg = _config(reference.config, tuple(scale_overrides(reference, scale)))
     target = model_size(ref_cfg, ref_cfg.data.bptt)[what]
     engram = _config(cell.config, tuple(overrides)).model.engram
-    a, step = (engram.table_size, engram.heads) if key == "model.engram.table_size" else (1, 1)
+    table = key == "model.engram.table_size"
+    a = engram.table_size if table else 1
 
     def size(v: int) -> float:
         return model_size(_config(cell.config, (*overrides, f"{key}={v}")), ref_cfg.data.bptt)[what]
 
     at = [size(v) for v in (a, 2 * a)]
     guess = _half_up(a + a * (target - at[0]) / (at[1] - at[0]))
-    return f"{key}={min((max(step, guess + d * step) for d in range(-8, 9)), key=lambda v: abs(size(v) - target))}"
+    if not table:  # model.ffn_dim: exactly linear, the solution is the match
+        return f"{key}={max(1, guess)}"
+    nearby = [max(engram.heads, guess + d * engram.heads) for d in range(-8, 9)]
+    return f"{key}={min(nearby, key=lambda v: abs(size(v) - target))}"
 
 
 def _shown(path: Path) -> str:
