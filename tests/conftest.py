@@ -135,6 +135,20 @@ def reference_run(tiny_run, tmp_path_factory):
     return reference
 
 
+@pytest.fixture(scope="session")
+def finetune_source(tiny_run, tiny_data_dir, tmp_path_factory):
+    """(best.pt of a trained tiny model, its background for sparse memory finetuning): 40 documents of 24
+    tokens (2 rows of 12) of its train split."""
+    from xlm_pkm.finetune.slot_counts import main as slot_counts_main
+
+    dump = tmp_path_factory.mktemp("finetune_source")
+    best = tiny_run(dump, "train.exp_id=src").run_dir / "best.pt"
+    background = dump / "slot_counts.pt"
+    assert slot_counts_main([str(best), "--data", str(tiny_data_dir), "--doc-tokens", "24", "--documents", "40",
+                             "--out", str(background)]) == 0
+    return best, background
+
+
 def read_events(run_dir: Path, event: str = "train") -> list[dict]:
     """The `event` lines of a run's metrics.jsonl, in file order."""
     import json

@@ -12,9 +12,7 @@ import pytest
 import torch
 from conftest import read_events
 
-from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.finetune.memory_finetune import Background, tf_idf, top_slots
-from xlm_pkm.finetune.slot_counts import main as slot_counts_main
 from xlm_pkm.launch.cli import train_main
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.train.trainer import Trainer
@@ -29,21 +27,11 @@ def test_tf_idf_ranking_equals_a_hand_computation():
     # tf = [0, 4/9, 2/9, 2/9, 0, 1/9], idf = log(10 / (df + 1)) = [log 10/6, 0, log 10, log 2, log 5, log 10]
     expected = [0.0, 0.0, 2 / 9 * math.log(10), 2 / 9 * math.log(2), 0.0, 1 / 9 * math.log(10)]
     assert tf_idf(reads, doc_freq, 9).tolist() == pytest.approx(expected, abs=1e-12)
-    # 0.512 (slot 2) > 0.256 (slot 5) > 0.154 (slot 3) > 0 (slot 1, read by every document); 0 and 4 unread
+    # 0.512 (slot 2) > 0.256 (slot 5) > 0.154 (slot 3); slot 1 scores 0 (read by every document): never chosen
     assert top_slots(reads, doc_freq, 9, 3).tolist() == [2, 5, 3]
-    assert top_slots(reads, doc_freq, 9, 10).tolist() == [2, 5, 3, 1]
+    assert top_slots(reads, doc_freq, 9, 10).tolist() == [2, 5, 3]
     assert top_slots(torch.tensor([1, 0, 1, 1]), torch.zeros(4), 5, 2).tolist() == [0, 2]  # ties: lower slot
-
-
-@pytest.fixture(scope="module")
-def source(tiny_run, tiny_data_dir, tmp_path_factory):
-    """A trained tiny model and its background counted on 40 batches of its training data."""
-    dump = tmp_path_factory.mktemp("source")
-    best = tiny_run(dump, "train.exp_id=src").run_dir / "best.pt"
-    background = dump / "slot_counts.pt"
-    assert slot_counts_main([str(best), "--data", str(tiny_data_dir), "--max-tokens", "2560",
-                             "--out", str(background)]) == 0
-    return best, background
+    assert top_slots(torch.tensor([3, 1]), torch.tensor([9, 9]), 9, 2).tolist() == []  # all at 0: none
 
 
 def _finetune(source, *extra) -> tuple:
@@ -53,42 +41,14 @@ def _finetune(source, *extra) -> tuple:
             *extra)
 
 
-def test_slot_counts_equal_a_brute_force_count(source, tiny_data_dir):
-    best, file = source
-    counted = Background.from_file(file)
-    from xlm_pkm.checkpoint.trained import load_trained
-
-    model, cfg, _, _ = load_trained(best)
-    memory = next(m for m in model.modules() if isinstance(m, ProductKeyMemory))
-    inputs = []
-    memory.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
-    stream = TokenStream(tiny_data_dir, "train", cfg.data.batch_size, cfg.data.bptt, train=False, shuffle=False)
-    doc_freq = torch.zeros(memory.n_slots, dtype=torch.int64)
-    reads = torch.zeros(memory.n_slots, dtype=torch.int64)
-    documents = 0
-    with torch.no_grad():
-        for x, _ in stream:
-            if documents * x.numel() >= 2560:
-                break
-            inputs.clear()
-            model(x)
-            _, indices = memory.lookup(inputs[0])
-            counts = torch.bincount(indices.flatten(), minlength=memory.n_slots)
-            doc_freq += counts > 0
-            reads += counts
-            documents += 1
-    assert counted.documents == documents == 2560 // (4 * 16) and counted.tokens == 2560
-    assert torch.equal(counted.doc_freq[TABLE], doc_freq) and torch.equal(counted.reads[TABLE], reads)
-
-
-def test_only_the_top_t_rows_of_each_step_move(source, tiny_trainer, tmp_path, monkeypatch):
+def test_only_the_top_t_rows_of_each_step_move(finetune_source, tiny_trainer, tmp_path, monkeypatch):
     """Each step's moved value rows are exactly the 3 best by TF-IDF of the slots the step read (recorded
     from the memory's lookups, ranked by a plain Python loop); every other row and parameter stays."""
-    background = Background.from_file(source[1])
+    background = Background.from_file(finetune_source[1])
     lookups = []
     lookup = ProductKeyMemory.lookup
     monkeypatch.setattr(ProductKeyMemory, "lookup", lambda self, x: lookups.append(lookup(self, x)) or lookups[-1])
-    trainer = tiny_trainer(tmp_path, "train.exp_id=smf", *_finetune(source), test=False)
+    trainer = tiny_trainer(tmp_path, "train.exp_id=smf", *_finetune(finetune_source), test=False)
     table = dict(trainer.model.named_parameters())[TABLE]
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     steps = []  # (rows that moved, brute-force selection, distinct slots read)
@@ -102,7 +62,7 @@ def test_only_the_top_t_rows_of_each_step_move(source, tiny_trainer, tmp_path, m
         total, docs = sum(reads), background.documents
         scores = {slot: c / total * math.log((docs + 1) / (int(background.doc_freq[TABLE][slot]) + 1))
                   for slot, c in enumerate(reads) if c}
-        best = sorted(scores, key=lambda slot: (-scores[slot], slot))[:3]
+        best = sorted((slot for slot in scores if scores[slot] > 0), key=lambda slot: (-scores[slot], slot))[:3]
         moved = (table.detach() != before).any(dim=1).nonzero().flatten().tolist()
         steps.append((sorted(moved), sorted(best), len(scores)))
         return out
@@ -126,12 +86,12 @@ def test_only_the_top_t_rows_of_each_step_move(source, tiny_trainer, tmp_path, m
     assert logged == [(read, 3) for _, _, read in steps]
 
 
-def test_two_processes_with_sharded_values_update_the_rows_of_one_process(source, tiny_overrides, tiny_run,
+def test_two_processes_with_sharded_values_update_the_rows_of_one_process(finetune_source, tiny_overrides, tiny_run,
                                                                           tmp_path):
     """torchrun, 2 ranks holding half the value columns each, 2 x 2 streams: the same rows move, to the
     same values (within float rounding), as on one process with 4 streams."""
-    best, _ = source
-    extra = _finetune(source, "train.max_steps=4")
+    best, _ = finetune_source
+    extra = _finetune(finetune_source, "train.max_steps=4")
     single = tiny_run(tmp_path, "train.exp_id=one", *extra, "data.batch_size=8")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(ROOT / "train.py"),
            "--no-test", *tiny_overrides(tmp_path, *extra), "train.exp_id=two", "data.batch_size=4",
@@ -152,8 +112,8 @@ def test_two_processes_with_sharded_values_update_the_rows_of_one_process(source
     assert logged == [e["slots_updated"] for e in read_events(single.run_dir)] == [3, 3, 3, 3]
 
 
-def test_bad_settings_are_one_line(source, tiny_overrides, tmp_path, capsys):
-    best, background = source
+def test_bad_settings_are_one_line(finetune_source, tiny_overrides, tmp_path, capsys):
+    best, background = finetune_source
     other = Background.from_file(background)
     other.fingerprint = "0" * 16
     other.to_file(tmp_path / "other.pt", source="elsewhere")
@@ -169,6 +129,6 @@ def test_bad_settings_are_one_line(source, tiny_overrides, tmp_path, capsys):
         "not counts": ((f"optim.memory_finetune.background={tmp_path / 'notes.txt'}",), "is not readable"),
     }
     for i, (name, (extra, message)) in enumerate(cases.items()):
-        code = train_main(["--no-test", *tiny_overrides(tmp_path, f"train.exp_id=e{i}", *_finetune(source, *extra))])
+        code = train_main(["--no-test", *tiny_overrides(tmp_path, f"train.exp_id=e{i}", *_finetune(finetune_source, *extra))])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and message in err[0], (name, err)

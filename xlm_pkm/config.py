@@ -149,6 +149,9 @@ class DataConfig:
     bptt: int = 256  # tokens per sequence
     eval_batch_size: int = 0  # 0: same as batch_size
     shuffle_blocks: bool = True  # read an epoch's bptt blocks in a seeded shuffled order (XLM); false: in order
+    # N > 0: each training step's batch is one fact's first N paraphrases, padding masked, facts in order
+    # (DIR/fact_batches.json of xlm_pkm.experiments.facts; data/fact_batches.py); 0: the token stream
+    fact_batches: int = 0
 
 
 @dataclass
@@ -254,7 +257,7 @@ POSITIVE = ("model.dim", "model.n_layers", "model.n_heads", "model.max_len", "mo
             "model.span.max_span", "model.span.ramp", "model.adaptive_cutoffs", "model.adaptive_factor",
             "model.engram.heads", "model.engram.table_size", "model.engram.ngram_dim", "model.engram.kernel_size",
             "model.engram.layers", "optim.engram_lr_scale")
-NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.eval_batch_size",
+NON_NEGATIVE = ("model.vocab_size", "model.ffn_dim", "model.n_memories", "data.eval_batch_size", "data.fact_batches",
                 "model.persistent_vectors", "model.span.loss_coeff",
                 "optim.weight_decay", "optim.warmup_steps", "optim.warmup_init_lr", "optim.clip_grad_norm",
                 "optim.clip_per_tensor", "optim.lora.rank", "optim.memory_finetune.top_t",
@@ -431,10 +434,23 @@ def validate(cfg, prefix: str = ""):
         _check_family(cfg.model, cfg.data.shuffle_blocks)
         _check_engram(cfg.model)
         _check_run_names(cfg.train)
+        _check_fact_batches(cfg)
     if isinstance(cfg, Config) and cfg.optim.memory_finetune.top_t and not cfg.optim.memory_finetune.background:
         raise ConfigError("optim.memory_finetune.top_t needs optim.memory_finetune.background: the slot counts "
                           "of python -m xlm_pkm.finetune.slot_counts CHECKPOINT --data DIR --out FILE")
     return cfg
+
+
+def _check_fact_batches(cfg: Config) -> None:
+    """A fact batch is one optimizer step of a model without a stream cache."""
+    if not cfg.data.fact_batches:
+        return
+    if cfg.optim.accumulate > 1:
+        raise ConfigError(f"data.fact_batches: each step is one fact's batch; optim.accumulate={cfg.optim.accumulate} "
+                          f"would mix facts in a step (raise data.fact_batches for more paraphrases instead)")
+    if cfg.model.family == "all_attention":
+        raise ConfigError("data.fact_batches: the all-attention family carries a stream cache from batch to batch, "
+                          "which padded batches of separate facts do not have")
 
 
 def _check_run_names(train: TrainConfig) -> None:

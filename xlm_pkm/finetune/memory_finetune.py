@@ -8,13 +8,17 @@ A slot's specificity is TF-IDF, the batch being the document. For each value tab
     idf_i = log((D + 1) / (d_i + 1))     D: background documents, d_i: how many of them read slot i
     score_i = tf_i * idf_i
 
-and the top_t slots read in the step by score (ties: the lower index) keep their value-table gradient
-rows; the other rows' gradients are dropped before clipping and the update, so with a sparse values
-optimizer (sgd, adagrad, lazy_adam: only rows with a gradient move) every other row stays bit-identical.
+and the top_t slots by score keep their value-table gradient rows, among the slots the step read whose
+score is above 0: a slot read by every background document (idf 0) is never updated, nor are ties at 0
+broken by slot index (fewer than top_t slots may be updated; the train log gives slots_updated). The
+other rows' gradients are dropped before clipping and the update, so with a sparse values optimizer (sgd,
+adagrad, lazy_adam: only rows with a gradient move) every other row stays bit-identical. With fact batches
+(data.fact_batches) the padding's reads are not counted.
 The background (`optim.memory_finetune.background`) is written once by `python -m xlm_pkm.finetune.slot_counts`
-from the model the run starts from: its documents are batches of the pretraining data, shaped as the
-training batches (data.batch_size x data.bptt tokens). It records a fingerprint of that model, checked
-when a run starts (not on resume: the keys may have trained since).
+from the model the run starts from: its documents are pieces of the pretraining data of `doc_tokens` tokens
+each (by default shaped as the training batches, data.batch_size x data.bptt; best sized like one finetuning
+batch, so that a document and a batch are comparable units). It records that length and a fingerprint of
+the model, checked when a run starts (not on resume: the keys may have trained since).
 """
 
 from __future__ import annotations
@@ -42,9 +46,29 @@ class Background:
     documents: int  # D
     tokens: int
     fingerprint: str  # model_fingerprint() of the model counted
+    doc_tokens: int  # tokens per document
 
     def to_file(self, path: str | Path, source: str) -> None:
         torch.save({"kind": KIND, "source": source, **self.__dict__}, path)
+
+    def merged(self, other: Background) -> Background:
+        """Both counts as one background: the same model, documents of the same length."""
+        for key, what in (("fingerprint", "model"), ("doc_tokens", "document length")):
+            if getattr(self, key) != getattr(other, key):
+                raise ValueError(f"slot counts of another {what} ({key} {getattr(other, key)}, these "
+                                 f"{getattr(self, key)}) do not mix: count again with the same model and --doc-tokens")
+        if self.doc_freq.keys() != other.doc_freq.keys():
+            raise ValueError(f"slot counts of other value tables ({sorted(other.doc_freq)}) do not mix")
+        return Background({k: v + other.doc_freq[k] for k, v in self.doc_freq.items()},
+                          {k: v + other.reads[k] for k, v in self.reads.items()}, self.documents + other.documents,
+                          self.tokens + other.tokens, self.fingerprint, self.doc_tokens)
+
+    def read_share(self) -> dict[str, dict[str, float]]:
+        """Per value table: the mean share of its slots one document reads, and the share that every document
+        reads (idf 0: never updated)."""
+        return {name: {"per_document": float(f.sum()) / (self.documents * len(f)),
+                       "by_every_document": float((f == self.documents).double().mean())}
+                for name, f in self.doc_freq.items()}
 
     @classmethod
     def from_file(cls, path: str | Path) -> Background:
@@ -58,7 +82,9 @@ class Background:
             raise ValueError(f"optim.memory_finetune.background: {path} is not readable ({type(e).__name__})") from None
         if not isinstance(state, dict) or state.get("kind") != KIND:
             raise ValueError(f"optim.memory_finetune.background: {path} is not a file of python -m xlm_pkm.finetune.slot_counts")
-        return cls(**{k: state[k] for k in ("doc_freq", "reads", "documents", "tokens", "fingerprint")})
+        doc_tokens = state.get("doc_tokens", state["tokens"] // max(state["documents"], 1))  # earlier files: batches
+        return cls(**{k: state[k] for k in ("doc_freq", "reads", "documents", "tokens", "fingerprint")},
+                   doc_tokens=doc_tokens)
 
 
 def model_fingerprint(model: nn.Module) -> str:
@@ -98,11 +124,12 @@ def tf_idf(reads: torch.Tensor, doc_freq: torch.Tensor, documents: int) -> torch
 
 
 def top_slots(reads: torch.Tensor, doc_freq: torch.Tensor, documents: int, t: int) -> torch.Tensor:
-    """The (at most t) slots read (reads > 0) with the highest TF-IDF, ties to the lower index: (n,) int64."""
-    read = reads.nonzero().squeeze(1)  # ascending slot order: a stable sort keeps the lower index first
-    scores = tf_idf(reads, doc_freq, documents)[read]
-    order = torch.sort(scores, descending=True, stable=True).indices[:t]
-    return read[order]
+    """The (at most t) slots with the highest TF-IDF among those scoring above 0 (read, and not by every
+    background document): (n,) int64. Equal positive scores keep the lower index first."""
+    scores = tf_idf(reads, doc_freq, documents)
+    candidates = (scores > 0).nonzero().squeeze(1)  # ascending slot order: a stable sort keeps it among ties
+    order = torch.sort(scores[candidates], descending=True, stable=True).indices[:t]
+    return candidates[order]
 
 
 def keep_rows_(param: nn.Parameter, rows: torch.Tensor) -> None:
@@ -143,10 +170,25 @@ class SparseMemoryFinetuning:
             for m in memories:
                 m.step_reads = SlotStats(m.n_slots)
 
+    def describe(self) -> str:
+        """One line for the run's log: the rule and the background it ranks against."""
+        shares = "; ".join(f"{name}: a document reads {100 * share['per_document']:.1f}% of the slots, every "
+                           f"document {100 * share['by_every_document']:.1f}% (never updated)"
+                           for name, share in self.background.read_share().items())
+        return (f"sparse memory finetuning: the top {self.top_t} slots by TF-IDF per value table and step, against "
+                f"{self.background.documents:,} background documents of {self.background.doc_tokens} tokens; {shares}")
+
     def begin_step(self) -> None:
         for _, memories in self.tables.values():
             for m in memories:
                 m.step_reads.reset()
+
+    def count_only(self, positions: torch.Tensor | None) -> None:
+        """positions: (B, T) bool of the next micro-batch, the positions whose reads count (fact batches:
+        not the padding), or None: all of them."""
+        for _, memories in self.tables.values():
+            for m in memories:
+                m.step_reads.positions = None if positions is None else positions.reshape(-1)
 
     def restrict_gradients(self) -> dict[str, int]:
         """Keeps each table's gradient rows of its top_t slots this step (reads summed over ranks: every

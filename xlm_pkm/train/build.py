@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from xlm_pkm.config import Config, ConfigError
+from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
@@ -18,9 +19,12 @@ from xlm_pkm.runtime.hardware import available_memory
 
 
 def build_stream(cfg: Config, split: str, env: DistEnv, data_path: str | None = None, batch_size: int = 0,
-                 bptt: int = 0) -> TokenStream:
-    """The split's stream for this rank: train (epochs, seeded) or valid/test (one pass)."""
+                 bptt: int = 0) -> TokenStream | FactBatches:
+    """The split's stream for this rank: train (epochs, seeded; with data.fact_batches, one fact's
+    paraphrases per batch) or valid/test (one pass)."""
     data, train = cfg.data, split == "train"
+    if train and data.fact_batches:
+        return FactBatches(data_path or data.path, data.fact_batches, env.rank, env.world_size)
     batch_size = batch_size or (data.batch_size if train else data.eval_batch_size or data.batch_size)
     return TokenStream(data_path or data.path, split, batch_size, bptt or data.bptt, env.rank, env.world_size,
                        seed=cfg.train.seed, train=train, shuffle=data.shuffle_blocks)

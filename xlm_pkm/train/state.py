@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.stream import TokenStream
 
 COUNTERS = ("step", "best_ppl", "nonfinite_streak", "skipped_steps", "log_steps")
@@ -24,7 +25,7 @@ COUNTERS = ("step", "best_ppl", "nonfinite_streak", "skipped_steps", "log_steps"
 
 @dataclass
 class TrainState:
-    stream: TokenStream  # the rank's training stream: its cursor is saved
+    stream: TokenStream | FactBatches  # the rank's training batches: their cursor is saved
     device: torch.device
     model: torch.nn.Module  # its stream caches (all-attention layers) are saved
     step: int = 0  # optimizer steps done

@@ -26,6 +26,7 @@ import torch
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
 from xlm_pkm.config import Config, ConfigError, to_dict
+from xlm_pkm.data.fact_batches import PAD_TARGET
 from xlm_pkm.errors import UserError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.init_from import load_weights, summarize, trained_weights
@@ -156,6 +157,11 @@ class Trainer:
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
                       + f"; trainable {self.trainable:,} ({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
+        if self.memory_finetune:
+            self.log.info(self.memory_finetune.describe())
+        if self.cfg.data.fact_batches:
+            self.log.info(f"fact batches: each step one fact's first {self.cfg.data.fact_batches} paraphrases, "
+                          f"{len(self.train_stream)} facts in order, padding out of the loss and the slot counts")
         self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
                       f"words/s are means since the previous line; lr, grad_norm (before clipping) and, with "
                       f"optim.memory_finetune, slots_read/slots_updated are the last step's; ETA from this run's steps so far, evaluations included")
@@ -229,6 +235,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         tokens = words = 0
         aux = self.model.aux_loss if self.model.has_aux_loss() else None  # training-only loss terms
+        padded = bool(cfg.data.fact_batches)  # targets PAD_TARGET after each paraphrase's end
         if self.memory_finetune:
             self.memory_finetune.begin_step()
         for i in range(accumulate):
@@ -236,15 +243,18 @@ class Trainer:
             x, y = next(batches)  # (B, T) each, on the CPU: counting words there needs no device sync
             if self.train_stream.epoch != epoch:
                 self.model.reset_stream_state()  # new streams (a new offset): caches start from zero
-            words += int(self.word_end[y].sum())
-            tokens += y.numel()
+            targets = y[y != PAD_TARGET] if padded else y  # fact batches: their padding is no token
+            words += int(self.word_end[targets].sum())
+            tokens += targets.numel()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if self.memory_finetune:
+                self.memory_finetune.count_only(y != PAD_TARGET if padded else None)
             last = i == accumulate - 1
             in_ddp = hasattr(self.forward_model, "no_sync")  # also through torch.compile's wrapper
             sync = self.forward_model.no_sync() if in_ddp and not last else nullcontext()
             with sync:
                 loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
-                                          accumulate, aux)
+                                          accumulate, aux, padded)
         average_value_grads_(self.synced_values, self.env)  # host sync if sparse and replicated: row counts
         slots = self.memory_finetune.restrict_gradients() if self.memory_finetune else {}  # host sync
         loss = loss_sum / accumulate

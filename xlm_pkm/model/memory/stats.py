@@ -32,10 +32,14 @@ class SlotStats:
     def reset(self) -> None:
         self.weights: torch.Tensor | None = None  # (n_slots,) float64
         self.counts: torch.Tensor | None = None  # (n_slots,) float64
+        self.positions: torch.Tensor | None = None  # (N,) bool: the positions whose reads count; None: all
 
     def add(self, indices: torch.Tensor, weights: torch.Tensor) -> None:
         """indices, weights: (N, ...) selected slots and their weights. A slot counts by the magnitude of
-        its weight, and a selection with weight 0 (a ReLU score) is not a read."""
+        its weight, and a selection with weight 0 (a ReLU score) is not a read; with `positions` set, only
+        the reads of those positions count (padding left out)."""
+        if self.positions is not None:
+            indices, weights = indices[self.positions], weights[self.positions]
         if self.weights is None:
             self.weights = torch.zeros(self.n_slots, dtype=torch.float64, device=indices.device)
             self.counts = torch.zeros(self.n_slots, dtype=torch.float64, device=indices.device)
