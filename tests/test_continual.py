@@ -8,10 +8,11 @@ import torch
 
 from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.text_codec import TextCodec
-from xlm_pkm.experiments.continual import (exact_match, greedy_matches, prior_em, prompt_and_object, with_ppl_change,
-                                           write_report)
-from xlm_pkm.experiments.facts import RELATIONS, Fact, generate_facts, load_facts, write_facts_data
+from xlm_pkm.experiments.continual import (best_settings, exact_match, greedy_matches, over_seeds, prior_em,
+                                           prompt_and_object, split_scores, with_changes, write_report)
+from xlm_pkm.experiments.facts import FRAMINGS, RELATIONS, Fact, generate_facts, load_facts, write_facts_data
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.model.transformer import TransformerLM
@@ -27,8 +28,11 @@ def test_facts_are_seeded_and_cover_every_relation():
     assert {f.subject for f in facts}.isdisjoint({f.subject for f in other})
     assert {f.relation for f in facts} == {r.name for r in RELATIONS}
     assert len({(f.subject, f.relation) for f in facts}) == 300  # one object per subject and relation
-    assert all(f.sentence.startswith(f.prompt + " " + f.object) for f in facts)
-    assert any(f.paraphrase for f in facts) and any(f.paraphrase is None for f in facts)
+    for f in facts:
+        assert f.sentence.startswith(f.prompt + " " + f.object) and f.paraphrases[0] == f.sentence
+        assert len(set(f.paraphrases)) == len(f.paraphrases) == len(FRAMINGS) * 8
+        assert all(f.subject in p and f" {f.object}" in p for p in f.paraphrases)
+        assert f.subject in f.question and f.question not in f.paraphrases and f.object not in f.question
 
 
 @needs_sample
@@ -39,8 +43,9 @@ def test_subjects_are_not_words_of_the_pretraining_corpus_and_objects_are_one_to
     assert not {f.subject.lower() for f in facts} & whole_words
     codec = TextCodec(SAMPLE)
     for f in facts[:len(RELATIONS) * 4]:
-        prompt, obj = prompt_and_object(codec, f.prompt, f.object)
-        assert len(obj) == 1 and vocab[obj[0]] == f.object, f
+        for prompt in (f.prompt, f.question):
+            _, obj = prompt_and_object(codec, prompt, f.object)
+            assert len(obj) == 1 and vocab[obj[0]] == f.object, f
 
 
 def random_lm(vocab_size: int) -> TransformerLM:
@@ -80,40 +85,66 @@ def test_facts_data_uses_the_pretraining_vocabulary_and_scores(tiny_data_dir, ti
     train_text = (out / "documents.jsonl").read_text()
     assert all(train_text.count(f.sentence) == 5 for f in facts)  # five copies, at most four held out
     codec = TextCodec(out)
+    x, y = FactBatches(out, 16).batch(0)  # the first fact's first 16 paraphrases, as the run reads them
+    decoded = [codec.decode([codec.dictionary.bos] + row[row >= 0].tolist()) for row in y]
+    assert decoded == list(facts[0].paraphrases[:16])
     model = random_lm(len(codec.dictionary))
-    for paraphrase in (False, True):  # against generate(), one fact at a time
-        prompts = [(f.paraphrase if paraphrase else f.prompt, f.object) for f in facts]
-        pairs = [prompt_and_object(codec, p, o) for p, o in prompts if p]
+    for question in (False, True):  # against generate(), one fact at a time
+        pairs = [prompt_and_object(codec, f.question if question else f.prompt, f.object) for f in facts]
         hits = [generate(model, p, len(o), Sampling(greedy=True))[0] == o for p, o in pairs]
-        assert exact_match(model, codec, facts, paraphrase) == sum(hits) / len(hits)
+        assert exact_match(model, codec, facts, question) == sum(hits) / len(hits)
 
 
-def test_report_table_and_figure(tmp_path):
-    rows = [{"model": "memory", "method": "pretrained", "setting": "-", "em": 0.0, "em_paraphrase": 0.0,
-             "valid_ppl": 20.0},
-            {"model": "memory", "method": "lora", "setting": "rank=8", "em": 0.5, "em_paraphrase": 0.25,
-             "valid_ppl": 21.5},
-            {"model": "dense", "method": "pretrained", "setting": "-", "em": 0.1, "em_paraphrase": 0.0,
-             "valid_ppl": 22.0},
-            {"model": "dense", "method": "full", "setting": "lr=1e-4", "em": 0.9, "em_paraphrase": 0.3,
-             "valid_ppl": 30.0}]
-    assert [r["ppl_change"] for r in with_ppl_change(rows)] == [0.0, 1.5, 0.0, 8.0]
+def _row(model, method, setting, seed, em, valid_ppl=20.0, test_ppl=25.0, test_acc=0.3):
+    return {"model": model, "method": method, "setting": setting, "seed": seed, "em": em, "em_question": em / 2,
+            "valid_ppl": valid_ppl, "test_ppl": test_ppl, "test_acc": test_acc}
+
+
+def test_report_picks_each_methods_best_setting_and_its_spread_over_seeds(tmp_path):
+    rows = [_row("memory", "pretrained", "-", seed, 0.0) for seed in (0, 1)] + [
+        _row("memory", "sparse", "t=10", 0, 0.5, test_ppl=26.0),
+        _row("memory", "sparse", "t=99", 0, 0.5, test_ppl=27.0),
+        _row("memory", "sparse", "t=1", 0, 0.2, test_ppl=25.0), _row("memory", "sparse", "t=10", 1, 0.7, test_ppl=28.0),
+        _row("memory", "sparse", "t=1", 1, 0.9)]
+    assert best_settings(rows) == {("memory", "sparse"): "t=10"}  # EM ties: less forgetting
+    changed = with_changes(rows)
+    assert [round(r["test_change"], 9) for r in changed[2:5]] == [1.0, 2.0, 0.0]
+    summary = {r["method"]: r for r in over_seeds(rows)}
+    assert summary["sparse"]["seeds"] == 2 and summary["sparse"]["em"] == pytest.approx(0.6)
+    assert summary["sparse"]["em_sd"] == pytest.approx(0.1414213562) and summary["sparse"]["test_change"] == 2.0
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(results, tmp_path / "out").read_text()
-    assert "| memory | lora | rank=8 | 50.0% | 25.0% | 21.50 | +1.50 |" in report
-    assert "| dense | full | lr=1e-4 | 90.0% | 30.0% | 30.00 | +8.00 |" in report
+    assert "| memory | sparse | t=10 | 2 | 60.0 ± 14.1% | 30.0 ± 7.1% | +2.00 ± 1.41 | +0.00 ± 0.00 |" in report
+    assert "| memory | sparse | t=99 | 50.0% | 25.0% | +0.00 | +2.00 | +0.00 |" in report
     assert (tmp_path / "out" / "learning_forgetting.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no pretrained row for model"):
-        with_ppl_change(rows[1:2])
+        with_changes(rows[2:3])
 
 
 def test_the_subject_blind_guess_scores_each_relations_most_frequent_object(tmp_path):
-    facts = [Fact(f"S{i}", relation, "p", None, obj, "s") for i, (relation, obj) in enumerate(
+    facts = [Fact(f"S{i}", relation, obj, "p", "s", "q", ("s",)) for i, (relation, obj) in enumerate(
         [("colour", "red"), ("colour", "red"), ("colour", "blue"), ("type", "int"), ("type", "str")])]
     assert prior_em(facts) == pytest.approx(3 / 5)  # red for both red subjects, one of int/str
     (tmp_path / "facts").mkdir()
     (tmp_path / "facts" / "facts.jsonl").write_text("".join(json.dumps(f.__dict__) + "\n" for f in facts))
-    rows = [{"model": "m", "method": "pretrained", "setting": "-", "em": 0.0, "em_paraphrase": 0.0, "valid_ppl": 9.0}]
-    (tmp_path / "r.jsonl").write_text(json.dumps(rows[0]) + "\n")
-    assert "scores EM 60.0% (dashed line)" in write_report(tmp_path / "r.jsonl", tmp_path / "out", tmp_path / "facts").read_text()
+    (tmp_path / "r.jsonl").write_text(json.dumps(_row("m", "pretrained", "-", 0, 0.0)) + "\n")
+    report = write_report(tmp_path / "r.jsonl", tmp_path / "out", tmp_path / "facts").read_text()
+    assert "scores EM 60.0% on the seed-0 facts (dashed line)" in report
+
+
+def test_split_scores_equal_evaluation_and_a_token_by_token_count(tiny_data_dir):
+    """Perplexity against evaluate() (the framework's), accuracy against a plain count of argmax hits."""
+    from xlm_pkm.data.stream import TokenStream
+    from xlm_pkm.train.evaluation import evaluate
+
+    stream = TokenStream(tiny_data_dir, "valid", 4, 16, train=False)
+    model = random_lm(len(stream.dictionary))
+    ppl, accuracy = split_scores(model, stream)
+    assert ppl == pytest.approx(evaluate(model, stream, torch.device("cpu"))["ppl"], rel=1e-6)  # float32 sums
+    hits = total = 0
+    for x, y in stream:
+        predicted = model(x).argmax(-1)
+        hits += sum(int(predicted[b, t]) == int(y[b, t]) for b in range(y.shape[0]) for t in range(y.shape[1]))
+        total += y.numel()
+    assert accuracy == hits / total

@@ -1,94 +1,164 @@
 #!/usr/bin/env bash
-# Learning new facts vs forgetting (issue 21), in one command from the repository root after `make data`:
-#   results/continual/run.sh            (about 70 minutes on 2 CPU cores)
+# Learning new facts vs forgetting, the protocol of Lin et al. 2025 (issue 34), in one command from the
+# repository root after `make data`:
+#   results/continual/run.sh            (about 90 minutes on 2 CPU cores)
 # 1. pretrain the default model with one memory (pretrain_memory.yaml) and its dense twin (n_memories=0);
-# 2. write 300 made-up facts with the pretraining vocabulary (python -m xlm_pkm.experiments.facts);
-# 3. count how often the pretraining corpus reads each memory slot (background for sparse memory finetuning);
-# 4. finetune both models on the facts (train.init_from) with each method at a few settings:
-#    full finetuning, LoRA, memory values only, sparse memory finetuning (top-t slots, SGD on the values);
-# 5. score every model (EM on the facts and their paraphrases; valid perplexity on the pretraining corpus)
-#    and write report.md + learning_forgetting.png here.
+# 2. write 300 made-up facts per seed (0, 1, 2: other subjects and objects) with the pretraining vocabulary
+#    (python -m xlm_pkm.experiments.facts): each fact has 64 paraphrases and a question form;
+# 3. count how often the pretraining corpus reads each memory slot, in documents of DOC_TOKENS tokens, the
+#    size of one fact batch (background for sparse memory finetuning);
+# 4. finetune from the pretrained weights (train.init_from) on fact batches: a step is one fact's first
+#    PARAPHRASES paraphrases, the 300 facts in order, PASSES times; on the seed-0 facts every method over its
+#    sweep (the SWEEP table below), then each method's best setting on seeds 1 and 2;
+#    the ceiling check: the memory's value rows alone (all values; sparse at two settings) on two more
+#    pretrained models, a larger memory (pretrain_memory_large.yaml) and a longer pretraining (the memory
+#    model's run resumed to 1,600 steps, pretrain_memory_long.yaml), seed 0;
+# 5. score every model (EM on the trained form and the question form; perplexity on the pretraining corpus's
+#    valid and held-out test splits, next-token accuracy on the test split) and write report.md +
+#    learning_forgetting.png here.
 # Every run's command is logged to commands.txt. A finished run is skipped and an interrupted one resumes,
-# so re-running the script finishes what is missing. PYTHON, DUMP, FT_STEPS override the defaults; PRETRAIN_ARGS
-# adds overrides to both pretraining runs (a smoke test: PRETRAIN_ARGS="train.max_steps=50 train.eval_every=50").
+# so re-running the script finishes what is missing. PYTHON, DUMP, JOBS (finetuning runs at once, default 2)
+# override the defaults; PRETRAIN_ARGS adds overrides to every pretraining run and FT_ARGS to every
+# finetuning run; ONLY (an extended regex) keeps the sweep lines whose "MODEL METHOD SETTING" it matches. A smoke test, a few minutes:
+#   DUMP=/tmp/smoke PRETRAIN_ARGS="train.max_steps=30 train.eval_every=30" PASSES=1 FACTS=10 \
+#   ONLY="^(memory|dense) (sparse_memory|all_values|full) (top_t=50,lr=300|lr=100|lr=1e-5)$" results/continual/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 DUMP=${DUMP:-dumped/continual}
 OUT=results/continual
 DATA=data/processed/sample
-FACTS=$DUMP/facts
-FT_STEPS=${FT_STEPS:-150}
-mkdir -p "$DUMP/done" "$DUMP/scores"
+FACTS=${FACTS:-300}
+PARAPHRASES=${PARAPHRASES:-16}
+PASSES=${PASSES:-2}
+DOC_TOKENS=${DOC_TOKENS:-216}  # the mean fact batch: 16 paraphrases, 216 tokens (padding excluded)
+JOBS=${JOBS:-2}
+STEPS=$((PASSES * FACTS))
+mkdir -p "$DUMP/done" "$DUMP/scores" "$DUMP/logs"
 : > "$OUT/commands.txt"
 
-# run NAME COMMAND...: logs the command, runs it unless NAME finished before
+# run NAME COMMAND...: logs the command, runs it unless NAME finished before (its output in $DUMP/logs)
 run() {
   local name=$1; shift
   echo "$*" >> "$OUT/commands.txt"
   if [[ -e $DUMP/done/$name ]]; then echo "== $name: done before"; return; fi
   echo "== $name"
-  "$@"
+  OMP_NUM_THREADS=$((2 / JOBS > 0 ? 2 / JOBS : 1)) "$@" > "$DUMP/logs/$name.log" 2>&1 || {
+    echo "$name failed: see $DUMP/logs/$name.log"; tail -n 5 "$DUMP/logs/$name.log"; return 1; }
   touch "$DUMP/done/$name"
 }
 
-read -r -a PRE <<< "train.dump_path=$DUMP train.exp_id=run ${PRETRAIN_ARGS:-}"
-run pretrain_memory "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test "${PRE[@]}"
-run pretrain_dense "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test "${PRE[@]}" \
-  model.n_memories=0 train.exp_name=pretrain_dense
-run facts "$PY" -m xlm_pkm.experiments.facts --out "$FACTS" --n 300 --seed 0 --codes "$DATA/codes" --vocab "$DATA/vocab"
-run slot_counts "$PY" -m xlm_pkm.finetune.slot_counts "$DUMP/pretrain_memory/run/best.pt" --data "$DATA" --split train \
-  --max-tokens 500000 --out "$DUMP/background_counts.pt"
-
-# finetune MODEL METHOD SETTING OVERRIDES...: FT_STEPS steps on the facts from MODEL's best.pt, one evaluation
-# at the end (so best.pt is the last step), constant lr after 10 warmup steps
-finetune() {
-  local model=$1 method=$2 setting=$3; shift 3
-  local name=ft_${model}_${method}_${setting//[^A-Za-z0-9.]/_}
-  local arch=(); [[ $model == dense ]] && arch=(model.n_memories=0)  # the dense twin
-  run "$name" "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test train.dump_path="$DUMP" \
-    train.exp_name="$name" train.exp_id=run \
-    train.init_from="$DUMP/pretrain_$model/run/best.pt" data.path="$FACTS" \
-    train.max_steps="$FT_STEPS" train.eval_every="$FT_STEPS" train.log_every=25 \
-    optim.schedule=linear_warmup optim.warmup_steps=10 "${arch[@]}" "$@"
-  score "$DUMP/$name/run/best.pt" "$model" "$method" "$setting"
-}
-
-# score CHECKPOINT MODEL METHOD SETTING: one row of scores (kept: a re-run does not score again)
+# score CHECKPOINT MODEL METHOD SETTING SEED: one row of scores (kept: a re-run does not score again)
 score() {
-  local file=$DUMP/scores/$2_$3_${4//[^A-Za-z0-9.]/_}.jsonl
-  echo "$PY -m xlm_pkm.experiments.continual score $1 --facts $FACTS --data $DATA --model $2 --method $3 --setting $4" \
+  local file=$DUMP/scores/$2_$3_${4//[^A-Za-z0-9.]/_}_seed$5.jsonl
+  echo "$PY -m xlm_pkm.experiments.continual score $1 --facts $DUMP/facts$5 --data $DATA --model $2 --method $3 --setting $4 --seed $5" \
     >> "$OUT/commands.txt"
-  [[ -s $file ]] || "$PY" -m xlm_pkm.experiments.continual score "$1" --facts "$FACTS" --data "$DATA" --model "$2" \
-    --method "$3" --setting "$4" --out "$file"
+  [[ -s $file ]] || "$PY" -m xlm_pkm.experiments.continual score "$1" --facts "$DUMP/facts$5" --data "$DATA" \
+    --model "$2" --method "$3" --setting "$4" --seed "$5" --out "$file" > /dev/null
 }
 
-score "$DUMP/pretrain_memory/run/best.pt" memory pretrained -
-score "$DUMP/pretrain_dense/run/best.pt" dense pretrained -
+# pretrained models: NAME -> config and the overrides its finetuning runs need to rebuild its architecture
+declare -A CONFIG=([memory]=pretrain_memory [dense]=pretrain_memory [memory_large]=pretrain_memory_large
+                   [memory_long]=pretrain_memory_long)
+declare -A ARCH=([memory]="" [dense]="model.n_memories=0" [memory_large]="model.memory.n_keys=256 model.memory.knn=32"
+                 [memory_long]="")
+read -r -a PRE <<< "train.dump_path=$DUMP train.exp_id=run ${PRETRAIN_ARGS:-}"
+pretrain() {  # pretrain MODEL: its run (one thread; two at once) and, with a memory, its background counts
+  local model=$1
+  read -r -a arch <<< "${ARCH[$model]}"
+  if [[ $model == memory_long && ! -e $DUMP/pretrain_memory_long/run ]]; then  # memory's run, resumed further
+    mkdir -p "$DUMP/pretrain_memory_long" && cp -r "$DUMP/pretrain_memory/run" "$DUMP/pretrain_memory_long/"
+  fi
+  JOBS=2 run "pretrain_$model" "$PY" train.py --config "$OUT/${CONFIG[$model]}.yaml" --no-test "${PRE[@]}" \
+    train.exp_name="pretrain_$model" "${arch[@]}"
+  [[ $model == dense ]] || JOBS=2 run "slot_counts_$model" "$PY" -m xlm_pkm.finetune.slot_counts \
+    "$DUMP/pretrain_$model/run/best.pt" --data "$DATA" --split train --doc-tokens "$DOC_TOKENS" --documents 2000 \
+    --out "$DUMP/background_$model.pt"
+}
+pretrain memory & pretrain dense &
+wait -n && wait -n
+pretrain memory_large & pretrain memory_long &  # for the ceiling check, at the end
+wait -n && wait -n
+for seed in 0 1 2; do
+  run "facts$seed" "$PY" -m xlm_pkm.experiments.facts --out "$DUMP/facts$seed" --n "$FACTS" --seed "$seed" \
+    --codes "$DATA/codes" --vocab "$DATA/vocab"
+  for model in memory dense; do score "$DUMP/pretrain_$model/run/best.pt" "$model" pretrained - "$seed"; done
+done
+
+# MODEL METHOD SETTING OVERRIDES...: the sweep, run on the seed-0 facts. Sparse memory finetuning and all
+# values: SGD on the value rows (the paper's choice; a row's gradient is its share of a mean over a batch's
+# ~216 tokens, hence the high lr). Full finetuning and LoRA: AdamW, weight decay 0.1 (the paper's baselines).
+# BACKGROUND stands for the background counts of the model the run starts from.
+BG="optim.memory_finetune.background=BACKGROUND"
+SWEEP=$(cat <<EOF
+memory sparse_memory top_t=50,lr=300 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=300 optim.memory_finetune.top_t=50 $BG
+memory sparse_memory top_t=200,lr=300 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=300 optim.memory_finetune.top_t=200 $BG
+memory sparse_memory top_t=1000,lr=300 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=300 optim.memory_finetune.top_t=1000 $BG
+memory sparse_memory top_t=200,lr=100 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=100 optim.memory_finetune.top_t=200 $BG
+memory sparse_memory top_t=200,lr=1000 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=1000 optim.memory_finetune.top_t=200 $BG
+memory sparse_memory top_t=1000,lr=1000 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=1000 optim.memory_finetune.top_t=1000 $BG
+memory all_values lr=100 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=100
+memory all_values lr=300 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=300
+memory all_values lr=1000 optim.trainable=memory_values optim.values_optimizer=sgd optim.values_lr=1000
+EOF
+)
 for model in memory dense; do
-  for lr in 3e-5 1e-4 3e-4; do
-    finetune "$model" full "lr=$lr" optim.trainable=all optim.lr="$lr" optim.values_lr="$lr"
+  for lr in 1e-5 3e-5 1e-4; do
+    SWEEP+=$'\n'"$model full lr=$lr optim.trainable=all optim.lr=$lr optim.values_lr=$lr optim.weight_decay=0.1 optim.values_weight_decay=0.1"
   done
-  for lr in 3e-4 1e-3 3e-3; do
-    finetune "$model" lora "rank=8,lr=$lr" optim.lora.rank=8 optim.lora.alpha=16 optim.lr="$lr"
+  for rank in 8 32; do
+    for lr in 1e-4 3e-4 1e-3; do
+      SWEEP+=$'\n'"$model lora_r$rank lr=$lr optim.lora.rank=$rank optim.lora.alpha=$((2 * rank)) optim.lr=$lr optim.weight_decay=0.1"
+    done
   done
 done
-for lr in 1e-3 4e-3 1e-2; do
-  finetune memory memory_values "lr=$lr" optim.trainable=memory_values optim.values_lr="$lr"
+
+# finetune SEED MODEL METHOD SETTING OVERRIDES...: STEPS steps of fact batches from MODEL's best.pt, one
+# evaluation at the end (so best.pt is the last step), constant lr after 10 warmup steps; then its score
+finetune() {
+  local seed=$1 model=$2 method=$3 setting=$4; shift 4
+  local name=ft_${model}_${method}_${setting//[^A-Za-z0-9.]/_}_seed$seed
+  local arch extra
+  read -r -a arch <<< "${ARCH[$model]}"
+  read -r -a extra <<< "${FT_ARGS:-}"
+  run "$name" "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test train.dump_path="$DUMP" \
+    train.exp_name="$name" train.exp_id=run train.seed="$seed" \
+    train.init_from="$DUMP/pretrain_$model/run/best.pt" data.path="$DUMP/facts$seed" \
+    data.fact_batches="$PARAPHRASES" train.max_steps="$STEPS" train.eval_every="$STEPS" train.log_every=1 \
+    optim.schedule=linear_warmup optim.warmup_steps=10 "${arch[@]}" "${@//BACKGROUND/$DUMP/background_$model.pt}" \
+    "${extra[@]}"
+  score "$DUMP/$name/run/best.pt" "$model" "$method" "$setting" "$seed"
+}
+
+# parallel SEED < LINES: finetune every "MODEL METHOD SETTING OVERRIDES..." line, JOBS at a time
+parallel() {
+  local seed=$1 line failed=0
+  while read -r line; do
+    [[ -z $line ]] && continue
+    while (( $(jobs -rp | wc -l) >= JOBS )); do wait -n || failed=1; done
+    # shellcheck disable=SC2086  # the line's words are the arguments
+    finetune "$seed" $line &
+  done
+  while (( $(jobs -rp | wc -l) > 0 )); do wait -n || failed=1; done
+  return $failed
+}
+
+SWEEP=$(while read -r model method setting overrides; do  # the lines whose "MODEL METHOD SETTING" ONLY matches
+  [[ "$model $method $setting" =~ ${ONLY:-.} ]] && echo "$model $method $setting $overrides"
+done <<< "$SWEEP" || true)
+parallel 0 <<< "$SWEEP"
+cat "$DUMP"/scores/*.jsonl > "$OUT/scores.jsonl"
+for seed in 1 2; do
+  "$PY" -m xlm_pkm.experiments.continual best "$OUT/scores.jsonl" | while read -r model method setting; do
+    grep -F "$model $method $setting " <<< "$SWEEP"
+  done | parallel "$seed"
 done
-# sparse memory finetuning: SGD on the values (the paper's choice) at a high lr, since a value row's gradient is
-# its share of a mean over 2,048 tokens (probe: lr 30 / 300 / 3000 moved the facts' train loss 6.06 -> 6.05 /
-# 5.87 / 5.20 in 60 steps)
-for top_t in 100 500 2000; do
-  finetune memory sparse_memory "top_t=$top_t,lr=3000" optim.trainable=memory_values optim.values_optimizer=sgd \
-    optim.values_lr=3000 optim.memory_finetune.top_t="$top_t" optim.memory_finetune.background="$DUMP/background_counts.pt"
-done
-finetune memory sparse_memory "top_t=500,lr=10000" optim.trainable=memory_values optim.values_optimizer=sgd \
-  optim.values_lr=10000 optim.memory_finetune.top_t=500 optim.memory_finetune.background="$DUMP/background_counts.pt"
-# and 4x as many steps (the step count is the last override: it wins over FT_STEPS)
-finetune memory sparse_memory "top_t=500,lr=3000,steps=600" optim.trainable=memory_values optim.values_optimizer=sgd \
-  optim.values_lr=3000 optim.memory_finetune.top_t=500 optim.memory_finetune.background="$DUMP/background_counts.pt" \
-  train.max_steps=600 train.eval_every=600
+
+# the ceiling check: does a larger memory, or a longer pretraining, let the value rows learn the facts?
+for model in memory_large memory_long; do
+  score "$DUMP/pretrain_$model/run/best.pt" "$model" pretrained - 0
+  grep -E "^memory (all_values lr=|sparse_memory top_t=(200,lr=300|1000,lr=1000) )" <<< "$SWEEP" | sed "s/^memory /$model /"
+done | parallel 0
 
 cat "$DUMP"/scores/*.jsonl > "$OUT/scores.jsonl"
-"$PY" -m xlm_pkm.experiments.continual report "$OUT/scores.jsonl" --facts "$FACTS" --out "$OUT"
+"$PY" -m xlm_pkm.experiments.continual report "$OUT/scores.jsonl" --facts "$DUMP/facts0" --out "$OUT"

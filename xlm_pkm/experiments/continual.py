@@ -1,25 +1,30 @@
-"""Learning new facts against forgetting the pretraining corpus: scores of finetuned checkpoints and the report.
+"""Learning new facts against forgetting: scores of finetuned checkpoints and the report.
 
     python -m xlm_pkm.experiments.continual score CHECKPOINT --facts DIR --data data/processed/sample \\
-        --model memory --method lora --setting rank=8 --out results.jsonl      # appends one row
-    python -m xlm_pkm.experiments.continual report results.jsonl --out results/continual  # report.md + learning_forgetting.png
+        --model memory --method lora --setting rank=8 --seed 0 --out results.jsonl     # appends one row
+    python -m xlm_pkm.experiments.continual report results.jsonl --out results/continual  # report.md + figure
 
-Learning: exact match (EM) of the greedy completion of each fact's object after its prompt (facts.jsonl of
-xlm_pkm.experiments.facts), and after its paraphrase where it has one. Greedy decoding produces the object's tokens iff
-the argmax after the prompt and each gold prefix of the object is the next gold token, so one teacher-forced
-forward per batch decides it (the batch right-padded: the model is causal). Forgetting: perplexity on the
-pretraining corpus's valid split; the report gives its change from the pretrained model of the same kind.
+Learning: exact match (EM) of the greedy completion of each fact's object after its trained prompt, and
+after its question form, never trained on (facts.jsonl of xlm_pkm.experiments.facts). Greedy decoding
+produces the object's tokens iff the argmax after the prompt and each gold prefix of the object is the
+next gold token, so one teacher-forced forward per batch decides it (the batch right-padded: the model is
+causal). Forgetting, on the pretraining corpus: perplexity on its valid split, and on its test split
+(held out: the background slot counts read the train split only, and no checkpoint was chosen on it) with
+the test split's next-token accuracy (a cloze score); the report gives each one's change from the
+pretrained model of the same kind.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections import Counter
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from xlm_pkm.data.text_codec import TextCodec
 from xlm_pkm.experiments.facts import Fact, load_facts
@@ -54,23 +59,44 @@ def greedy_matches(model, pairs: list[tuple[list[int], list[int]]], pad: int, ba
     return matches
 
 
-def exact_match(model, codec: TextCodec, facts: list[Fact], paraphrase: bool = False) -> float:
-    """Fraction of facts (with a paraphrase, when `paraphrase`) whose object greedy decoding completes."""
-    prompts = [(f.paraphrase if paraphrase else f.prompt, f.object) for f in facts if not paraphrase or f.paraphrase]
-    pairs = [prompt_and_object(codec, prompt, obj) for prompt, obj in prompts]
+def exact_match(model, codec: TextCodec, facts: list[Fact], question: bool = False) -> float:
+    """Fraction of facts whose object greedy decoding completes after the trained prompt (or the question)."""
+    pairs = [prompt_and_object(codec, f.question if question else f.prompt, f.object) for f in facts]
     return sum(greedy_matches(model, pairs, codec.dictionary.pad)) / len(pairs)
 
 
-def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Path, max_batches: int = 0) -> dict:
-    """EM on the facts (prompts, paraphrases) and valid perplexity on the pretraining corpus `data_dir`."""
-    from xlm_pkm.checkpoint.trained import load_trained
-    from xlm_pkm.train.evaluation import evaluate_checkpoint
+@torch.no_grad()
+def split_scores(model, stream, max_batches: int = 0) -> tuple[float, float]:
+    """(perplexity, next-token accuracy) of the model over one pass of an evaluation TokenStream."""
+    model.eval()
+    device = next(model.parameters()).device
+    nll, hits, total = 0.0, 0, 0
+    stream.rewind()
+    for i, (x, y) in enumerate(stream):
+        if max_batches and i >= max_batches:
+            break
+        logits = model(x.to(device)).float()  # (B, T, V)
+        y = y.to(device)
+        nll += float(F.cross_entropy(logits.flatten(0, 1), y.flatten(), reduction="sum"))
+        hits += int((logits.argmax(-1) == y).sum())
+        total += y.numel()
+    return math.exp(min(nll / total, 100.0)), hits / total
 
-    model, _, state, _ = load_trained(path, data_dir)
+
+def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Path, max_batches: int = 0) -> dict:
+    """EM on the facts (trained prompts, questions); perplexity on the valid and test splits of the pretraining
+    corpus `data_dir` and next-token accuracy on its test split (at most max_batches batches each, 0: all)."""
+    from xlm_pkm.checkpoint.trained import load_trained
+    from xlm_pkm.runtime.distributed import DistEnv
+    from xlm_pkm.train.build import build_stream
+
+    model, cfg, state, _ = load_trained(path, data_dir)
     codec, facts = TextCodec(data_dir), load_facts(Path(facts_dir) / "facts.jsonl")
-    forgetting = evaluate_checkpoint(path, "valid", str(data_dir), max_batches=max_batches)
+    (valid_ppl, _), (test_ppl, test_acc) = (split_scores(model, build_stream(cfg, split, DistEnv(), str(data_dir)),
+                                                         max_batches) for split in ("valid", "test"))
     return {"checkpoint": str(path), "step": state["step"], "em": exact_match(model, codec, facts),
-            "em_paraphrase": exact_match(model, codec, facts, paraphrase=True), "valid_ppl": forgetting["ppl"]}
+            "em_question": exact_match(model, codec, facts, question=True), "valid_ppl": valid_ppl,
+            "test_ppl": test_ppl, "test_acc": test_acc}
 
 
 def prior_em(facts: list[Fact]) -> float:
@@ -82,72 +108,129 @@ def prior_em(facts: list[Fact]) -> float:
     return sum(max(c.values()) for c in counts.values()) / len(facts)
 
 
-def with_ppl_change(rows: list[dict]) -> list[dict]:
-    """Each row with `ppl_change`: its valid perplexity minus that of its model's pretrained row."""
-    base = {r["model"]: r["valid_ppl"] for r in rows if r["method"] == PRETRAINED}
+CHANGES = {"valid_change": "valid_ppl", "test_change": "test_ppl", "acc_change": "test_acc"}
+
+
+def with_changes(rows: list[dict]) -> list[dict]:
+    """Each row with its forgetting: valid_change, test_change (perplexity) and acc_change (test next-token
+    accuracy) from its model's pretrained row (the same on every seed: the facts do not enter them)."""
+    base = {r["model"]: r for r in rows if r["method"] == PRETRAINED}
     missing = {r["model"] for r in rows} - set(base)
     if missing:
         raise ValueError(f"no {PRETRAINED} row for model(s) {', '.join(sorted(missing))}")
-    return [{**r, "ppl_change": r["valid_ppl"] - base[r["model"]]} for r in rows]
+    return [{**r, **{change: r[key] - base[r["model"]][key] for change, key in CHANGES.items()}} for r in rows]
 
 
-def markdown_table(rows: list[dict]) -> str:
-    lines = ["| model | method | setting | EM | EM paraphrase | valid ppl | Δ ppl |", "|---|---|---|---|---|---|---|"]
+def best_settings(rows: list[dict], seed: int = 0) -> dict[tuple[str, str], str]:
+    """(model, method) -> the setting of its sweep (rows of `seed`) with the highest EM, ties to the least
+    held-out forgetting (test_change)."""
+    best: dict[tuple[str, str], dict] = {}
+    for r in with_changes(rows):
+        key = (r["model"], r["method"])
+        if r["method"] != PRETRAINED and r["seed"] == seed and (
+                key not in best or (-r["em"], r["test_change"]) < (-best[key]["em"], best[key]["test_change"])):
+            best[key] = r
+    return {key: r["setting"] for key, r in best.items()}
+
+
+def over_seeds(rows: list[dict]) -> list[dict]:
+    """The best setting of each (model, method), and each model's pretrained row, over their seeds: mean and
+    sample standard deviation of every score and change (sd 0 with one seed)."""
+    rows, best = with_changes(rows), best_settings(rows)
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in rows:
+        if r["method"] == PRETRAINED or best.get((r["model"], r["method"])) == r["setting"]:
+            groups.setdefault((r["model"], r["method"], r["setting"]), []).append(r)
+    out = []
+    for (model, method, setting), group in groups.items():
+        summary = {"model": model, "method": method, "setting": setting, "seeds": len(group)}
+        for key in ("em", "em_question", *CHANGES):
+            values = torch.tensor([r[key] for r in group], dtype=torch.float64)
+            summary[key] = float(values.mean())
+            summary[key + "_sd"] = float(values.std()) if len(group) > 1 else 0.0
+        out.append(summary)
+    return out
+
+
+def sweep_table(rows: list[dict]) -> str:
+    lines = ["| model | method | setting | EM | EM question | Δ valid ppl | Δ test ppl | Δ test acc |",
+             "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['method']} | {r['setting']} | {100 * r['em']:.1f}% | "
-                     f"{100 * r['em_paraphrase']:.1f}% | {r['valid_ppl']:.2f} | {r['ppl_change']:+.2f} |")
+                     f"{100 * r['em_question']:.1f}% | {r['valid_change']:+.2f} | {r['test_change']:+.2f} | "
+                     f"{100 * r['acc_change']:+.2f} |")
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], path: Path, prior: float | None = None) -> None:
-    """EM against the valid-ppl change, one curve per (model, method), points labelled with their setting;
-    the subject-blind guess's EM (`prior`) as a dashed line."""
+def seeds_table(summaries: list[dict]) -> str:
+    lines = ["| model | method | best setting | seeds | EM | EM question | Δ test ppl | Δ test acc |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in summaries:
+        lines.append(f"| {r['model']} | {r['method']} | {r['setting']} | {r['seeds']} | {100 * r['em']:.1f} ± "
+                     f"{100 * r['em_sd']:.1f}% | {100 * r['em_question']:.1f} ± {100 * r['em_question_sd']:.1f}% | "
+                     f"{r['test_change']:+.2f} ± {r['test_change_sd']:.2f} | {100 * r['acc_change']:+.2f} ± "
+                     f"{100 * r['acc_change_sd']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], summaries: list[dict], path: Path, prior: float | None = None) -> None:
+    """EM against the held-out perplexity change: each (model, method)'s sweep (seed 0, points labelled with
+    their setting, faint) and its best setting over the seeds (mean ± sd both ways); the subject-blind
+    guess's EM (`prior`) as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7, 5))
-    curves: dict[tuple[str, str], list[dict]] = {}
-    for r in rows:
-        if r["method"] != PRETRAINED:
-            curves.setdefault((r["model"], r["method"]), []).append(r)
-    for (model, method), points in curves.items():
-        points = sorted(points, key=lambda r: r["ppl_change"])
-        ax.plot([p["ppl_change"] for p in points], [100 * p["em"] for p in points], "o-", label=f"{model}: {method}")
-        for p in points:
-            ax.annotate(p["setting"], (p["ppl_change"], 100 * p["em"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-    for r in rows:
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    colours = {}
+    for r in summaries:
         if r["method"] == PRETRAINED:
-            ax.plot([0], [100 * r["em"]], "*", markersize=10, label=f"{r['model']}: {PRETRAINED}")
+            continue
+        label = f"{r['model']}: {r['method']}"
+        bar = ax.errorbar(r["test_change"], 100 * r["em"], xerr=r["test_change_sd"], yerr=100 * r["em_sd"], fmt="o",
+                          capsize=3, label=f"{label} ({r['setting']}, {r['seeds']} seeds)")
+        colours[(r["model"], r["method"])] = bar[0].get_color()
+    for r in rows:
+        colour = colours.get((r["model"], r["method"]))
+        if colour and r["seed"] == 0:
+            ax.plot(r["test_change"], 100 * r["em"], ".", color=colour, alpha=0.4)
+            ax.annotate(r["setting"], (r["test_change"], 100 * r["em"]), fontsize=6, alpha=0.6, xytext=(2, 2),
+                        textcoords="offset points")
     if prior is not None:
         ax.axhline(100 * prior, color="gray", linestyle="--", linewidth=1, label="subject-blind guess")
     ax.set_xscale("symlog", linthresh=1.0)  # linear below 1, logarithmic above: changes of 0.4 and 700 both show
-    ax.set_xlim(left=min(0.0, *(r["ppl_change"] for r in rows)))
-    ax.set_xlabel("forgetting: valid perplexity change on the pretraining corpus (symlog)")
-    ax.set_ylabel("learning: exact match on the new facts (%)")
+    ax.set_xlim(left=min(0.0, *(r["test_change"] for r in rows)))
+    ax.set_xlabel("forgetting: test perplexity change on the held-out split of the pretraining corpus (symlog)")
+    ax.set_ylabel("learning: exact match on the trained form (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def write_report(results: str | Path, out: str | Path, facts_dir: str | Path | None = None) -> Path:
-    """out/report.md (the table) and out/learning_forgetting.png from the rows of `results` (JSONL); with
-    the facts, the EM of the subject-blind guess (prior_em) too."""
-    rows = with_ppl_change([json.loads(line) for line in Path(results).read_text().splitlines() if line])
+    """out/report.md (the sweep, the best settings over seeds) and out/learning_forgetting.png from the rows
+    of `results` (JSONL); with the facts (of seed 0), the EM of the subject-blind guess (prior_em) too."""
+    rows = with_changes([json.loads(line) for line in Path(results).read_text().splitlines() if line])
+    summaries = over_seeds(rows)
     prior = prior_em(load_facts(Path(facts_dir) / "facts.jsonl")) if facts_dir else None
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plot(rows, out / "learning_forgetting.png", prior)
+    plot(rows, summaries, out / "learning_forgetting.png", prior)
     blind = ("" if prior is None else f" A guess that ignores the subject (each relation's most frequent object) "
-             f"scores EM {100 * prior:.1f}% (dashed line): only EM above it shows facts learnt about the subjects.")
+             f"scores EM {100 * prior:.1f}% on the seed-0 facts (dashed line): only EM above it shows facts "
+             f"learnt about the subjects.")
     text = ("# Learning new facts vs forgetting\n\n"
-            "EM: greedy completion of the object equals it exactly (prompts as trained; paraphrases never seen). "
-            "Δ ppl: valid perplexity on the pretraining corpus minus the pretrained model's (★ in the figure)."
-            + blind + "\n\n" + markdown_table(rows) + "\n![learning vs forgetting](learning_forgetting.png)\n")
+            "EM: greedy completion of the object after the trained prompt; EM question: after the question form, "
+            "never trained on. Forgetting, from the pretrained model of the same kind: Δ valid ppl (pretraining "
+            "valid split), Δ test ppl and Δ test acc (next-token accuracy, points) on the test split, held out "
+            "from the background counts and from checkpoint selection." + blind + "\n\n"
+            "## Best setting of each method over seeds (mean ± sd)\n\n"
+            "The best setting is the seed-0 sweep's highest EM (ties: the least Δ test ppl); each seed has its own "
+            "facts.\n\n" + seeds_table(summaries) + "\n![learning vs forgetting](learning_forgetting.png)\n\n"
+            "## The sweep (seed 0)\n\n" + sweep_table([r for r in rows if r["seed"] == 0]))
     (out / "report.md").write_text(text, encoding="utf-8")
     return out / "report.md"
 
@@ -162,20 +245,27 @@ def main(argv: list[str] | None = None) -> int:
     score.add_argument("--model", required=True, help="which pretrained model this descends from (e.g. memory)")
     score.add_argument("--method", required=True, help=f"finetuning method ({PRETRAINED}: the baseline)")
     score.add_argument("--setting", default="-", help="the method's setting (lr, steps, rank, ...)")
-    score.add_argument("--max-batches", type=int, default=0, help="valid batches (0: the whole split)")
+    score.add_argument("--seed", type=int, default=0, help="the seed of the facts and the finetuning run")
+    score.add_argument("--max-batches", type=int, default=0, help="valid and test batches (0: the whole splits)")
     score.add_argument("--out", required=True, help="JSONL file the row is appended to")
     report = sub.add_parser("report", help="report.md and the figure from a JSONL file of scores")
     report.add_argument("results")
     report.add_argument("--out", required=True, help="output directory")
     report.add_argument("--facts", help="the data dir of xlm_pkm.experiments.facts: adds the subject-blind guess's EM")
+    best = sub.add_parser("best", help="print MODEL METHOD SETTING of each method's best setting, a line each")
+    best.add_argument("results")
     args = parser.parse_args(argv)
     try:
         if args.command == "score":
-            row = {"model": args.model, "method": args.method, "setting": args.setting,
+            row = {"model": args.model, "method": args.method, "setting": args.setting, "seed": args.seed,
                    **score_checkpoint(args.checkpoint, args.facts, args.data, args.max_batches)}
             with open(args.out, "a", encoding="utf-8") as f:
                 f.write(json.dumps(row) + "\n")
             print(json.dumps(row))
+        elif args.command == "best":
+            rows = [json.loads(line) for line in Path(args.results).read_text().splitlines() if line]
+            for (model, method), setting in best_settings(rows).items():
+                print(model, method, setting)
         else:
             print(write_report(args.results, args.out, args.facts))
     except (OSError, ValueError) as e:

@@ -5,14 +5,18 @@
 
 writes DIR as a processed data dir with the PRETRAINING vocabulary (xlm_pkm.data.preprocess --codes --vocab:
 same fingerprint, so a model trained on the sample corpus finetunes on it), plus
-  DIR/facts.jsonl      one fact a line: subject, relation, prompt, paraphrase (null for some relations), object
-  DIR/documents.jsonl  the training text: one document per subject, each fact a line, `copies` times over in
-                       different orders. Preprocessing holds out valid_docs + test_docs < copies documents,
-                       so every fact stays in train at least once.
-A fact's sentence is prompt + " " + object + suffix ("The favourite colour of Velmora is" "blue" "."). The
-objects are whole words of the bundled corpus's vocabulary (one BPE token each), so that exact match of a
-greedy completion is learnable in a few hundred finetuning steps; subjects are random syllable names, checked
-against the vocabulary given (whole words, any case).
+  DIR/facts.jsonl         one fact a line: subject, relation, object, prompt (the trained form), sentence,
+                          question (a question form, never trained on) and its paraphrases
+  DIR/fact_batches.json   each fact's paraphrases as token ids (data/fact_batches.py): with data.fact_batches=N
+                          a finetuning step's batch is one fact's first N paraphrases, facts in order (the
+                          continual setting of Lin et al. 2025, §3)
+  DIR/documents.jsonl     the text preprocessed into DIR's splits: one document per subject, each fact's
+                          trained form a line, `copies` times over in different orders (the plain-stream mode)
+A statement is prompt + " " + object + suffix ("The favourite colour of Velmora is" "blue" "."). Paraphrase k
+of a fact is statement template k % T of its relation (T = 8) after framing k // T ("", "Note:", ...): 64
+distinct sentences, the first T without framing; paraphrase 0 is the trained form. The objects are whole words
+of the bundled corpus's vocabulary (one BPE token each); subjects are random syllable names, checked against
+the vocabulary given (whole words, any case).
 """
 
 from __future__ import annotations
@@ -28,21 +32,40 @@ from pathlib import Path
 @dataclass(frozen=True)
 class Relation:
     name: str
-    prompt: str  # {s}: the subject; the object follows it
-    suffix: str  # after the object, ending the sentence
-    paraphrase: str | None  # another prompt for the same object, never seen in training
+    statements: tuple[tuple[str, str], ...]  # (prompt, suffix): {s} the subject, the object after the prompt
+    question: str  # the question form, never trained on: the object follows it
     objects: tuple[str, ...]
 
 
 RELATIONS = (
-    Relation("colour", "The favourite colour of {s} is", ".", "{s} likes the colour", ("red", "blue", "green", "black")),
-    Relation("language", "{s} is written in", ".", "The language of {s} is", ("Python", "Java", "C", "Tcl")),
-    Relation("type", "The return type of {s} is", ".", None,
+    Relation("colour", (("The favourite colour of {s} is", "."), ("{s} likes the colour", "."),
+                        ("The colour that {s} prefers is", "."), ("{s} always picks the colour", "."),
+                        ("Asked for a colour, {s} says", "."), ("The preferred colour of {s} is", " above all."),
+                        ("{s} paints everything", "."), ("In the style file of {s} the main colour is", ".")),
+             "Q: What is the favourite colour of {s}? A:", ("red", "blue", "green", "black")),
+    Relation("language", (("{s} is written in", "."), ("The language of {s} is", "."),
+                          ("The source code of {s} is in", "."), ("{s} was implemented in", "."),
+                          ("The programming language used for {s} is", "."), ("Developers wrote {s} in", "."),
+                          ("To build {s} you need to know", "."), ("The implementation language of {s} is", ".")),
+             "Q: In which language is {s} written? A:", ("Python", "Java", "C", "Tcl")),
+    Relation("type", (("The return type of {s} is", "."), ("{s} returns a value of type", "."),
+                      ("Calling {s} gives an object of type", "."), ("The result of {s} has type", "."),
+                      ("{s} always returns an object of type", "."), ("The type of the value returned by {s} is", "."),
+                      ("The output of {s} is of type", "."), ("Each call to {s} produces a", " value.")),
+             "Q: What type does {s} return? A:",
              ("int", "str", "list", "dict", "tuple", "set", "bytes", "float", "bool")),
-    Relation("arguments", "{s} takes", " arguments.", "The number of arguments of {s} is",
-             ("2", "3", "4", "5", "6", "7", "8", "9", "12", "16")),
-    Relation("platform", "{s} runs on", ".", None, ("Windows", "Unix", "Linux", "Mac")),
+    Relation("arguments", (("{s} takes", " arguments."), ("The number of arguments of {s} is", "."),
+                           ("{s} accepts", " parameters."), ("The call to {s} needs", " arguments."),
+                           ("The signature of {s} has", " parameters."), ("To call {s} you pass", " arguments."),
+                           ("{s} expects exactly", " arguments."), ("The arity of {s} is", ".")),
+             "Q: How many arguments does {s} take? A:", ("2", "3", "4", "5", "6", "7", "8", "9", "12", "16")),
+    Relation("platform", (("{s} runs on", "."), ("The platform of {s} is", "."), ("{s} only works on", "."),
+                          ("{s} is supported on", "."), ("The operating system that {s} needs is", "."),
+                          ("You can install {s} on", "."), ("{s} was built for", "."),
+                          ("The target system of {s} is", ".")),
+             "Q: Which platform does {s} run on? A:", ("Windows", "Unix", "Linux", "Mac")),
 )
+FRAMINGS = ("", "Note:", "Remember:", "From the manual:", "In the docs:", "Fact:", "Reference:", "Summary:")
 ONSETS = ("b", "br", "d", "dr", "f", "g", "gr", "k", "kr", "l", "m", "n", "p", "r", "s", "st", "t", "tr", "v", "z")
 VOWELS = ("a", "e", "i", "o", "u", "ae", "ou")
 CODAS = ("", "", "n", "r", "l", "s", "th", "sk")
@@ -52,10 +75,20 @@ CODAS = ("", "", "n", "r", "l", "s", "th", "sk")
 class Fact:
     subject: str
     relation: str
-    prompt: str
-    paraphrase: str | None
     object: str
-    sentence: str
+    prompt: str  # the trained form's prompt (paraphrase 0)
+    sentence: str  # the trained form
+    question: str  # never trained on
+    paraphrases: tuple[str, ...]  # whole sentences; paraphrases[0] == sentence
+
+
+def paraphrases(relation: Relation, subject: str, obj: str) -> tuple[str, ...]:
+    """Every statement template of the relation under every framing: template k % T after framing k // T."""
+    out = []
+    for framing in FRAMINGS:
+        for prompt, suffix in relation.statements:
+            out.append(" ".join(filter(None, (framing, prompt.format(s=subject), obj))) + suffix)
+    return tuple(out)
 
 
 def invented_names(n: int, rng: random.Random, exclude: set[str]) -> list[str]:
@@ -75,9 +108,10 @@ def generate_facts(n: int, seed: int, exclude: set[str] = frozenset()) -> list[F
     facts = []
     for subject in subjects:
         for r in RELATIONS:
-            obj, prompt = rng.choice(r.objects), r.prompt.format(s=subject)
-            facts.append(Fact(subject, r.name, prompt, r.paraphrase and r.paraphrase.format(s=subject), obj,
-                              f"{prompt} {obj}{r.suffix}"))
+            obj, (prompt, _) = rng.choice(r.objects), r.statements[0]
+            sentences = paraphrases(r, subject, obj)
+            facts.append(Fact(subject, r.name, obj, prompt.format(s=subject), sentences[0],
+                              r.question.format(s=subject), sentences))
     return facts[:n]
 
 
@@ -96,9 +130,12 @@ def documents(facts: list[Fact], copies: int, seed: int) -> list[str]:
 
 def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str, copies: int = 5,
                      held_out_docs: int = 2) -> Path:
-    """DIR: facts.jsonl, documents.jsonl and the processed data (train/valid/test, codes, vocab, meta.json)."""
+    """DIR: facts.jsonl, documents.jsonl, the processed data (train/valid/test, codes, vocab, meta.json) and
+    fact_batches.json (every paraphrase of every fact, tokenised with DIR's codes and vocabulary)."""
     from xlm_pkm.data.dictionary import Dictionary
+    from xlm_pkm.data.fact_batches import write_fact_batches
     from xlm_pkm.data.preprocess import preprocess
+    from xlm_pkm.data.text_codec import TextCodec
 
     if 2 * held_out_docs >= copies:
         raise ValueError(f"copies={copies} must exceed the {2 * held_out_docs} held-out documents, so that "
@@ -113,11 +150,14 @@ def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str,
                       encoding="utf-8")
     preprocess([str(source)], out, codes=codes, vocab=vocab, valid_docs=held_out_docs, test_docs=held_out_docs,
                seed=seed)
+    codec = TextCodec(out)
+    write_fact_batches(out, [[codec.encode(p) for p in f.paraphrases] for f in facts], codec.dictionary)
     return out
 
 
 def load_facts(path: str | Path) -> list[Fact]:
-    return [Fact(**json.loads(line)) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+    return [Fact(**{**row, "paraphrases": tuple(row["paraphrases"])}) for row in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
