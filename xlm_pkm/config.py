@@ -212,6 +212,17 @@ class OptimConfig:
 
 
 @dataclass
+class WandbConfig:
+    """Weights & Biases (train/wandb_log.py), beside TensorBoard: the run's scalars and config. Needs the wandb
+    package: pip install 'xlm-pkm[wandb]'."""
+
+    project: str = ""  # W&B project to log to; empty: W&B off
+    name: str = ""  # the W&B run's display name; empty: exp_name/exp_id
+    mode: Literal["online", "offline"] = "online"  # offline: files only (no network), uploaded later by `wandb sync`
+    entity: str = ""  # W&B user or team; empty: your default entity
+
+
+@dataclass
 class TrainConfig:
     exp_name: str = "default"  # runs go to dump_path/exp_name/exp_id/
     exp_id: str = ""  # empty: a new id; an existing one resumes; last: the latest unfinished run of exp_name
@@ -235,6 +246,7 @@ class TrainConfig:
     # keeps its own step 0, optimizers and data (init_from.py); ignored when the run directory resumes
     init_from: str = ""
     init_strict: bool = True  # both models have the same tensors; false: retrofit (load the shared ones)
+    wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases logging (off unless a project is set)
 
 
 @dataclass

@@ -6,7 +6,8 @@
     evaluation.py  perplexity, memory usage and KL, speed on one split (also evaluate.py)
     build.py       data streams, the model and its optimizers from a Config
     run_dir.py     the run directory, its lock, its recorded config
-    run_log.py     train.log, metrics.jsonl, TensorBoard
+    run_log.py     train.log, metrics.jsonl, TensorBoard; W&B through wandb_log.py
+    wandb_log.py   train.wandb: the run's scalars and config to Weights & Biases, one W&B run per run directory
 
 May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune.
 Never imports experiments/ or launch/.

@@ -1,4 +1,5 @@
-"""Where a run reports: console, `train.log`, `metrics.jsonl` (one JSON object per event) and TensorBoard.
+"""Where a run reports: console, `train.log`, `metrics.jsonl` (one JSON object per event), TensorBoard and, with
+train.wandb.project, Weights & Biases (wandb_log.py).
 
 On resume from a checkpoint at step s, the events a crashed run logged after s are dropped from
 `metrics.jsonl` and TensorBoard, so the resumed run's metrics read like an uninterrupted run's.
@@ -16,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from xlm_pkm.config import WandbConfig
+from xlm_pkm.train.wandb_log import WandbLog
 from xlm_pkm.utils.atomic import write_bytes, write_error
 
 
@@ -30,7 +33,7 @@ def _format(value) -> str:
 
 
 def _scalars(prefix: str, value):
-    """Flattens nested metrics into (tag, number) pairs for TensorBoard."""
+    """Flattens nested metrics into (tag, number) pairs for TensorBoard and W&B."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         yield prefix, value
     elif isinstance(value, dict):
@@ -47,14 +50,18 @@ def _scalars(prefix: str, value):
 class RunLogger:
     """Logs events of the main process; other ranks only print warnings to the console."""
 
-    def __init__(self, run_dir: Path | None, enabled: bool, resume_step: int | None = None):
+    def __init__(self, run_dir: Path | None, enabled: bool, resume_step: int | None = None,
+                 wandb: WandbConfig | None = None, config: dict | None = None):
+        """`wandb` with a project: also to W&B, whose run gets `config` (the resolved one, as config.yaml)."""
         self.enabled = enabled and run_dir is not None
         self.log = logging.getLogger(f"xlm_pkm.run.{id(self)}")
         self.log.setLevel(logging.INFO if enabled else logging.WARNING)
         self.log.propagate = False
         fmt = logging.Formatter("%(asctime)s %(message)s", "%Y-%m-%d %H:%M:%S")
         handlers = [logging.StreamHandler(sys.stdout)]
-        self.metrics = self.tb = None
+        self.metrics = self.tb = self.wandb = None
+        if self.enabled and wandb is not None and wandb.project:  # first: a W&B that fails to start leaves no file
+            self.wandb = WandbLog(run_dir, wandb, config, resumed=resume_step is not None)
         if self.enabled:
             handlers.append(logging.FileHandler(run_dir / "train.log"))
             self.metrics_path = run_dir / "metrics.jsonl"
@@ -77,7 +84,7 @@ class RunLogger:
 
     def event(self, name: str, step: int, /, progress: str = "", **metrics) -> None:
         """One line on the console and in train.log (`progress` after the step, there only), one JSON
-        object, TensorBoard scalars."""
+        object, TensorBoard (and W&B) scalars."""
         if not self.enabled:
             return
         self.info(f"{name} step {step}{progress} " + " ".join(f"{k}={_format(v)}" for k, v in metrics.items()))
@@ -90,8 +97,11 @@ class RunLogger:
         except OSError as e:
             self.metrics.truncate(size)
             raise write_error(self.metrics_path, e) from None
-        for tag, value in _scalars(name, metrics):
+        scalars = dict(_scalars(name, metrics))
+        for tag, value in scalars.items():
             self.tb.add_scalar(tag, value, step)
+        if self.wandb:
+            self.wandb.log(scalars, step)
 
     def histogram(self, tag: str, values: torch.Tensor, step: int) -> None:
         if self.enabled:
@@ -104,6 +114,8 @@ class RunLogger:
         if self.enabled:
             self.metrics.close()
             self.tb.close()
+        if self.wandb:
+            self.wandb.close()
 
 
 def drop_events_after(path: Path, step: int) -> None:

@@ -45,6 +45,7 @@ from xlm_pkm.train.run_dir import (lock_run_directory, record_config, refuse_unr
 from xlm_pkm.train.run_log import RunLogger
 from xlm_pkm.train.state import TrainState, from_earlier_version
 from xlm_pkm.train.step import loss_backward, optimizer_update
+from xlm_pkm.train.wandb_log import import_wandb
 from xlm_pkm.utils.progress import format_duration
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C
@@ -60,6 +61,8 @@ class Trainer:
         """Builds everything a run needs and checks every input it will read (train, valid, and test
         unless `test` is False) before the first step."""
         self.cfg = cfg
+        if cfg.train.wandb.project:
+            import_wandb()  # installed? Checked on every rank, before anything is read or written
         self.device, self.env = self._setup_process()
         self.train_stream = build_stream(cfg, "train", self.env)
         self.dictionary = self.train_stream.dictionary
@@ -106,7 +109,8 @@ class Trainer:
         self.stopped = False  # by a signal or the time limit, before max_steps
         self.stop_signal: int | None = None  # the signal that asked to stop, if one did
         self.writing = self.interrupt_after_write = False  # a checkpoint being written; a second Ctrl-C during it
-        self.log = RunLogger(self.run_dir, self.env.is_main, resume_step=self.state.step if self.resumed else None)
+        self.log = RunLogger(self.run_dir, self.env.is_main, resume_step=self.state.step if self.resumed else None,
+                             wandb=cfg.train.wandb, config=to_dict(cfg))
         if self.env.is_main:
             changes = record_config(self.run_dir, cfg, self.step if self.resumed else None)
             if changes:
