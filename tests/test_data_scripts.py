@@ -38,6 +38,22 @@ def test_get_ccnews_sh_with_a_relative_data_dir(tmp_path):
     assert (tmp_path / "cc" / "processed" / "meta.json").exists()
 
 
+def test_get_ccnews_sh_hub_source_streams_the_hub_dataset(tmp_path):
+    """SOURCE=hub: no download or export, the preprocessing reads the hub's CC-News (a stand-in python records
+    its arguments: the hub is not reachable from the tests)."""
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\n" "$@" > {tmp_path}/args\n')
+    fake.chmod(0o755)
+    result = run_script("get-ccnews.sh", "cc", "--keep-intermediate", cwd=tmp_path, SOURCE="hub", WORKERS="1",
+                        PYTHON=str(fake))
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "args").read_text().splitlines() == [
+        "-m", "xlm_pkm.data.preprocess", "--output", "cc/processed", "--workers", "1",
+        "--hf-dataset", "vblagoje/cc_news", "--hf-split", "train", "--text-field", "text", "--bpe-codes", "60000",
+        "--valid-docs", "5000", "--test-docs", "5000", "--seed", "0", "--keep-intermediate"]
+    assert not (tmp_path / "cc").exists()
+
+
 @pytest.mark.parametrize("script, module", [("train_torchrun.sh", "torch.distributed.run"), ("train_slurm.sh", "xlm_pkm.launch.slurm")])
 def test_train_scripts_run_in_the_callers_directory(tmp_path, script, module):
     """A stand-in for python records where it runs and what it is given."""

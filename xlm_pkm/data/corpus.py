@@ -51,6 +51,16 @@ def folder_files(folder: Path) -> tuple[list[Path], list[str]]:
     return files, kinds
 
 
+def replace_surrogates(text: str) -> tuple[str, int]:
+    """`text` with its lone surrogates (from JSON escapes) replaced so that it encodes as UTF-8, and how many."""
+    try:
+        text.encode("utf-8")
+        return text, 0
+    except UnicodeEncodeError:
+        clean = text.encode("utf-8", errors="replace").decode("utf-8")
+        return clean, sum(a != b for a, b in zip(text, clean))
+
+
 class Reader:
     """Iterate over the documents (str) of one input file, counting replaced invalid UTF-8 sequences."""
 
@@ -86,14 +96,9 @@ class Reader:
             raise CorpusError(f"cannot read {self.path}: {e}") from None
 
     def _clean(self, text: str) -> str:
-        """Replace lone surrogates (from JSON escapes) so the text encodes as UTF-8."""
-        try:
-            text.encode("utf-8")
-            return text
-        except UnicodeEncodeError:
-            clean = text.encode("utf-8", errors="replace").decode("utf-8")
-            self.replaced += sum(a != b for a, b in zip(text, clean))
-            return clean
+        text, replaced = replace_surrogates(text)
+        self.replaced += replaced
+        return text
 
     def _jsonl(self) -> Iterator[str]:
         for n, line in enumerate(self._lines(), 1):

@@ -15,7 +15,9 @@ and the document index at which each 256 KB block of text starts. From these:
 
 The plan is saved as `DIR/plan.json`; a re-run with other inputs or options into the same DIR is refused.
 Inputs are identified by content: (path, size, blake2b of the bytes), so a file whose modification
-time changed but whose bytes did not (a git checkout, a copy) is the same input.
+time changed but whose bytes did not (a git checkout, a copy) is the same input. An input is a text or
+JSONL file, or one file or shard of a Hugging Face dataset (hf_source.DatasetInput: a hub dataset's shard
+is identified by the dataset's revision).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 from xlm_pkm.utils.atomic import write_text
 
 from .corpus import CorpusError, Reader
+from .hf_source import DatasetInput, DatasetReader
 from .meta import file_digest
 
 BLOCK_BYTES = 1 << 18  # chunks are made of 256 KB blocks
@@ -63,9 +66,20 @@ class Chunk:
     n_bytes: int
 
 
-def scan_file(path: str) -> FileScan:
+def open_input(source: str | DatasetInput) -> Reader | DatasetReader:
+    """A reader of the documents of an input: a text or JSONL file, or a dataset's file or shard (hf_source.py)."""
+    return DatasetReader(source) if isinstance(source, DatasetInput) else Reader(source)
+
+
+def input_mb(source: str | DatasetInput) -> float:
+    """The size of an input in MB (0 for a hub dataset's shard: unknown before it is read)."""
+    path = source.file if isinstance(source, DatasetInput) else source
+    return os.path.getsize(path) / MB if path else 0.0
+
+
+def scan_file(source: str | DatasetInput) -> FileScan:
     """Count the documents of one input and where its blocks start."""
-    reader = Reader(path)
+    reader = open_input(source)
     n_docs = n_bytes = 0
     block_starts = []
     for text in reader:
@@ -74,12 +88,16 @@ def scan_file(path: str) -> FileScan:
         n_bytes += len(text.encode("utf-8"))
         n_docs += 1
     if n_docs == 0:
-        raise CorpusError(f"empty input: no documents in {path}")
-    return FileScan(str(path), n_docs, n_bytes, block_starts, reader.replaced)
+        raise CorpusError(f"empty input: no documents in {source}")
+    return FileScan(str(source), n_docs, n_bytes, block_starts, reader.replaced)
 
 
-def input_identity(path: str) -> list:
-    """[absolute path, size, blake2b hex] of an input, to recognise the same corpus on a re-run."""
+def input_identity(source: str | DatasetInput) -> list:
+    """[absolute path, size, blake2b hex] of an input file (a dataset's local file too), to recognise the same
+    corpus on a re-run; for a hub dataset's shard, [its name, None, the dataset's revision]."""
+    if isinstance(source, DatasetInput) and not source.file:
+        return [str(source), None, source.revision]
+    path = source.file if isinstance(source, DatasetInput) else source
     try:
         return [str(Path(path).resolve()), os.stat(path).st_size, file_digest(Path(path))]
     except OSError as e:

@@ -1,8 +1,11 @@
 """Raw text -> Moses tokens -> fastBPE -> binary shards, streaming and in parallel.
 
-    python -m xlm_pkm.data.preprocess --input PATH [PATH ...] --output DIR
+    python -m xlm_pkm.data.preprocess (--input PATH [PATH ...] | --hf-dataset NAME [--hf-data-files PATTERN ...]
+        [--hf-config C] [--hf-split S] [--text-field F]) --output DIR
         [--bpe-codes N | --codes FILE [--vocab FILE]] [--workers N] [--valid-docs N] [--test-docs N]
         [--seed S] [--chunk-mb MB] [--keep-intermediate] [--slurm-partition P]
+
+A Hugging Face dataset (--hf-dataset, streamed: hf_source.py) gives the shards the same documents give as JSONL.
 
 Steps (see plan.py for the held-out split and the chunks):
   1. scan the inputs (one pass, parallel over files) and write DIR/plan.json; held-out sizes not given
@@ -44,13 +47,15 @@ from xlm_pkm.utils.atomic import atomic_file, is_temporary, write_error, write_t
 from xlm_pkm.utils.lock import DirectoryLock
 from xlm_pkm.utils.program import program_name
 
-from .corpus import CorpusError, Reader, folder_files
+from .corpus import CorpusError, folder_files
 from .dictionary import Dictionary
 from .executor import Executor
 from .fastbpe import bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
+from .hf_source import DatasetInput, dataset_inputs, dataset_options
 from .meta import SPLITS, output_record, verify_outputs
 from .moses import tokenize_document
-from .plan import MB, Chunk, Plan, PlanError, held_out_notice, input_identity, make_plan, resolve_held_out, scan_file
+from .plan import (MB, Chunk, Plan, PlanError, held_out_notice, input_identity, input_mb, make_plan, open_input,
+                   resolve_held_out, scan_file)
 from .shard import ShardWriter, is_complete, token_dtype
 
 HELD_OUT = ("valid", "test")
@@ -62,8 +67,8 @@ def work_file(work: Path, chunk: int, split: str, kind: str) -> Path:
     return work / f"{chunk:05d}.{split}.{kind}"
 
 
-def tokenize_chunk(work: Path, held_out: dict[str, list[int]], chunk: Chunk) -> None:
-    """Tokenize the documents of a chunk into one .tok file per split (held-out ones by global index)."""
+def tokenize_chunk(work: Path, held_out: dict[str, list[int]], chunk: Chunk, source: str | DatasetInput) -> None:
+    """Tokenize the documents of a chunk of `source` into one .tok file per split (held-out ones by global index)."""
     outputs = [work_file(work, chunk.index, split, "tok") for split in SPLITS]
     if all(p.exists() for p in outputs):
         return
@@ -71,7 +76,7 @@ def tokenize_chunk(work: Path, held_out: dict[str, list[int]], chunk: Chunk) -> 
     with ExitStack() as stack:
         files = {split: stack.enter_context(atomic_file(p, "w", encoding="utf-8", newline="\n"))
                  for split, p in zip(SPLITS, outputs)}
-        for index, text in enumerate(Reader(chunk.path)):
+        for index, text in enumerate(open_input(source)):
             if index < chunk.doc_start:
                 continue
             if index >= chunk.doc_stop:
@@ -144,11 +149,11 @@ def _outputs_without_plan(out: Path) -> list[str]:
     return sorted(p.name for p in out.iterdir() if p.name in ours or (p.suffix == ".bin" and p.name.split(".")[0] in SPLITS))
 
 
-def _load_plan(out: Path, inputs: list[str], options: dict, executor: Executor) -> Plan:
+def _load_plan(out: Path, inputs: list[str | DatasetInput], options: dict, executor: Executor) -> Plan:
     """DIR/plan.json if it is the plan of these inputs and options (held-out sizes not given resolved
     from its number of documents, as when it was made), else a new plan from a scan of the inputs."""
     path = out / "plan.json"
-    sizes = [os.path.getsize(p) / MB for p in inputs]
+    sizes = [input_mb(p) for p in inputs]
     identities = executor.map(input_identity, inputs, "hash inputs", sizes)
     _check_distinct(inputs, identities)
     if path.exists():
@@ -194,14 +199,15 @@ def _is_complete(out: Path, plan: Plan) -> bool:
     return False
 
 
-def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, codes: str | None = None,
+def preprocess(inputs: list[str | DatasetInput], output: str | Path, n_codes: int = 60000, codes: str | None = None,
                valid_docs: int | None = None, test_docs: int | None = None, seed: int = 0,
                chunk_mb: float | None = None, keep_intermediate: bool = False, executor: Executor | None = None,
                vocab: str | None = None, notice: Callable[[str], None] | None = None) -> dict:
     """Run the pipeline; return {step: seconds} (steps skipped on a re-run take ~0 s). `vocab` (with
     `codes`): reuse that vocabulary (e.g. a pretraining corpus's), words outside it become <unk>.
     valid_docs / test_docs None: `plan.default_held_out` of the number of documents; when that is not
-    the paper's 5,000, `notice` (default: a logged warning) gets a line saying so."""
+    the paper's 5,000, `notice` (default: a logged warning) gets a line saying so. `inputs` are file paths, or
+    a dataset's inputs (`hf_source.dataset_inputs`)."""
     out, work = Path(output), Path(output) / "work"
     options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab)
     executor = executor or Executor()
@@ -214,6 +220,8 @@ def preprocess(inputs: list[str], output: str | Path, n_codes: int = 60000, code
 def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab) -> dict:
     """The options that must match on a re-run, after checking the inputs and the codes."""
     for p in inputs:
+        if isinstance(p, DatasetInput):
+            continue
         if Path(p).is_dir():
             raise CorpusError(_directory_input(Path(p)))
         if not Path(p).is_file():
@@ -235,6 +243,8 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
             raise PlanError("--vocab needs --codes (the codes that vocabulary was made with)")
         Dictionary.load(vocab)  # DictionaryError if missing or malformed
         options["vocab_sha256"] = hashlib.sha256(Path(vocab).read_bytes()).hexdigest()
+    if dataset_options(inputs):  # a key only then, as vocab_sha256
+        options["hf_dataset"] = dataset_options(inputs)
     return options
 
 
@@ -251,17 +261,18 @@ def _directory_input(path: Path) -> str:
             f"({len(files)} file{'s' if len(files) > 1 else ''} there)")
 
 
-def _check_distinct(inputs: list[str], identities: list[list]) -> None:
+def _check_distinct(inputs: list[str | DatasetInput], identities: list[list]) -> None:
     """Refuses an input given twice (by the same or another path, or a copy: same content). Its documents
     would be counted twice, and a held-out document would also be trained on through its copy."""
     seen: dict[str, str] = {}
-    for path, (_, size, digest) in zip(inputs, identities):
-        if size == 0:  # refused later, as empty
+    for source, (_, size, digest) in zip(inputs, identities):
+        if not size:  # empty: refused later, as empty; None: a hub dataset's shard, each once
             continue
+        flag, path = ("--hf-data-files", source.file) if isinstance(source, DatasetInput) else ("--input", source)
         if digest in seen:
             first = seen[digest]
             how = "the same file" if os.path.samefile(first, path) else "two files with the same content"
-            raise CorpusError(f"--input {first} and {path} are {how}: give each input once (its documents would "
+            raise CorpusError(f"{flag} {first} and {path} are {how}: give each input once (its documents would "
                               f"be counted twice, and valid/test documents would also be in train)")
         seen[digest] = path
 
@@ -295,7 +306,8 @@ def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, 
         return result
 
     held_out = {"valid": plan.valid_docs, "test": plan.test_docs}
-    tasks = [(work, _held_out_slice(held_out, c), c) for c in chunks]
+    source_of = {scan.path: source for scan, source in zip(plan.scans, inputs)}
+    tasks = [(work, _held_out_slice(held_out, c), c, source_of[c.path]) for c in chunks]
     step("tokenize", executor.map, _call_tokenize, tasks, "tokenize", sizes)
     train_tok = [work_file(work, c.index, "train", "tok") for c in chunks]
     train_bpe = [work_file(work, c.index, "train", "bpe") for c in chunks]
@@ -328,8 +340,7 @@ def _held_out_slice(held_out: dict[str, list[int]], chunk: Chunk) -> dict[str, l
 
 
 def _call_tokenize(args: tuple) -> None:
-    work, held_out, chunk = args
-    tokenize_chunk(work, held_out, chunk)
+    tokenize_chunk(*args)
 
 
 def _call_apply_bpe(args: tuple) -> None:
@@ -361,7 +372,16 @@ def _write_meta(out: Path, plan: Plan, chunks: list[Chunk], dictionary: Dictiona
 def main(argv: list[str] | None = None) -> int:
     prog = program_name("python -m xlm_pkm.data.preprocess")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    parser.add_argument("--input", nargs="+", required=True, help="text (blank-line separated) or JSONL files, may be .gz/.xz/.bz2")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", nargs="+", help="text (blank-line separated) or JSONL files, may be .gz/.xz/.bz2")
+    source.add_argument("--hf-dataset", metavar="NAME", help="a Hugging Face dataset, streamed: a hub name (online), "
+                                                             "or parquet, json, arrow, csv with --hf-data-files")
+    hf = parser.add_argument_group("Hugging Face dataset (with --hf-dataset; as datasets.load_dataset's arguments)")
+    hf.add_argument("--hf-data-files", nargs="+", metavar="PATTERN", help="its data files (local files or globs for a "
+                                                                          "builder such as parquet)")
+    hf.add_argument("--hf-config", metavar="NAME", help="its configuration (load_dataset's name)")
+    hf.add_argument("--hf-split", metavar="SPLIT", help="its split (default train)")
+    hf.add_argument("--text-field", metavar="FIELD", help="the field holding each document's text (default text)")
     parser.add_argument("--output", required=True, help="output directory")
     bpe = parser.add_mutually_exclusive_group()
     bpe.add_argument("--bpe-codes", type=int, default=60000, help="BPE merges to learn on train (default 60000, the paper's)")
@@ -379,11 +399,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slurm-time", type=int, default=240, help="minutes per SLURM job (default 240)")
     parser.add_argument("--slurm-parallelism", type=int, default=256, help="SLURM array jobs running at once (default 256)")
     args = parser.parse_args(argv)
+    given = [f"--{k.replace('_', '-')}" for k in ("hf_data_files", "hf_config", "hf_split", "text_field")
+             if getattr(args, k) is not None]
+    if given and not args.hf_dataset:
+        parser.error(f"{', '.join(given)} need{'s' * (len(given) == 1)} --hf-dataset NAME (the dataset to read)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     executor = Executor(args.workers, args.slurm_partition, slurm_time_min=args.slurm_time,
                         slurm_parallelism=args.slurm_parallelism)
     try:
-        times = preprocess(args.input, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
+        inputs = args.input or dataset_inputs(args.hf_dataset, args.hf_data_files, args.hf_split or "train",
+                                              args.text_field or "text", args.hf_config)
+        times = preprocess(inputs, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
                            args.seed, args.chunk_mb, args.keep_intermediate, executor, args.vocab,
                            notice=lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True))
     except USER_ERRORS as e:
