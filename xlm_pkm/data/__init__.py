@@ -3,6 +3,7 @@
     corpus.py      read documents from text / JSONL files (.gz/.xz/.bz2), count bad UTF-8
     moses.py       Moses punctuation normalization + tokenization (sacremoses)
     fastbpe.py     fastBPE CLI (learnbpe, getvocab) and Python binding (apply), codes check
+    bpe_apply.py   fastBPE's apply (with its vocab limit) in pure Python, for the transformers tokenizer
     hf_source.py   Hugging Face datasets (hub or local parquet / JSON lines / Arrow) as inputs, streamed
     plan.py        scan of the inputs, seeded held-out documents, chunks of work
     executor.py    tasks in-process, on a worker pool, or as SLURM array jobs (submitit)
