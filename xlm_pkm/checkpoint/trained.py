@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -58,7 +59,8 @@ def read_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Confi
         raw = json.loads((out / CONFIG).read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{out / CONFIG}: not valid JSON ({e})") from None
-    cfg = load_config_dict(raw, source=str(out / CONFIG))
+    run_keys = {f.name for f in dataclasses.fields(Config)}  # not the keys transformers reads (inference/hf_config.py)
+    cfg = load_config_dict({k: v for k, v in raw.items() if k in run_keys}, source=str(out / CONFIG))
     dictionary = Dictionary.load(out / "vocab")
     try:
         with safe_open(str(out / WEIGHTS), "pt") as f:

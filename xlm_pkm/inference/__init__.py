@@ -1,8 +1,14 @@
-"""Using a trained model: generating text, sampling, exporting it to plain files.
+"""Using a trained model: generating text, sampling, exporting it to plain files that Hugging Face
+transformers also loads, and back.
 
-    generation.py  generate() with a key/value cache; generate.py's command line
-    sampling.py    greedy, temperature, top-k, top-p
-    export.py      a folder of safetensors + config.json + vocab (python -m xlm_pkm.inference.export)
+    generation.py    generate() with a key/value cache; generate.py's command line
+    sampling.py      greedy, temperature, top-k, top-p
+    export.py        a folder of safetensors + config.json + vocab + the code below (python -m
+                     xlm_pkm.inference.export), and --import back to a run checkpoint
+    hf_config.py     what a folder adds for transformers: config.json's keys, tokenizer_config.json
+    hf_code.py       the folder's code: the modules below and what they import, flat, without xlm_pkm
+    hf_modeling.py   AutoModelForCausalLM of a folder (copied there; imports transformers)
+    hf_tokenizer.py  AutoTokenizer of a folder (copied there; pure Python): TextCodec's ids and text
 
 May import: errors, utils, config, runtime, data, model, checkpoint.
 """

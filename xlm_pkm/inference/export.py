@@ -1,6 +1,7 @@
 """A trained model outside its run: loaded from a run checkpoint, or exported to a folder of plain files.
 
     python -m xlm_pkm.inference.export dumped/default/demo/best.pt exported/demo [--data DIR]
+    python -m xlm_pkm.inference.export --import exported/demo imported.pt     # back to a run checkpoint
     model, dictionary = load_exported("exported/demo")         # eval mode, on the CPU
     model, codec, cfg = load_model("dumped/default/demo/best.pt")   # a checkpoint or an exported folder
 
@@ -8,12 +9,18 @@ An exported folder holds `model.safetensors` (the weights; a value table shared 
 layers is stored once, under its first name), `config.json` (the run's resolved config), and the
 run's `vocab` and, for BPE data, its `codes` (fastBPE formats): everything needed to rebuild the model
 and its text preprocessing (text_codec.py: BPE, byte or word level), without the optimizer and run
-state of the checkpoint. The safetensors metadata records the training step, the vocabulary
+state of the checkpoint. It is also a Hugging Face transformers model: config.json adds the keys
+transformers reads (model_type, auto_map...), and the folder carries the code to run it without xlm_pkm
+(hf_code.py: modeling_xlm_pkm.py and the model's modules, for BPE data tokenization_xlm_pkm.py and
+tokenizer_config.json):
+
+    model = AutoModelForCausalLM.from_pretrained("exported/demo", trust_remote_code=True)
+    tokenizer = AutoTokenizer.from_pretrained("exported/demo", trust_remote_code=True)   # BPE data The safetensors metadata records the training step, the vocabulary
 fingerprint, the data's unit (meta.json's: "byte", "word", or "token" for BPE) and the xlm_pkm
 version that wrote it.
 
-OUT_DIR is new, empty, or a previous export, which is replaced: it may hold only the files above (and
-temporary `*.tmp` ones left by a killed export), with a model.safetensors written by export (its
+OUT_DIR is new, empty, or a previous export, which is replaced: it may hold only the files above, *.py
+files (code of an earlier export, removed) and temporary `*.tmp` ones left by a killed export, with a model.safetensors written by export (its
 metadata has a vocabulary fingerprint). Any other folder is refused before anything is written, so
 that export never overwrites a `vocab`, `codes` or `config.json` it did not write. Every file is
 first written (and flushed to disk) in a temporary folder inside OUT_DIR, then all are renamed into
@@ -31,16 +38,19 @@ import sys
 from pathlib import Path
 
 from xlm_pkm import __version__
+from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.trained import CONFIG, WEIGHTS, load_trained, read_exported
 from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
 from xlm_pkm.errors import USER_ERRORS, fail
+from xlm_pkm.inference.hf_code import folder_code
+from xlm_pkm.inference.hf_config import TOKENIZER_CONFIG, code_entries, hf_keys, tokenizer_config
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.utils.atomic import OutputError, is_temporary, temporary_name, write_error
 from xlm_pkm.utils.program import program_name
 
-EXPORTED = (WEIGHTS, CONFIG, "vocab", "codes")  # the files of an exported folder, renamed in this order
+EXPORTED = (WEIGHTS, CONFIG, "vocab", "codes", TOKENIZER_CONFIG)  # the data files of an exported folder
 
 
 def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = None) -> Path:
@@ -54,17 +64,26 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     for name in text_files:  # before anything is written: no half-exported folder
         if not (data_dir / name).is_file():
             raise FileNotFoundError(f"{data_dir / name} not found: the run's data dir holds {' and '.join(text_files)}")
+    if cfg.plugins:
+        raise ValueError(f"{path}: the model's config imports plugins ({', '.join(cfg.plugins)}), whose code an "
+                         f"exported folder cannot carry")
+    dictionary = Dictionary.load(data_dir / "vocab")
+    metadata = {"step": str(state["step"]), "vocab_fingerprint": dictionary.fingerprint(),
+                "unit": unit, "xlm_pkm_version": __version__, "source": str(path)}
+    configs = {CONFIG: {**to_dict(cfg), **hf_keys(cfg, dictionary, unit)}}
+    if unit == BPE_UNIT:
+        configs[TOKENIZER_CONFIG] = tokenizer_config(dictionary, cfg.model.max_len)
+    texts = {**{name: (json.dumps(value, indent=2) + "\n").encode() for name, value in configs.items()},
+             **{name: (data_dir / name).read_bytes() for name in text_files},
+             **{name: code.encode() for name, code in folder_code(code_entries(unit)).items()}}
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(out, e) from None
-    metadata = {"step": str(state["step"]), "vocab_fingerprint": Dictionary.load(data_dir / "vocab").fingerprint(),
-                "unit": unit, "xlm_pkm_version": __version__, "source": str(path)}
-    texts = {CONFIG: (json.dumps(to_dict(cfg), indent=2) + "\n").encode(),
-             **{name: (data_dir / name).read_bytes() for name in ("vocab", "codes") if name in text_files}}
     _write_export(out, model, metadata, texts, previous)
-    if previous and "codes" not in texts:  # a BPE export replaced by a byte- or word-level one
-        (out / "codes").unlink(missing_ok=True)
+    if previous:  # what the previous export had and this one has not: a BPE tokenizer, code no longer needed
+        for stale in [p for p in out.iterdir() if p.name not in texts and p.name != WEIGHTS and not is_temporary(p)]:
+            stale.unlink()
     return out
 
 
@@ -78,7 +97,7 @@ def _check_export_folder(out: Path) -> bool:
     names = sorted(p.name for p in out.iterdir() if not is_temporary(p))  # *.tmp: left by a killed export
     if not names:
         return False
-    others = [n for n in names if n not in EXPORTED]
+    others = [n for n in names if n not in EXPORTED and not n.endswith(".py")]
     if others:
         holds = f"it holds {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}"
     elif WEIGHTS not in names:
@@ -88,7 +107,7 @@ def _check_export_folder(out: Path) -> bool:
     else:
         return True
     raise FileExistsError(f"{out} is not empty and not a previous export ({holds}): export into a new or empty "
-                          f"folder, or a previous export (only {', '.join(EXPORTED)}), so that no other file "
+                          f"folder, or a previous export (only {', '.join(EXPORTED)} and *.py), so that no other file "
                           f"is overwritten")
 
 
@@ -156,6 +175,19 @@ def _safetensors_os_error(error: Exception) -> OSError | None:
     return OSError(code, os.strerror(code))
 
 
+def import_exported(folder: str | Path, out_path: str | Path) -> Path:
+    """The exported folder back as a run checkpoint (best.pt's form: config, model, step, vocab_fingerprint),
+    for evaluate.py, generate.py and train.init_from: model and config as they went out, bit for bit."""
+    out_path = Path(out_path)
+    if out_path.exists():
+        raise FileExistsError(f"{out_path} exists: import writes a new checkpoint file")
+    model, _, cfg, metadata = read_exported(folder)
+    state = {"config": to_dict(cfg), "model": model.state_dict(), "step": int(metadata.get("step", 0)),
+             "vocab_fingerprint": metadata["vocab_fingerprint"]}
+    checkpoint.save_atomic(state, out_path)  # whole or not at all; a failed write is one line
+    return out_path
+
+
 def load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary]:
     """(model in eval mode on the CPU, dictionary) of a folder written by export()."""
     model, dictionary, _, _ = read_exported(out_dir)
@@ -176,15 +208,22 @@ def main(argv: list[str] | None = None) -> int:
 
     prog = program_name("python -m xlm_pkm.inference.export")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    parser.add_argument("checkpoint", help="checkpoint.pt or best.pt of a run")
-    parser.add_argument("out_dir", help="folder to write model.safetensors, config.json, codes and vocab to")
+    parser.add_argument("checkpoint", help="checkpoint.pt or best.pt of a run (with --import: an exported folder)")
+    parser.add_argument("out_dir", help="folder to export to (with --import: the checkpoint file to write)")
     parser.add_argument("--data", help="processed data directory (default: the one the model was trained on)")
+    parser.add_argument("--import", dest="back", action="store_true",
+                        help="the other way: an exported folder back into a run checkpoint (best.pt's form)")
     args = parser.parse_args(argv)
     try:
-        out = export(args.checkpoint, args.out_dir, args.data)
+        if args.back:
+            if args.data:
+                raise ValueError("--data: an exported folder carries its own vocab and codes")
+            out = import_exported(args.checkpoint, args.out_dir)
+        else:
+            out = export(args.checkpoint, args.out_dir, args.data)
     except USER_ERRORS as e:
         return fail(prog, e)
-    print(f"exported {args.checkpoint} to {out}")
+    print(f"{'imported' if args.back else 'exported'} {args.checkpoint} to {out}")
     return 0
 
 

@@ -19,8 +19,12 @@ before Triton is imported), which the tests use to check them against the PyTorc
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+try:  # imported only where Triton is installed (value_read.py); transformers' remote-code check skips a try
+    import triton
+    import triton.language as tl
+except ImportError as e:
+    raise ImportError(f"the fused value read needs Triton ({e}): use model.memory.value_read=torch") from None
 
 from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
 

@@ -1,0 +1,121 @@
+"""A model trained here as a Hugging Face transformers model: the code an exported folder runs (hf_export.py
+copies this file there as modeling_xlm_pkm.py, beside the model's own modules, so that it needs torch and
+transformers only).
+
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)   # eval mode
+    logits = model(input_ids).logits                   # (B, T, vocab): TransformerLM's logits
+    ids = model.generate(input_ids, max_new_tokens=20, do_sample=False)   # with its own key/value cache
+
+The folder's config.json is the run's resolved config (model, data, optim, train) plus the keys transformers
+reads (model_type, auto_map, vocab_size, the special tokens' ids); model.safetensors holds TransformerLM's
+tensors under their own names, a value table shared by several memories once (safetensors' rule for shared
+tensors: save_model / load_model). from_pretrained therefore loads them itself, with safetensors'
+load_model, rather than through transformers' loader. Decoding keeps the model's KVCache (attention keys
+and values, Engram's N-gram windows) between steps: generate() feeds only the new tokens, as generate.py
+does. A batch must not be padded on the left (an attention mask with zeros is refused): every row is read
+from its first position, as in training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import typing
+
+import torch
+import torch.nn.functional as F
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import cached_file
+
+from xlm_pkm.config import ModelConfig
+from xlm_pkm.model.attention import KVCache
+from xlm_pkm.model.memory.peer import PeerExperts  # noqa: F401  (registers PEER's value store)
+from xlm_pkm.model.memory.ultramem import ExpandedValues, TuckerKeys  # noqa: F401  (register UltraMem's parts)
+from xlm_pkm.model.transformer import TransformerLM
+
+MODEL_TYPE = "xlm_pkm"
+WEIGHTS = "model.safetensors"
+# the output's field for the cache: "cache" in transformers >= 5.24, "past_key_values" before
+CACHE_FIELD = "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def build_dataclass(cls, raw: dict):
+    """An instance of the (nested) config dataclass `cls` from its dict, as written by the run (already
+    checked by the run that saved it)."""
+    hints = typing.get_type_hints(cls)
+    return cls(**{f.name: build_dataclass(hints[f.name], raw[f.name]) if dataclasses.is_dataclass(hints[f.name])
+                  else raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+
+
+class XlmPkmConfig(PretrainedConfig):
+    """The run's resolved config: `model` (ModelConfig as a dict) builds the network; data, optim and train
+    are kept as the run recorded them."""
+
+    model_type = MODEL_TYPE
+
+    def __init__(self, model: dict | None = None, **kwargs):
+        self.model = model or {}
+        super().__init__(**kwargs)
+
+
+class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = XlmPkmConfig
+    base_model_prefix = "lm"
+    main_input_name = "input_ids"
+
+    def __init__(self, config: XlmPkmConfig):
+        super().__init__(config)
+        self.lm = TransformerLM(build_dataclass(ModelConfig, config.model))
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        return False  # generate() keeps the model's own KVCache (prepare_inputs_for_generation)
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, config: XlmPkmConfig | None = None,
+                        dtype=None, torch_dtype=None, device_map=None, **kwargs):
+        """The exported model in eval mode, its weights read by safetensors.torch.load_model (shared value
+        tables); dtype ("auto": float32, as trained) and device_map (one device) as transformers' own."""
+        from safetensors.torch import load_model
+
+        hub = {k: kwargs[k] for k in ("cache_dir", "force_download", "local_files_only", "token", "revision",
+                                      "subfolder") if k in kwargs}
+        if config is None:
+            config = XlmPkmConfig.from_pretrained(pretrained_model_name_or_path, **hub)
+        model = cls(config)
+        load_model(model.lm, cached_file(os.fspath(pretrained_model_name_or_path), WEIGHTS, **hub))
+        dtype = dtype if dtype is not None else torch_dtype
+        if dtype not in (None, "auto"):
+            model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+        if isinstance(device_map, (str, torch.device)) and str(device_map) != "auto":
+            model.to(device_map)
+        elif device_map == "auto" and torch.cuda.is_available():
+            model.to("cuda")
+        return model.eval()
+
+    def forward(self, input_ids: torch.Tensor, cache: KVCache | None = None, attention_mask: torch.Tensor | None = None,
+                labels: torch.Tensor | None = None, use_cache: bool | None = None, **kwargs) -> CausalLMOutputWithPast:
+        """input_ids (B, T): the T positions after the cache's (a KVCache returned by an earlier call, or a new
+        one with use_cache); labels (B, T) as transformers' causal LMs take them (shifted here; -100 ignored)."""
+        cache = cache if cache is not None else kwargs.get("past_key_values")
+        if attention_mask is not None and not bool(attention_mask.all()):
+            raise ValueError("xlm_pkm models read every row from its first position: pad batches on the right "
+                             "and leave the padding out of the loss (an attention mask with zeros is not supported)")
+        if not isinstance(cache, KVCache) or cache.offset == 0:  # a new sequence
+            self.lm.reset_stream_state(training=False)  # all-attention layers: no stream carried from another
+        if not isinstance(cache, KVCache):  # a cache only when asked (generate() asks)
+            cache = self.lm.new_cache() if use_cache else None
+        logits = self.lm(input_ids, cache)  # (B, T, vocab)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache})
+
+    def prepare_inputs_for_generation(self, input_ids: torch.Tensor, cache: KVCache | None = None,
+                                      use_cache: bool | None = None, **kwargs) -> dict:
+        """The tokens the cache has not seen yet (all of them on the first step, or without a cache)."""
+        cache = cache if cache is not None else kwargs.get("past_key_values")
+        if isinstance(cache, KVCache) and cache.offset:
+            input_ids = input_ids[:, cache.offset:]
+        return {"input_ids": input_ids, "cache": cache, "use_cache": use_cache}
