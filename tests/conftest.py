@@ -14,6 +14,9 @@ import torch
 # Without a GPU, the Triton kernels are checked under Triton's interpreter (read when Triton is imported).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# The tests never reach the Hugging Face hub (transformers, datasets, lm-eval read local folders and files).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from xlm_pkm.data.fastbpe import find_fastbpe
 from xlm_pkm.data.preprocess import preprocess

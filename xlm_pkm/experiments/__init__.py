@@ -7,6 +7,7 @@
     introspect.py       what a trained memory stores: the contexts that read its most used slots
     facts.py            made-up facts to finetune on, preprocessed with the pretraining vocabulary
     continual.py        learning those facts against forgetting the pretraining corpus
+    harness.py          lm-evaluation-harness on a run or an exported folder; local cloze and facts QA tasks
     ngram_gain.py       where a model's gain lies: test loss on tokens with a frequent training N-gram vs the rest
 
 May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train,
