@@ -73,3 +73,18 @@ def test_an_export_comes_back_as_the_same_checkpoint(reference_run, tmp_path, ca
     assert main(["--import", str(tmp_path / "notes"), str(tmp_path / "other.pt")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not a folder written by python -m xlm_pkm.inference.export" in err[0]
+
+
+def test_the_exported_tokenizer_gives_our_ids_and_text(reference_run, tiny_data_dir, tmp_path):
+    """AutoTokenizer of an exported folder against TextCodec on the corpus's held-out documents."""
+    from xlm_pkm.data.text_codec import TextCodec
+    from xlm_pkm.experiments.harness import held_out_documents
+
+    out = export(reference_run().best_path, tmp_path / "exported")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out, trust_remote_code=True)
+    codec = TextCodec(tiny_data_dir)
+    documents = held_out_documents(tiny_data_dir)[:20]
+    assert len(documents) >= 4 and sum(len(d.splitlines()) for d in documents) > 100
+    for text in documents:
+        ids = tokenizer(text)["input_ids"]
+        assert ids == codec.encode(text) and tokenizer.decode(ids) == codec.decode(ids)
