@@ -95,8 +95,8 @@ def task_yaml(name: str, data: Path) -> str:
         "doc_to_choice: choices",
         "doc_to_target: label",
         "metric_list:",
-        "  - metric: acc",
-        "  - metric: acc_norm",
+        *(line for metric in ("acc", "acc_norm")
+          for line in (f"  - metric: {metric}", "    aggregation: mean", "    higher_is_better: true")),
         "metadata:",
         "  version: 1.0",
         "",
