@@ -1,6 +1,7 @@
 """Checkpoint export: safetensors + config.json + codes/vocab, loaded back with the same logits."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -85,8 +86,15 @@ def test_generation_from_the_exported_folder_equals_the_checkpoint(reference_run
     assert generate(a, prompt, **kw) == generate(b, prompt, **kw)
 
 
-def test_export_errors_are_one_line(reference_run, tmp_path, capsys):
+def test_export_errors_are_one_line(reference_run, tiny_data_dir, tmp_path, capsys):
     path = reference_run().best_path
+    shutil.copytree(tiny_data_dir, tmp_path / "data")
+    (tmp_path / "data" / "codes").unlink()  # a run directory whose data lost its BPE codes
+    assert main([str(path), str(tmp_path / "x"), "--data", str(tmp_path / "data")]) == 2
+    assert capsys.readouterr().err == (f"python -m xlm_pkm.inference.export: error: {tmp_path / 'data' / 'codes'} not "
+                                       f"found: an export carries the run's codes and vocab (from its data dir, or "
+                                       f"--data DIR)\n")
+    assert not (tmp_path / "x").exists()
     out = export(path, tmp_path / "exported")
     capsys.readouterr()
     missing = tmp_path / "missing.pt"

@@ -63,7 +63,8 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     text_files = ("codes", "vocab") if unit == BPE_UNIT else ("vocab",)
     for name in text_files:  # before anything is written: no half-exported folder
         if not (data_dir / name).is_file():
-            raise FileNotFoundError(f"{data_dir / name} not found: the run's data dir holds {' and '.join(text_files)}")
+            raise FileNotFoundError(f"{data_dir / name} not found: an export carries the run's "
+                                    f"{' and '.join(text_files)} (from its data dir, or --data DIR)")
     if cfg.plugins:
         raise ValueError(f"{path}: the model's config imports plugins ({', '.join(cfg.plugins)}), whose code an "
                          f"exported folder cannot carry")
