@@ -10,8 +10,8 @@ from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.text_codec import TextCodec
-from xlm_pkm.experiments.continual import (best_settings, exact_match, greedy_matches, over_seeds, prior_em,
-                                           prompt_and_object, split_scores, with_changes, write_report)
+from xlm_pkm.experiments.continual import (at_equal_learning, best_settings, exact_match, greedy_matches, over_seeds,
+                                           prior_em, prompt_and_object, split_scores, with_changes, write_report)
 from xlm_pkm.experiments.facts import FRAMINGS, RELATIONS, Fact, generate_facts, load_facts, write_facts_data
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
@@ -120,6 +120,15 @@ def test_report_picks_each_methods_best_setting_and_its_spread_over_seeds(tmp_pa
     assert (tmp_path / "out" / "learning_forgetting.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no pretrained row for model"):
         with_changes(rows[2:3])
+
+
+def test_forgetting_at_equal_learning_is_each_methods_least_among_settings_that_learn_enough():
+    rows = with_changes([_row("m", "pretrained", "-", 0, 0.0), _row("m", "sparse", "a", 0, 0.12, test_ppl=26.0),
+                         _row("m", "sparse", "b", 0, 0.30, test_ppl=40.0),
+                         _row("m", "sparse", "c", 0, 0.15, test_ppl=30.0),
+                         _row("m", "sparse", "c", 1, 0.90, test_ppl=25.0)])  # seed 1: not part of the sweep
+    table = at_equal_learning(rows, levels=(0.10, 0.14, 0.5))
+    assert "| m | sparse | +1.00 (a) | +5.00 (c) | - |" in table
 
 
 def test_the_subject_blind_guess_scores_each_relations_most_frequent_object(tmp_path):

@@ -152,6 +152,26 @@ def over_seeds(rows: list[dict]) -> list[dict]:
     return out
 
 
+LEARNING_LEVELS = (0.10, 0.13, 0.20)  # EM levels at which the report compares forgetting
+
+
+def at_equal_learning(rows: list[dict], levels=LEARNING_LEVELS) -> str:
+    """The paper's comparison: for each (model, method), the least held-out forgetting (Δ test ppl) among its
+    seed-0 settings that reach each EM level ("-": none does)."""
+    methods = sorted({(r["model"], r["method"]) for r in rows if r["method"] != PRETRAINED and r["seed"] == 0})
+    lines = ["| model | method | " + " | ".join(f"Δ test ppl at EM ≥ {100 * em:.0f}%" for em in levels) + " |",
+             "|---|---|" + "---|" * len(levels)]
+    for model, method in methods:
+        cells = []
+        for em in levels:
+            reached = [r for r in rows if (r["model"], r["method"]) == (model, method) and r["seed"] == 0
+                       and r["em"] >= em - 1e-9]
+            best = min(reached, key=lambda r: r["test_change"], default=None)
+            cells.append("-" if best is None else f"{best['test_change']:+.2f} ({best['setting']})")
+        lines.append(f"| {model} | {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def sweep_table(rows: list[dict]) -> str:
     lines = ["| model | method | setting | EM | EM question | Δ valid ppl | Δ test ppl | Δ test acc |",
              "|---|---|---|---|---|---|---|---|"]
@@ -230,6 +250,9 @@ def write_report(results: str | Path, out: str | Path, facts_dir: str | Path | N
             "## Best setting of each method over seeds (mean ± sd)\n\n"
             "The best setting is the seed-0 sweep's highest EM (ties: the least Δ test ppl); each seed has its own "
             "facts.\n\n" + seeds_table(summaries) + "\n![learning vs forgetting](learning_forgetting.png)\n\n"
+            "## Forgetting at equal learning (seed 0)\n\nThe least Δ test ppl among a method's settings that reach "
+            "each EM (the paper's comparison: the same new knowledge, how much is forgotten).\n\n"
+            + at_equal_learning(rows) + "\n"
             "## The sweep (seed 0)\n\n" + sweep_table([r for r in rows if r["seed"] == 0]))
     (out / "report.md").write_text(text, encoding="utf-8")
     return out / "report.md"
