@@ -109,9 +109,13 @@ def test_report_picks_each_methods_best_setting_and_its_spread_over_seeds(tmp_pa
     assert best_settings(rows) == {("memory", "sparse"): "t=10"}  # EM ties: less forgetting
     changed = with_changes(rows)
     assert [round(r["test_change"], 9) for r in changed[2:5]] == [1.0, 2.0, 0.0]
-    summary = {r["method"]: r for r in over_seeds(rows)}
-    assert summary["sparse"]["seeds"] == 2 and summary["sparse"]["em"] == pytest.approx(0.6)
-    assert summary["sparse"]["em_sd"] == pytest.approx(0.1414213562) and summary["sparse"]["test_change"] == 2.0
+    assert best_settings(rows, at_em=0.3) == {("memory", "sparse"): "t=10"}  # the least forgetting at EM >= 30%
+    assert best_settings(rows, at_em=0.1) == {("memory", "sparse"): "t=1"}
+    summary = {(r["method"], r["setting"]): r for r in over_seeds(rows)}  # the best, and settings run on 2 seeds
+    assert set(summary) == {("pretrained", "-"), ("sparse", "t=10"), ("sparse", "t=1")}
+    sparse = summary["sparse", "t=10"]
+    assert sparse["seeds"] == 2 and sparse["em"] == pytest.approx(0.6)
+    assert sparse["em_sd"] == pytest.approx(0.1414213562) and sparse["test_change"] == 2.0
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(results, tmp_path / "out").read_text()
