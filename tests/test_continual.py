@@ -10,8 +10,9 @@ from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.text_codec import TextCodec
-from xlm_pkm.experiments.continual import (at_equal_learning, best_settings, exact_match, greedy_matches, over_seeds,
-                                           prior_em, prompt_and_object, split_scores, with_changes, write_report)
+from xlm_pkm.experiments.continual import (at_equal_learning, backgrounds_table, best_settings, exact_match,
+                                           greedy_matches, over_seeds, prior_em, prompt_and_object, split_scores,
+                                           with_changes, write_report)
 from xlm_pkm.experiments.facts import FRAMINGS, RELATIONS, Fact, generate_facts, load_facts, write_facts_data
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
@@ -161,3 +162,13 @@ def test_split_scores_equal_evaluation_and_a_token_by_token_count(tiny_data_dir)
         hits += sum(int(predicted[b, t]) == int(y[b, t]) for b in range(y.shape[0]) for t in range(y.shape[1]))
         total += y.numel()
     assert accuracy == hits / total
+
+
+def test_the_report_gives_each_backgrounds_read_shares(tmp_path):
+    import torch
+
+    from xlm_pkm.finetune.memory_finetune import Background
+
+    doc_freq = torch.tensor([4, 4, 1, 0, 2, 0, 0, 1])  # 4 documents: slots 0-1 read by all, 12 reads in all
+    Background({"t": doc_freq}, {"t": doc_freq}, 4, 400, "f", 100).to_file(tmp_path / "bg.pt", source="test")
+    assert "| m | 4 | 100 | 8 | 37.5% | 25.00% |" in backgrounds_table({"m": tmp_path / "bg.pt"})

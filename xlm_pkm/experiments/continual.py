@@ -234,9 +234,27 @@ def plot(rows: list[dict], summaries: list[dict], path: Path, prior: float | Non
     plt.close(fig)
 
 
-def write_report(results: str | Path, out: str | Path, facts_dir: str | Path | None = None) -> Path:
-    """out/report.md (the sweep, the best settings over seeds) and out/learning_forgetting.png from the rows
-    of `results` (JSONL); with the facts (of seed 0), the EM of the subject-blind guess (prior_em) too."""
+def backgrounds_table(backgrounds: dict[str, str | Path]) -> str:
+    """Per model, its background counts (finetune/slot_counts.py): documents, their length, the mean share of
+    a value table's slots one document reads, and the share every document reads (idf 0: never updated)."""
+    from xlm_pkm.finetune.memory_finetune import Background
+
+    lines = ["| model | documents | tokens each | slots | read by one document | read by every document |",
+             "|---|---|---|---|---|---|"]
+    for model, path in backgrounds.items():
+        background = Background.from_file(path)
+        for name, share in background.read_share().items():
+            lines.append(f"| {model} | {background.documents:,} | {background.doc_tokens} | "
+                         f"{len(background.doc_freq[name]):,} | {100 * share['per_document']:.1f}% | "
+                         f"{100 * share['by_every_document']:.2f}% |")
+    return "\n".join(lines) + "\n"
+
+
+def write_report(results: str | Path, out: str | Path, facts_dir: str | Path | None = None,
+                 backgrounds: dict[str, str | Path] | None = None) -> Path:
+    """out/report.md (the sweep, the best settings over seeds, forgetting at equal learning, the backgrounds'
+    read shares) and out/learning_forgetting.png from the rows of `results` (JSONL); with the facts (of seed
+    0), the EM of the subject-blind guess (prior_em) too."""
     rows = with_changes([json.loads(line) for line in Path(results).read_text().splitlines() if line])
     summaries = over_seeds(rows)
     prior = prior_em(load_facts(Path(facts_dir) / "facts.jsonl")) if facts_dir else None
@@ -253,11 +271,15 @@ def write_report(results: str | Path, out: str | Path, facts_dir: str | Path | N
             "from the background counts and from checkpoint selection." + blind + "\n\n"
             "## Over seeds (mean ± sd)\n\n"
             "Each method's best setting (the seed-0 sweep's highest EM; ties: the least Δ test ppl), and each "
-            "setting run on more seeds (the least Δ test ppl at EM ≥ 13%); each seed has its own facts.\n\n" + seeds_table(summaries) + "\n![learning vs forgetting](learning_forgetting.png)\n\n"
+            "setting run on more seeds (the least Δ test ppl at EM ≥ 13%); each seed has its own facts.\n\n"
+            + seeds_table(summaries) + "\n![learning vs forgetting](learning_forgetting.png)\n\n"
             "## Forgetting at equal learning (seed 0)\n\nThe least Δ test ppl among a method's settings that reach "
             "each EM (the paper's comparison: the same new knowledge, how much is forgotten).\n\n"
             + at_equal_learning(rows) + "\n"
             "## The sweep (seed 0)\n\n" + sweep_table([r for r in rows if r["seed"] == 0]))
+    if backgrounds:
+        text += ("\n## Backgrounds of sparse memory finetuning\n\nDocuments of the pretraining corpus's train split, "
+                 "sized like a fact batch.\n\n" + backgrounds_table(backgrounds))
     (out / "report.md").write_text(text, encoding="utf-8")
     return out / "report.md"
 
@@ -279,6 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("results")
     report.add_argument("--out", required=True, help="output directory")
     report.add_argument("--facts", help="the data dir of xlm_pkm.experiments.facts: adds the subject-blind guess's EM")
+    report.add_argument("--background", action="append", default=[], metavar="MODEL=FILE",
+                        help="a model's background counts: adds their read shares (repeatable)")
     best = sub.add_parser("best", help="print MODEL METHOD SETTING of each method's best setting, a line each")
     best.add_argument("results")
     best.add_argument("--at-em", type=float, help="the least forgetting among the settings reaching this EM")
@@ -295,7 +319,10 @@ def main(argv: list[str] | None = None) -> int:
             for (model, method), setting in best_settings(rows, at_em=args.at_em).items():
                 print(model, method, setting)
         else:
-            print(write_report(args.results, args.out, args.facts))
+            if any("=" not in item for item in args.background):
+                raise ValueError(f"--background: expected MODEL=FILE, got {args.background}")
+            backgrounds = dict(item.split("=", 1) for item in args.background)
+            print(write_report(args.results, args.out, args.facts, backgrounds))
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
