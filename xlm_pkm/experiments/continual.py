@@ -146,7 +146,7 @@ def over_seeds(rows: list[dict]) -> list[dict]:
     groups = {(model, method, setting): group for (model, method, setting), group in groups.items()
               if method == PRETRAINED or len(group) > 1 or best.get((model, method)) == setting}
     out = []
-    for (model, method, setting), group in groups.items():
+    for (model, method, setting), group in sorted(groups.items()):
         summary = {"model": model, "method": method, "setting": setting, "seeds": len(group)}
         for key in ("em", "em_question", *CHANGES):
             values = torch.tensor([r[key] for r in group], dtype=torch.float64)
