@@ -198,28 +198,29 @@ def seeds_table(summaries: list[dict]) -> str:
 
 
 def plot(rows: list[dict], summaries: list[dict], path: Path, prior: float | None = None) -> None:
-    """EM against the held-out perplexity change: each (model, method)'s sweep (seed 0, points labelled with
-    their setting, faint) and its best setting over the seeds (mean ± sd both ways); the subject-blind
-    guess's EM (`prior`) as a dashed line."""
+    """EM against the held-out perplexity change: each (model, method)'s sweep (seed 0, faint points labelled
+    with their setting) and its settings over seeds (mean ± sd both ways); a colour per method, a marker per
+    model; the subject-blind guess's EM (`prior`) as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    colours = {}
+    trained = [r for r in rows if r["method"] != PRETRAINED]
+    colour = {m: f"C{i}" for i, m in enumerate(sorted({r["method"] for r in trained}))}
+    marker = {m: "osv^D<>"[i % 7] for i, m in enumerate(sorted({r["model"] for r in trained}))}
+    fig, ax = plt.subplots(figsize=(11, 6))
     for r in summaries:
-        if r["method"] == PRETRAINED:
-            continue
-        label = f"{r['model']}: {r['method']}"
-        bar = ax.errorbar(r["test_change"], 100 * r["em"], xerr=r["test_change_sd"], yerr=100 * r["em_sd"], fmt="o",
-                          capsize=3, label=f"{label} ({r['setting']}, {r['seeds']} seeds)")
-        colours[(r["model"], r["method"])] = bar[0].get_color()
-    for r in rows:
-        colour = colours.get((r["model"], r["method"]))
-        if colour and r["seed"] == 0:
-            ax.plot(r["test_change"], 100 * r["em"], ".", color=colour, alpha=0.4)
-            ax.annotate(r["setting"], (r["test_change"], 100 * r["em"]), fontsize=6, alpha=0.6, xytext=(2, 2),
+        if r["method"] != PRETRAINED:
+            ax.errorbar(r["test_change"], 100 * r["em"], xerr=r["test_change_sd"], yerr=100 * r["em_sd"],
+                        color=colour[r["method"]], marker=marker[r["model"]], capsize=3,
+                        label=f"{r['model']}: {r['method']} ({r['setting']}, {r['seeds']} seed"
+                              f"{'s' * (r['seeds'] > 1)})")
+    for r in trained:
+        if r["seed"] == 0:
+            ax.plot(r["test_change"], 100 * r["em"], marker[r["model"]], color=colour[r["method"]], alpha=0.35,
+                    markersize=4)
+            ax.annotate(r["setting"], (r["test_change"], 100 * r["em"]), fontsize=5, alpha=0.6, xytext=(2, 2),
                         textcoords="offset points")
     if prior is not None:
         ax.axhline(100 * prior, color="gray", linestyle="--", linewidth=1, label="subject-blind guess")
@@ -228,7 +229,7 @@ def plot(rows: list[dict], summaries: list[dict], path: Path, prior: float | Non
     ax.set_xlabel("forgetting: test perplexity change on the held-out split of the pretraining corpus (symlog)")
     ax.set_ylabel("learning: exact match on the trained form (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -276,7 +277,8 @@ def write_report(results: str | Path, out: str | Path, facts_dir: str | Path | N
             "## Forgetting at equal learning (seed 0)\n\nThe least Δ test ppl among a method's settings that reach "
             "each EM (the paper's comparison: the same new knowledge, how much is forgotten).\n\n"
             + at_equal_learning(rows) + "\n"
-            "## The sweep (seed 0)\n\n" + sweep_table([r for r in rows if r["seed"] == 0]))
+            "## The sweep (seed 0)\n\n" + sweep_table(sorted((r for r in rows if r["seed"] == 0),
+                                                             key=lambda r: (r["model"], r["method"], r["setting"]))))
     if backgrounds:
         text += ("\n## Backgrounds of sparse memory finetuning\n\nDocuments of the pretraining corpus's train split, "
                  "sized like a fact batch.\n\n" + backgrounds_table(backgrounds))
