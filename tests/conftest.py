@@ -26,6 +26,16 @@ SAMPLE = REPO / "data" / "sample" / "python-docs.jsonl.xz"
 TINY_DOCS = 40
 
 
+@pytest.fixture(autouse=True)
+def keep_torch_threads():
+    """Every test leaves torch's thread count as it found it (train.num_threads, and accelerate's set-up under
+    peft or lm-eval, change it for the whole process): float reductions, hence the bit-exact comparisons of
+    later tests in the same worker, depend on it."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def fastbpe_bin() -> str:
     """Path of fastBPE's command-line tool (the Makefile builds it before the tests)."""
