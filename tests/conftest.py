@@ -162,6 +162,15 @@ def finetune_source(tiny_run, tiny_data_dir, tmp_path_factory):
     return best, background
 
 
+def brute_force_top_slots(reads: list[int], doc_freq, documents: int, t: int) -> list[int]:
+    """Sparse memory finetuning's selection written out in plain Python (the reference of the tests): the t
+    slots of highest tf * idf among those read with a score above 0, ties to the lower slot; sorted."""
+    total = sum(reads)
+    scores = {slot: c / total * math.log((documents + 1) / (int(doc_freq[slot]) + 1))
+              for slot, c in enumerate(reads) if c}
+    return sorted(sorted((slot for slot in scores if scores[slot] > 0), key=lambda slot: (-scores[slot], slot))[:t])
+
+
 def read_events(run_dir: Path, event: str = "train") -> list[dict]:
     """The `event` lines of a run's metrics.jsonl, in file order."""
     import json

@@ -2,13 +2,12 @@
 paraphrases per step, padding out of the loss and the slot counts (against per-sequence forwards and a
 brute-force count), no slot scoring 0 ever updated, background documents of a recorded length."""
 
-import math
 import random
 import shutil
 
 import pytest
 import torch
-from conftest import read_events
+from conftest import brute_force_top_slots, read_events
 
 from xlm_pkm.config import ConfigError, load_config
 from xlm_pkm.data.dictionary import Dictionary
@@ -129,13 +128,8 @@ def test_sparse_finetuning_on_fact_batches_leaves_the_padding_out(finetune_sourc
     reference = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     steps = _recorded_finetune(trainer, monkeypatch)
     assert len(steps) == 8 and torch.equal(steps[FACTS]["x"], steps[0]["x"])  # 5 facts, then again in order
-    docs, doc_freq = background.documents, background.doc_freq[TABLE]
     for s in steps:
-        total = sum(s["reads"])
-        scores = {slot: c / total * math.log((docs + 1) / (int(doc_freq[slot]) + 1))
-                  for slot, c in enumerate(s["reads"]) if c}
-        best = sorted((slot for slot in scores if scores[slot] > 0), key=lambda slot: (-scores[slot], slot))[:3]
-        assert s["moved"] == sorted(best)
+        assert s["moved"] == brute_force_top_slots(s["reads"], background.doc_freq[TABLE], background.documents, 3)
     assert [(e["slots_read"], e["slots_updated"]) for e in read_events(trainer.run_dir)] == \
         [(sum(c > 0 for c in s["reads"]), 3) for s in steps]
     model = trainer.model  # the first step's loss, from the weights before it, one paraphrase at a time

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import read_events
+from conftest import brute_force_top_slots, read_events
 
 from xlm_pkm.finetune.memory_finetune import Background, tf_idf, top_slots
 from xlm_pkm.launch.cli import train_main
@@ -59,12 +59,9 @@ def test_only_the_top_t_rows_of_each_step_move(finetune_source, tiny_trainer, tm
         before = table.detach().clone()
         out = step(self, batches)
         reads = torch.bincount(torch.cat([i.flatten() for _, i in lookups]), minlength=table.shape[0]).tolist()
-        total, docs = sum(reads), background.documents
-        scores = {slot: c / total * math.log((docs + 1) / (int(background.doc_freq[TABLE][slot]) + 1))
-                  for slot, c in enumerate(reads) if c}
-        best = sorted((slot for slot in scores if scores[slot] > 0), key=lambda slot: (-scores[slot], slot))[:3]
+        best = brute_force_top_slots(reads, background.doc_freq[TABLE], background.documents, 3)
         moved = (table.detach() != before).any(dim=1).nonzero().flatten().tolist()
-        steps.append((sorted(moved), sorted(best), len(scores)))
+        steps.append((sorted(moved), best, sum(c > 0 for c in reads)))
         return out
 
     monkeypatch.setattr(Trainer, "train_step", recorded_step)

@@ -163,38 +163,38 @@ def at_equal_learning(rows: list[dict], levels=LEARNING_LEVELS) -> str:
     """The paper's comparison: for each (model, method), the least held-out forgetting (Δ test ppl) among its
     seed-0 settings that reach each EM level ("-": none does)."""
     methods = sorted({(r["model"], r["method"]) for r in rows if r["method"] != PRETRAINED and r["seed"] == 0})
-    lines = ["| model | method | " + " | ".join(f"Δ test ppl at EM ≥ {100 * em:.0f}%" for em in levels) + " |",
-             "|---|---|" + "---|" * len(levels)]
+    cells = []
     for model, method in methods:
-        cells = []
+        row = [model, method]
         for em in levels:
             reached = [r for r in rows if (r["model"], r["method"]) == (model, method) and r["seed"] == 0
                        and r["em"] >= em - 1e-9]
             best = min(reached, key=lambda r: r["test_change"], default=None)
-            cells.append("-" if best is None else f"{best['test_change']:+.2f} ({best['setting']})")
-        lines.append(f"| {model} | {method} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+            row.append("-" if best is None else f"{best['test_change']:+.2f} ({best['setting']})")
+        cells.append(row)
+    return markdown(["model", "method", *(f"Δ test ppl at EM ≥ {100 * em:.0f}%" for em in levels)], cells)
+
+
+def markdown(header: list[str], cells: list[list[str]]) -> str:
+    """A markdown table: its header row, the separator, a row per list of cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells]) + "\n"
 
 
 def sweep_table(rows: list[dict]) -> str:
-    lines = ["| model | method | setting | EM | EM question | Δ valid ppl | Δ test ppl | Δ test acc |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['model']} | {r['method']} | {r['setting']} | {100 * r['em']:.1f}% | "
-                     f"{100 * r['em_question']:.1f}% | {r['valid_change']:+.2f} | {r['test_change']:+.2f} | "
-                     f"{100 * r['acc_change']:+.2f} |")
-    return "\n".join(lines) + "\n"
+    return markdown(["model", "method", "setting", "EM", "EM question", "Δ valid ppl", "Δ test ppl", "Δ test acc"],
+                    [[r["model"], r["method"], r["setting"], f"{100 * r['em']:.1f}%", f"{100 * r['em_question']:.1f}%",
+                      f"{r['valid_change']:+.2f}", f"{r['test_change']:+.2f}", f"{100 * r['acc_change']:+.2f}"]
+                     for r in rows])
 
 
 def seeds_table(summaries: list[dict]) -> str:
-    lines = ["| model | method | setting | seeds | EM | EM question | Δ test ppl | Δ test acc |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in summaries:
-        lines.append(f"| {r['model']} | {r['method']} | {r['setting']} | {r['seeds']} | {100 * r['em']:.1f} ± "
-                     f"{100 * r['em_sd']:.1f}% | {100 * r['em_question']:.1f} ± {100 * r['em_question_sd']:.1f}% | "
-                     f"{r['test_change']:+.2f} ± {r['test_change_sd']:.2f} | {100 * r['acc_change']:+.2f} ± "
-                     f"{100 * r['acc_change_sd']:.2f} |")
-    return "\n".join(lines) + "\n"
+    return markdown(["model", "method", "setting", "seeds", "EM", "EM question", "Δ test ppl", "Δ test acc"],
+                    [[r["model"], r["method"], r["setting"], str(r["seeds"]),
+                      f"{100 * r['em']:.1f} ± {100 * r['em_sd']:.1f}%",
+                      f"{100 * r['em_question']:.1f} ± {100 * r['em_question_sd']:.1f}%",
+                      f"{r['test_change']:+.2f} ± {r['test_change_sd']:.2f}",
+                      f"{100 * r['acc_change']:+.2f} ± {100 * r['acc_change_sd']:.2f}"] for r in summaries])
 
 
 def plot(rows: list[dict], summaries: list[dict], path: Path, prior: float | None = None) -> None:
@@ -240,15 +240,15 @@ def backgrounds_table(backgrounds: dict[str, str | Path]) -> str:
     a value table's slots one document reads, and the share every document reads (idf 0: never updated)."""
     from xlm_pkm.finetune.memory_finetune import Background
 
-    lines = ["| model | documents | tokens each | slots | read by one document | read by every document |",
-             "|---|---|---|---|---|---|"]
+    cells = []
     for model, path in backgrounds.items():
         background = Background.from_file(path)
         for name, share in background.read_share().items():
-            lines.append(f"| {model} | {background.documents:,} | {background.doc_tokens} | "
-                         f"{len(background.doc_freq[name]):,} | {100 * share['per_document']:.1f}% | "
-                         f"{100 * share['by_every_document']:.2f}% |")
-    return "\n".join(lines) + "\n"
+            cells.append([model, f"{background.documents:,}", str(background.doc_tokens),
+                          f"{len(background.doc_freq[name]):,}", f"{100 * share['per_document']:.1f}%",
+                          f"{100 * share['by_every_document']:.2f}%"])
+    return markdown(["model", "documents", "tokens each", "slots", "read by one document", "read by every document"],
+                    cells)
 
 
 def write_report(results: str | Path, out: str | Path, facts_dir: str | Path | None = None,
