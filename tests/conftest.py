@@ -93,6 +93,9 @@ def small_filesystem(tmp_path):
 
 
 # ---- tiny training runs -------------------------------------------------------------------------
+# One thread in every tiny run: a float reduction's rounding depends on the thread count, and a run compared bit
+# for bit with a cached reference may come after a test that left the count elsewhere (a module fixture, a
+# subprocess's OMP_NUM_THREADS=1); the tiny model only loses to contention with a second thread anyway.
 TINY = [
     "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[2]",
     "model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2", "model.memory.knn=4",
@@ -100,7 +103,7 @@ TINY = [
     "data.batch_size=4", "data.eval_batch_size=32", "data.bptt=16",
     "optim.lr=3e-3", "optim.warmup_steps=5", "optim.values_lr=1e-2",
     "train.device=cpu", "train.log_every=1", "train.eval_every=1000", "train.eval_max_batches=4",
-    "train.max_steps=8", "train.exp_name=tiny",
+    "train.max_steps=8", "train.exp_name=tiny", "train.num_threads=1",
 ]
 
 
