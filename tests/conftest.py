@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import lzma
 import math
 import os
@@ -140,12 +142,14 @@ def tiny_run(tiny_trainer):
 @pytest.fixture(scope="session")
 def reference_run(tiny_run, tmp_path_factory):
     """reference(*extra): an uninterrupted tiny run, trained once per session for each set of overrides
-    and shared by every resume and stop test that compares against it."""
+    and shared by every resume and stop test that compares against it. Its console lines are dropped: they
+    would land in the capsys of whichever test happens to ask first (its train.log keeps them)."""
     dump, cache = tmp_path_factory.mktemp("reference"), {}
 
     def reference(*extra):
         if extra not in cache:
-            cache[extra] = tiny_run(dump, f"train.exp_id=ref{len(cache)}", *extra)
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                cache[extra] = tiny_run(dump, f"train.exp_id=ref{len(cache)}", *extra)
         return cache[extra]
 
     return reference
