@@ -7,6 +7,7 @@ import io
 import lzma
 import math
 import os
+import random
 from itertools import islice
 from pathlib import Path
 
@@ -26,6 +27,16 @@ from xlm_pkm.data.preprocess import preprocess
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE = REPO / "data" / "sample" / "python-docs.jsonl.xz"
 TINY_DOCS = 40
+
+
+def pytest_addoption(parser):
+    parser.addoption("--shuffle", type=int, metavar="SEED",
+                     help="run the tests in an order shuffled with SEED: no test may depend on the order")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--shuffle") is not None:
+        random.Random(config.getoption("--shuffle")).shuffle(items)
 
 
 @pytest.fixture(autouse=True)
