@@ -34,6 +34,7 @@ class TrainState:
     skipped_steps: int = 0  # all steps skipped (fp16: loss-scale overflows)
     log_loss_sum: torch.Tensor | float = 0.0  # mean losses of the steps since the last train log line
     log_steps: int = 0
+    saved_threads: int | None = None  # torch's CPU threads when the loaded state was saved (None: not recorded)
 
     def state_dict(self) -> dict:
         cuda = self.device.type == "cuda"
@@ -41,6 +42,7 @@ class TrainState:
             **{name: getattr(self, name) for name in COUNTERS},
             "log_loss_sum": float(self.log_loss_sum),  # host sync, at checkpoints only
             "data": self.stream.state_dict(),
+            "threads": torch.get_num_threads(),  # CPU float reductions round differently with it
             "stream_cache": [None if t is None else t.cpu() for t in self.model.stream_state()],
             "rng": {"torch": torch.get_rng_state(), "python": random.getstate(),
                     "cuda": torch.cuda.get_rng_state(self.device) if cuda else None},
@@ -50,6 +52,7 @@ class TrainState:
         for name in COUNTERS:
             setattr(self, name, state[name])
         self.log_loss_sum = state["log_loss_sum"]
+        self.saved_threads = state.get("threads")
         self.stream.load_state_dict(state["data"])
         self.model.load_stream_state(state.get("stream_cache") or [None] * len(self.model.stream_layers()))
         torch.set_rng_state(state["rng"]["torch"])

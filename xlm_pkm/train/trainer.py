@@ -151,6 +151,11 @@ class Trainer:
                       f"({'resumed at step ' + str(self.step) if self.resumed else 'new run'})")
         if self.removed_temporary:
             self.log.info(f"removed {self.removed_temporary} temporary file(s) left by a process killed while writing")
+        threads, saved = torch.get_num_threads(), self.state.saved_threads
+        if self.resumed and self.device.type == "cpu" and saved not in (None, threads):
+            self.log.info(f"resumed on {threads} CPU thread(s), saved on {saved}: float reductions round differently, "
+                          f"so the losses will not be bit-identical to an uninterrupted run's "
+                          f"(train.num_threads={saved} would make them so)")
         self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         if self.model.ngram_hash is not None:
