@@ -106,9 +106,9 @@ def small_filesystem(tmp_path):
 
 
 # ---- tiny training runs -------------------------------------------------------------------------
-# One thread in every tiny run: a float reduction's rounding depends on the thread count, and a run compared bit
-# for bit with a cached reference may come after a test that left the count elsewhere (a module fixture, a
-# subprocess's OMP_NUM_THREADS=1); the tiny model only loses to contention with a second thread anyway.
+# One thread in every tiny run: a float reduction's rounding depends on the thread count, and a cached reference
+# run may have been trained under a fixture that set another (test_generate.py's one_thread); the tiny model only
+# loses to contention with a second thread anyway.
 TINY = [
     "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[2]",
     "model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2", "model.memory.knn=4",
