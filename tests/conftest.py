@@ -180,6 +180,35 @@ def finetune_source(tiny_run, tiny_data_dir, tmp_path_factory):
     return best, background
 
 
+TINY_VALUES = "blocks.1.sublayers.1.values.weight"  # the tiny model's value table (its memory at layer 2)
+
+
+def train_recording_steps(trainer, monkeypatch, record) -> list:
+    """Trains `trainer` to its end and closes it; returns, per step, record(lookups, moved, out): the step's
+    memory lookups [(scores, indices (B * T, heads, knn))], the rows of TINY_VALUES it moved (sorted), its output."""
+    from xlm_pkm.model.memory.pkm import ProductKeyMemory
+    from xlm_pkm.train.trainer import Trainer
+
+    table = dict(trainer.model.named_parameters())[TINY_VALUES]
+    lookups, steps, lookup, step = [], [], ProductKeyMemory.lookup, Trainer.train_step
+    monkeypatch.setattr(ProductKeyMemory, "lookup", lambda self, x: lookups.append(lookup(self, x)) or lookups[-1])
+
+    def recorded_step(self, batches):
+        lookups.clear()
+        before = table.detach().clone()
+        out = step(self, batches)
+        moved = (table.detach() != before).any(dim=1).nonzero().flatten().tolist()
+        steps.append(record(lookups, sorted(moved), out))
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", recorded_step)
+    try:
+        trainer.train()
+    finally:
+        trainer.close()
+    return steps
+
+
 def brute_force_top_slots(reads: list[int], doc_freq, documents: int, t: int) -> list[int]:
     """Sparse memory finetuning's selection written out in plain Python (the reference of the tests): the t
     slots of highest tf * idf among those read with a score above 0, ties to the lower slot; sorted."""

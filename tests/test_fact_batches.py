@@ -7,18 +7,15 @@ import shutil
 
 import pytest
 import torch
-from conftest import brute_force_top_slots, read_events
+from conftest import TINY_VALUES, brute_force_top_slots, read_events, train_recording_steps
 
 from xlm_pkm.config import ConfigError, load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.fact_batches import PAD_TARGET, FactBatches, write_fact_batches
 from xlm_pkm.finetune.memory_finetune import Background
 from xlm_pkm.finetune.slot_counts import main as slot_counts_main
-from xlm_pkm.launch.cli import train_main
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
-from xlm_pkm.train.trainer import Trainer
 
-TABLE = "blocks.1.sublayers.1.values.weight"  # the tiny model's value table (its memory at layer 2)
 FACTS, PARAPHRASES = 5, 8
 
 
@@ -90,32 +87,18 @@ def _finetune(source, facts_dir, *extra) -> tuple:
 
 def _recorded_finetune(trainer, monkeypatch) -> list[dict]:
     """Trains; per step: the batch, the slots each real (not padding) position read, and the rows that moved."""
-    table = dict(trainer.model.named_parameters())[TABLE]
-    lookups, batches_seen, steps = [], [], []
-    lookup = ProductKeyMemory.lookup
-    monkeypatch.setattr(ProductKeyMemory, "lookup", lambda self, x: lookups.append(lookup(self, x)) or lookups[-1])
+    rows, batches_seen = dict(trainer.model.named_parameters())[TINY_VALUES].shape[0], []
     batch = FactBatches.batch
     monkeypatch.setattr(FactBatches, "batch", lambda self, i: batches_seen.append(batch(self, i)) or batches_seen[-1])
-    step = Trainer.train_step
 
-    def recorded_step(self, batches):
-        lookups.clear()
-        before = table.detach().clone()
-        out = step(self, batches)
+    def record(lookups, moved, out):
         x, y = batches_seen[-1]
         _, indices = lookups[0]  # (B * T, heads, knn)
         real = (y != PAD_TARGET).reshape(-1)
-        reads = torch.bincount(indices[real].flatten(), minlength=table.shape[0]).tolist()
-        moved = (table.detach() != before).any(dim=1).nonzero().flatten().tolist()
-        steps.append({"x": x, "y": y, "reads": reads, "moved": sorted(moved), "loss": float(out["loss"])})
-        return out
+        reads = torch.bincount(indices[real].flatten(), minlength=rows).tolist()
+        return {"x": x, "y": y, "reads": reads, "moved": moved, "loss": float(out["loss"])}
 
-    monkeypatch.setattr(Trainer, "train_step", recorded_step)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
-    return steps
+    return train_recording_steps(trainer, monkeypatch, record)
 
 
 def test_sparse_finetuning_on_fact_batches_leaves_the_padding_out(finetune_source, facts_dir, tiny_trainer,
@@ -129,7 +112,8 @@ def test_sparse_finetuning_on_fact_batches_leaves_the_padding_out(finetune_sourc
     steps = _recorded_finetune(trainer, monkeypatch)
     assert len(steps) == 8 and torch.equal(steps[FACTS]["x"], steps[0]["x"])  # 5 facts, then again in order
     for s in steps:
-        assert s["moved"] == brute_force_top_slots(s["reads"], background.doc_freq[TABLE], background.documents, 3)
+        best = brute_force_top_slots(s["reads"], background.doc_freq[TINY_VALUES], background.documents, 3)
+        assert s["moved"] == best
     assert [(e["slots_read"], e["slots_updated"]) for e in read_events(trainer.run_dir)] == \
         [(sum(c > 0 for c in s["reads"]), 3) for s in steps]
     model = trainer.model  # the first step's loss, from the weights before it, one paraphrase at a time
@@ -147,9 +131,9 @@ def test_a_slot_every_background_document_reads_is_never_updated(finetune_source
     """A background whose documents all read every slot but slots 0-5: those six are the only candidates
     (score 0 elsewhere), so a step updates only those of them it read, fewer than top_t when it read fewer."""
     counted = Background.from_file(finetune_source[1])
-    doc_freq = torch.full_like(counted.doc_freq[TABLE], counted.documents)
+    doc_freq = torch.full_like(counted.doc_freq[TINY_VALUES], counted.documents)
     doc_freq[:6] = 0
-    Background({TABLE: doc_freq}, counted.reads, counted.documents, counted.tokens, counted.fingerprint,
+    Background({TINY_VALUES: doc_freq}, counted.reads, counted.documents, counted.tokens, counted.fingerprint,
                counted.doc_tokens).to_file(tmp_path / "every.pt", source="test")
     extra = ("optim.memory_finetune.top_t=100", f"optim.memory_finetune.background={tmp_path / 'every.pt'}")
     trainer = tiny_trainer(tmp_path, "train.exp_id=ties", *_finetune(finetune_source, facts_dir, *extra), test=False)
@@ -182,8 +166,8 @@ def test_background_documents_have_the_recorded_length_and_do_not_mix(finetune_s
             doc_freq += counts > 0
             reads += counts
     assert (counted.documents, counted.doc_tokens, counted.tokens) == (40, 24, 960)
-    assert torch.equal(counted.doc_freq[TABLE], doc_freq) and torch.equal(counted.reads[TABLE], reads)
-    share = counted.read_share()[TABLE]
+    assert torch.equal(counted.doc_freq[TINY_VALUES], doc_freq) and torch.equal(counted.reads[TINY_VALUES], reads)
+    share = counted.read_share()[TINY_VALUES]
     assert share["per_document"] == pytest.approx(float(doc_freq.sum()) / (40 * memory.n_slots))
     assert share["by_every_document"] == pytest.approx(float((doc_freq == 40).double().mean()))
     twice = tmp_path / "twice.pt"
@@ -191,7 +175,7 @@ def test_background_documents_have_the_recorded_length_and_do_not_mix(finetune_s
     args = [str(best), "--data", str(tiny_data_dir), "--documents", "40", "--out", str(twice), "--append"]
     assert slot_counts_main([*args, "--doc-tokens", "24"]) == 0
     both = Background.from_file(twice)
-    assert both.documents == 80 and torch.equal(both.doc_freq[TABLE], 2 * doc_freq)
+    assert both.documents == 80 and torch.equal(both.doc_freq[TINY_VALUES], 2 * doc_freq)
     capsys.readouterr()
     assert slot_counts_main([*args, "--doc-tokens", "32"]) != 0
     err = capsys.readouterr().err.strip().splitlines()

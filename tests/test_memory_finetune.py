@@ -10,15 +10,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import brute_force_top_slots, read_events
+from conftest import TINY_VALUES, brute_force_top_slots, read_events, train_recording_steps
 
 from xlm_pkm.finetune.memory_finetune import Background, tf_idf, top_slots
 from xlm_pkm.launch.cli import train_main
-from xlm_pkm.model.memory.pkm import ProductKeyMemory
-from xlm_pkm.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
-TABLE = "blocks.1.sublayers.1.values.weight"  # the tiny model's value table (its memory at layer 2)
 
 
 def test_tf_idf_ranking_equals_a_hand_computation():
@@ -45,40 +42,26 @@ def test_only_the_top_t_rows_of_each_step_move(finetune_source, tiny_trainer, tm
     """Each step's moved value rows are exactly the 3 best by TF-IDF of the slots the step read (recorded
     from the memory's lookups, ranked by a plain Python loop); every other row and parameter stays."""
     background = Background.from_file(finetune_source[1])
-    lookups = []
-    lookup = ProductKeyMemory.lookup
-    monkeypatch.setattr(ProductKeyMemory, "lookup", lambda self, x: lookups.append(lookup(self, x)) or lookups[-1])
     trainer = tiny_trainer(tmp_path, "train.exp_id=smf", *_finetune(finetune_source), test=False)
-    table = dict(trainer.model.named_parameters())[TABLE]
+    rows = dict(trainer.model.named_parameters())[TINY_VALUES].shape[0]
     start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    steps = []  # (rows that moved, brute-force selection, distinct slots read)
-    step = Trainer.train_step
 
-    def recorded_step(self, batches):
-        lookups.clear()
-        before = table.detach().clone()
-        out = step(self, batches)
-        reads = torch.bincount(torch.cat([i.flatten() for _, i in lookups]), minlength=table.shape[0]).tolist()
-        best = brute_force_top_slots(reads, background.doc_freq[TABLE], background.documents, 3)
-        moved = (table.detach() != before).any(dim=1).nonzero().flatten().tolist()
-        steps.append((sorted(moved), best, sum(c > 0 for c in reads)))
-        return out
+    def record(lookups, moved, out):  # (rows that moved, brute-force selection, distinct slots read)
+        reads = torch.bincount(torch.cat([i.flatten() for _, i in lookups]), minlength=rows).tolist()
+        best = brute_force_top_slots(reads, background.doc_freq[TINY_VALUES], background.documents, 3)
+        return moved, best, sum(c > 0 for c in reads)
 
-    monkeypatch.setattr(Trainer, "train_step", recorded_step)
-    try:
-        trainer.train()
-    finally:
-        trainer.close()
+    steps = train_recording_steps(trainer, monkeypatch, record)
     assert len(steps) == 8
     for moved, best, _ in steps:
         assert moved == best
     end = trainer.model.state_dict()
     touched = {row for moved, _, _ in steps for row in moved}
     for name, tensor in end.items():
-        if name != TABLE:
+        if name != TINY_VALUES:
             assert torch.equal(tensor, start[name]), name
-    untouched = [row for row in range(table.shape[0]) if row not in touched]
-    assert torch.equal(end[TABLE][untouched], start[TABLE][untouched])
+    untouched = [row for row in range(rows) if row not in touched]
+    assert torch.equal(end[TINY_VALUES][untouched], start[TINY_VALUES][untouched])
     logged = [(e["slots_read"], e["slots_updated"]) for e in read_events(trainer.run_dir)]
     assert logged == [(read, 3) for _, _, read in steps]
 
@@ -100,8 +83,8 @@ def test_two_processes_with_sharded_values_update_the_rows_of_one_process(finetu
     from xlm_pkm.checkpoint import sharded_values
 
     path = tmp_path / "tiny" / "two" / "checkpoint.pt"
-    two = sharded_values.attach(checkpoint.load(path), path, None)["model"][TABLE]
-    start, one = checkpoint.load(best)["model"][TABLE], single.model.state_dict()[TABLE]
+    two = sharded_values.attach(checkpoint.load(path), path, None)["model"][TINY_VALUES]
+    start, one = checkpoint.load(best)["model"][TINY_VALUES], single.model.state_dict()[TINY_VALUES]
     moved = (one != start).any(dim=1)
     assert moved.sum() >= 3 and torch.equal((two != start).any(dim=1), moved)
     torch.testing.assert_close(two, one, rtol=1e-4, atol=1e-6)
@@ -126,6 +109,7 @@ def test_bad_settings_are_one_line(finetune_source, tiny_overrides, tmp_path, ca
         "not counts": ((f"optim.memory_finetune.background={tmp_path / 'notes.txt'}",), "is not readable"),
     }
     for i, (name, (extra, message)) in enumerate(cases.items()):
-        code = train_main(["--no-test", *tiny_overrides(tmp_path, f"train.exp_id=e{i}", *_finetune(finetune_source, *extra))])
+        overrides = tiny_overrides(tmp_path, f"train.exp_id=e{i}", *_finetune(finetune_source, *extra))
+        code = train_main(["--no-test", *overrides])
         err = capsys.readouterr().err.strip().splitlines()
         assert code == 2 and len(err) == 1 and message in err[0], (name, err)
