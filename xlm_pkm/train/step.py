@@ -10,24 +10,23 @@ from typing import Callable
 
 import torch
 
-from xlm_pkm.data.fact_batches import PAD_TARGET
 from xlm_pkm.optim.optimizers import Optimizers
 from xlm_pkm.runtime.precision import autocast
 
 
 def loss_backward(model, x: torch.Tensor, y: torch.Tensor, precision: str, device: torch.device,
                   scaler: torch.amp.GradScaler, accumulate: int = 1,
-                  aux_loss: Callable[[], torch.Tensor] | None = None, padded: bool = False) -> torch.Tensor:
+                  aux_loss: Callable[[], torch.Tensor] | None = None,
+                  real: torch.Tensor | None = None) -> torch.Tensor:
     """x, y: (B, T). Forward under autocast to the float32 negative log-likelihoods, backward of the scaled
     (mean NLL + aux_loss()) / accumulate; returns the (detached) mean NLL of the micro-batch.
     aux_loss: a training-only term (the adaptive spans' loss), not part of the returned loss.
-    padded: y may hold PAD_TARGET (fact batches), left out of the mean."""
+    real: (B, T) bool, the positions in the mean (fact batches: y is PAD_TARGET, below 0, elsewhere); None: all."""
     with autocast(precision, device):
-        if padded:
-            real = y != PAD_TARGET  # (B, T)
-            nll = (model(x, targets=y.clamp(min=0)) * real).sum() / real.sum().clamp(min=1)
-        else:
+        if real is None:
             nll = model(x, targets=y).mean()  # from (B, T) float32
+        else:
+            nll = (model(x, targets=y.clamp(min=0)) * real).sum() / real.sum().clamp(min=1)
     loss = nll if aux_loss is None else nll + aux_loss()
     scaler.scale(loss / accumulate).backward()
     return nll.detach()

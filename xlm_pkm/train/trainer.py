@@ -244,7 +244,6 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         tokens = words = 0
         aux = self.model.aux_loss if self.model.has_aux_loss() else None  # training-only loss terms
-        padded = bool(cfg.data.fact_batches)  # targets PAD_TARGET after each paraphrase's end
         if self.memory_finetune:
             self.memory_finetune.begin_step()
         for i in range(accumulate):
@@ -252,18 +251,21 @@ class Trainer:
             x, y = next(batches)  # (B, T) each, on the CPU: counting words there needs no device sync
             if self.train_stream.epoch != epoch:
                 self.model.reset_stream_state()  # new streams (a new offset): caches start from zero
-            targets = y[y != PAD_TARGET] if padded else y  # fact batches: their padding is no token
+            real = y != PAD_TARGET if cfg.data.fact_batches else None  # (B, T): fact batches' padding is no token
+            targets = y if real is None else y[real]
             words += int(self.word_end[targets].sum())
             tokens += targets.numel()
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
+            if real is not None:
+                real = real.to(self.device, non_blocking=True)
             if self.memory_finetune:
-                self.memory_finetune.count_only(y != PAD_TARGET if padded else None)
+                self.memory_finetune.count_only(real)
             last = i == accumulate - 1
             in_ddp = hasattr(self.forward_model, "no_sync")  # also through torch.compile's wrapper
             sync = self.forward_model.no_sync() if in_ddp and not last else nullcontext()
             with sync:
                 loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
-                                          accumulate, aux, padded)
+                                          accumulate, aux, real)
         average_value_grads_(self.synced_values, self.env)  # host sync if sparse and replicated: row counts
         slots = self.memory_finetune.restrict_gradients() if self.memory_finetune else {}  # host sync
         loss = loss_sum / accumulate
