@@ -162,16 +162,13 @@ LEARNING_LEVELS = (0.10, 0.13, 0.20)  # EM levels at which the report compares f
 def at_equal_learning(rows: list[dict], levels=LEARNING_LEVELS) -> str:
     """The paper's comparison: for each (model, method), the least held-out forgetting (Δ test ppl) among its
     seed-0 settings that reach each EM level ("-": none does)."""
-    methods = sorted({(r["model"], r["method"]) for r in rows if r["method"] != PRETRAINED and r["seed"] == 0})
+    change = {(r["model"], r["method"], r["setting"]): r["test_change"] for r in rows if r["seed"] == 0}
+    chosen = [best_settings(rows, at_em=em) for em in levels]  # per level: (model, method) -> setting
     cells = []
-    for model, method in methods:
-        row = [model, method]
-        for em in levels:
-            reached = [r for r in rows if (r["model"], r["method"]) == (model, method) and r["seed"] == 0
-                       and r["em"] >= em - 1e-9]
-            best = min(reached, key=lambda r: r["test_change"], default=None)
-            row.append("-" if best is None else f"{best['test_change']:+.2f} ({best['setting']})")
-        cells.append(row)
+    for model, method in sorted({(model, method) for model, method, _ in change if method != PRETRAINED}):
+        settings = [best.get((model, method)) for best in chosen]  # None: no setting reaches the level
+        cells.append([model, method, *("-" if s is None else f"{change[model, method, s]:+.2f} ({s})"
+                                       for s in settings)])
     return markdown(["model", "method", *(f"Δ test ppl at EM ≥ {100 * em:.0f}%" for em in levels)], cells)
 
 
