@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -305,22 +306,20 @@ def runs_md(runs: list[RunData]) -> str:
                       "test ppl", "usage %", "KL", "wall min"], rows)
 
 
-def _hk(cell: CellRuns) -> str:
-    mem = cell.config["model"]["memory"]
-    return f"(h={mem['heads']}, k={mem['knn']})"
-
-
 # ---- the paper's directions, checked on whatever was run ---------------------------------------
 
 HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 
 
+def _beyond(gap: float, noise: float) -> str:
+    """The verdict of a gap, in the claimed direction, against its noise."""
+    return HOLDS if gap > noise else FAILS if gap < -noise else NOISE
+
+
 def shows(better: Measure, worse: Measure, higher_is_better: bool = True) -> str:
     """Whether `better` beats `worse` beyond noise: the gap between their means, in the claimed
     direction, against the sum of their standard deviations over seeds."""
-    gap = (better.mean - worse.mean) * (1 if higher_is_better else -1)
-    noise = better.sd + worse.sd
-    return HOLDS if gap > noise else FAILS if gap < -noise else NOISE
+    return _beyond((better.mean - worse.mean) * (1 if higher_is_better else -1), better.sd + worse.sd)
 
 
 def _combined(verdicts: list[str]) -> str:
@@ -351,104 +350,161 @@ def _seeds(cells) -> str:
     return f"{'/'.join(map(str, n))} seed{'s' if n != [1] else ''}"
 
 
+Cells = dict[str, dict[tuple, CellRuns]]  # {table: by_cell(runs, table)}; the baseline is cells["baseline"][()]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A direction read from the runs: each comparison's (part, verdict), the numbers behind them, and the
+    cells whose seed counts close the numbers (none: the numbers give their seeds themselves, or none)."""
+
+    verdicts: list[tuple[str, str]]
+    numbers: list[str]
+    seeds_of: tuple[CellRuns, ...] = ()
+
+    def verdict(self) -> str:
+        """Each part's comparisons as one verdict (_combined), then the parts as one (_verdicts)."""
+        parts: dict[str, list[str]] = {}
+        for part, verdict in self.verdicts:
+            parts.setdefault(part, []).append(verdict)
+        return _verdicts({part: _combined(verdicts) for part, verdicts in parts.items()})
+
+    def text(self) -> str:
+        return "; ".join(self.numbers) + (f" ({_seeds(self.seeds_of)})" if self.seeds_of else "")
+
+
+@dataclass(frozen=True)
+class Check:
+    """A direction of the paper: the claim as the report words it, and how to read it from the cells run
+    (None: they were not). Speeds come only from the benchmark's (bench_speeds), never from the runs."""
+
+    claim: str
+    read: Callable[[Cells, dict[tuple, float]], Reading | None]
+
+
+def _memory_vs_none(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+    """The ablation model (Table 2's 512²/BatchNorm cell, else Table 3's position 5) vs the baseline: perplexity."""
+    memory, base = cells["table2"].get((512, True)) or cells["table3"].get((5,)), cells["baseline"].get(())
+    if not (memory and base):
+        return None
+    a, b = memory.measure("ppl"), base.measure("ppl")
+    return Reading([("perplexity", shows(a, b, higher_is_better=False))],
+                   [f"test ppl {a.text()} with memory vs {b.text()} without"], (memory, base))
+
+
+def _shallow_vs_deep(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+    """Per width run, Table 1's 12 layers + 1 memory vs 24 layers without: perplexity and speed."""
+    t1 = cells["table1"]
+    dims = [dim for dim in (1024, 1600) if (12, dim, 1) in t1 and (24, dim, 0) in t1]
+    verdicts, numbers = [], []
+    for dim in dims:
+        shallow, deep = t1[12, dim, 1], t1[24, dim, 0]
+        ps, pd = shallow.measure("ppl"), deep.measure("ppl")
+        faster, speed_text = _speed(speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
+        verdicts += [("perplexity", shows(ps, pd, higher_is_better=False)), ("speed", faster)]
+        numbers.append(f"dim {dim}: ppl {ps.text()} vs {pd.text()} ({_seeds([shallow, deep])}); {speed_text}")
+    return Reading(verdicts, numbers) if dims else None
+
+
+def _batchnorm_usage(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+    """Table 2's sizes run with and without BatchNorm: usage at the largest, and its gap there against the
+    smallest's (each cell's noise summed)."""
+    t2 = cells["table2"]
+    sizes = [n for n in KEYS if (n, True) in t2 and (n, False) in t2]
+    if not sizes:
+        return None
+    usage = {(n, bn): t2[n, bn].measure("usage") for n in sizes for bn in (True, False)}
+    verdicts = [("raises usage", shows(usage[sizes[-1], True], usage[sizes[-1], False]))]
+    if len(sizes) > 1:
+        ends = (sizes[0], sizes[-1])
+        gap = {n: usage[n, True].mean - usage[n, False].mean for n in ends}
+        noise = sum(usage[n, bn].sd for n in ends for bn in (True, False))
+        verdicts.append(("more so as it grows", _beyond(gap[sizes[-1]] - gap[sizes[0]], noise)))
+    return Reading(verdicts, [f"{_slots_label(t2[n, True].slots())} slots: usage {usage[n, True].text()}% with BN "
+                              f"vs {usage[n, False].text()}% without" for n in sizes], tuple(t2.values()))
+
+
+def _product_vs_flat(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+    """Per size of Table 4 run with both key types: usage, and the benchmark's speed at the paper's size."""
+    t4 = cells["table4"]
+    sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
+    verdicts, numbers = [], []
+    for n in sizes:
+        (pp, up, kp), (pf, uf, kf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
+        faster, speed_text = _speed(speeds, ("table4", n, "product"), ("table4", n, "flat"))
+        verdicts += [("usage", shows(up, uf)), ("speed", faster)]
+        numbers.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up.text()}% vs {uf.text()}% "
+                       f"(KL {kp.text(2)} vs {kf.text(2)}), ppl {pp.text()} vs {pf.text()}; at {_slots_label(n * n)} "
+                       f"slots, {speed_text}")
+    return Reading(verdicts, numbers, tuple(t4.values())) if sizes else None
+
+
+def _best_upper(t3: dict[tuple, CellRuns]) -> Measure | None:
+    """The lower perplexity of Table 3's positions 4 and 5, of those run."""
+    upper = [t3[(p,)].measure("ppl") for p in (4, 5) if (p,) in t3]
+    return min(upper, key=lambda m: m.mean) if upper else None
+
+
+def _upper_vs_first(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+    """Table 3: the better of positions 4 and 5 vs position 1: perplexity."""
+    t3 = cells["table3"]
+    best = _best_upper(t3)
+    if best is None or (1,) not in t3:
+        return None
+    first = t3[(1,)].measure("ppl")
+    return Reading([("perplexity", shows(best, first, higher_is_better=False))],
+                   [f"test ppl {best.text()} (best of layers 4/5) vs {first.text()} (layer 1)"], tuple(t3.values()))
+
+
+def _upper_is_best(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+    """Table 3: the better of positions 4 and 5 vs the best of the other positions run: perplexity."""
+    t3 = cells["table3"]
+    best = _best_upper(t3)
+    others = {p: t3[(p,)].measure("ppl") for p in (1, 2, 3, 6) if (p,) in t3}
+    if best is None or not others:
+        return None
+    rival, rival_ppl = min(others.items(), key=lambda item: item[1].mean)
+    return Reading([("perplexity", shows(best, rival_ppl, higher_is_better=False))],
+                   [f"test ppl {best.text()} (best of layers 4/5) vs {rival_ppl.text()} (layer {rival}, the best of "
+                    f"the others run: {', '.join(map(str, others))})"])
+
+
+def _hk(cell: CellRuns) -> str:
+    mem = cell.config["model"]["memory"]
+    return f"(h={mem['heads']}, k={mem['knn']})"
+
+
+def _heads_and_k_usage(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+    """Every pair of Figure 6's cells run where heads or k (one of them) grows: usage."""
+    f6 = cells["figure6"]
+    steps = sorted((a, b) for a in f6 for b in f6
+                   if a[0] <= b[0] and a[1] <= b[1] and (a[0] < b[0]) + (a[1] < b[1]) == 1)  # one of them grows
+    usage = {key: cell.measure("usage") for key, cell in f6.items()}
+    return Reading([("usage", shows(usage[b], usage[a])) for a, b in steps],
+                   [f"{_hk(f6[a])} {usage[a].text()}% -> {_hk(f6[b])} {usage[b].text()}%" for a, b in steps],
+                   tuple(f6.values())) if steps else None
+
+
+# The paper's directions, in the report's order: a new direction is one entry here.
+CHECKS = [
+    Check("A memory beats the same model without it at equal steps (§4.5: 23.0 -> 19.8)", _memory_vs_none),
+    Check("A shallower model with a memory beats a deeper one without, and is faster (Table 1: 12 layers + 1 "
+          "memory vs 24 layers)", _shallow_vs_deep),
+    Check("BatchNorm raises usage, the more so as the memory grows (Table 2)", _batchnorm_usage),
+    Check("Product keys use more of the memory than flat keys, and run faster (Table 4)", _product_vs_flat),
+    Check("A memory in an upper-middle layer (4 or 5 of 6) beats one at layer 1 (Table 3)", _upper_vs_first),
+    Check("The best position is layer 4 or 5 of 6 (Table 3: 5 best, 4 next)", _upper_is_best),
+    Check("More memory heads and a larger k raise usage (Figure 6)", _heads_and_k_usage),
+]
+
+
 def directions(runs: list[RunData], speeds: dict[tuple, float] | None = None) -> list[tuple[str, str, str]]:
-    """[(direction, verdict, the numbers)] for the paper's directions; verdict: 'holds', 'does not hold',
+    """[(direction, verdict, the numbers)] for each of CHECKS; verdict: 'holds', 'does not hold',
     'within noise' (see shows), a combination of them, or 'not run'. Speeds only from `speeds`
     (bench_speeds), never from the runs."""
-    speeds = speeds or {}
-    t1, t2, t3, t4, f6 = (by_cell(runs, t) for t in ("table1", "table2", "table3", "table4", "figure6"))
-    base = baseline_runs(runs)
-    out = []
-
-    with_memory = t2.get((512, True)) or t3.get((5,))
-    name = "A memory beats the same model without it at equal steps (§4.5: 23.0 -> 19.8)"
-    if base and with_memory:
-        a, b = with_memory.measure("ppl"), base.measure("ppl")
-        out.append((name, shows(a, b, higher_is_better=False),
-                    f"test ppl {a.text()} with memory vs {b.text()} without ({_seeds([with_memory, base])})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = ("A shallower model with a memory beats a deeper one without, and is faster (Table 1: 12 layers + 1 "
-            "memory vs 24 layers)")
-    pairs = [(dim, t1[12, dim, 1], t1[24, dim, 0]) for dim in (1024, 1600) if (12, dim, 1) in t1 and (24, dim, 0) in t1]
-    if pairs:
-        better, faster, text = [], [], []
-        for dim, shallow, deep in pairs:
-            ps, pd = shallow.measure("ppl"), deep.measure("ppl")
-            verdict, speed_text = _speed(speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
-            better.append(shows(ps, pd, higher_is_better=False))
-            faster.append(verdict)
-            text.append(f"dim {dim}: ppl {ps.text()} vs {pd.text()} ({_seeds([shallow, deep])}); {speed_text}")
-        out.append((name, _verdicts({"perplexity": _combined(better), "speed": _combined(faster)}), "; ".join(text)))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "BatchNorm raises usage, the more so as the memory grows (Table 2)"
-    sizes = [n for n in KEYS if (n, True) in t2 and (n, False) in t2]
-    if sizes:
-        usage = {(n, bn): t2[n, bn].measure("usage") for n in sizes for bn in (True, False)}
-        parts = {"raises usage": shows(usage[sizes[-1], True], usage[sizes[-1], False])}
-        if len(sizes) > 1:  # the gap at the largest size against the gap at the smallest, each cell's noise summed
-            gap = {n: usage[n, True].mean - usage[n, False].mean for n in (sizes[0], sizes[-1])}
-            noise = sum(usage[n, bn].sd for n in (sizes[0], sizes[-1]) for bn in (True, False))
-            growth = gap[sizes[-1]] - gap[sizes[0]]
-            parts["more so as it grows"] = HOLDS if growth > noise else FAILS if growth < -noise else NOISE
-        out.append((name, _verdicts(parts), "; ".join(
-            f"{_slots_label(t2[n, True].slots())} slots: usage {usage[n, True].text()}% with BN vs "
-            f"{usage[n, False].text()}% without" for n in sizes) + f" ({_seeds(t2.values())})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "Product keys use more of the memory than flat keys, and run faster (Table 4)"
-    sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
-    if sizes:
-        more, faster, text = [], [], []
-        for n in sizes:
-            (pp, up, kp), (pf, uf, kf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
-            verdict, speed_text = _speed(speeds, ("table4", n, "product"), ("table4", n, "flat"))
-            more.append(shows(up, uf))
-            faster.append(verdict)
-            text.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up.text()}% vs {uf.text()}% "
-                        f"(KL {kp.text(2)} vs {kf.text(2)}), ppl {pp.text()} vs {pf.text()}; at {_slots_label(n * n)} "
-                        f"slots, {speed_text}")
-        out.append((name, _verdicts({"usage": _combined(more), "speed": _combined(faster)}),
-                    "; ".join(text) + f" ({_seeds(t4.values())})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "A memory in an upper-middle layer (4 or 5 of 6) beats one at layer 1 (Table 3)"
-    upper = [t3[(p,)] for p in (4, 5) if (p,) in t3]
-    if upper and (1,) in t3:
-        best = min((c.measure("ppl") for c in upper), key=lambda m: m.mean)
-        first = t3[(1,)].measure("ppl")
-        out.append((name, shows(best, first, higher_is_better=False),
-                    f"test ppl {best.text()} (best of layers 4/5) vs {first.text()} (layer 1) ({_seeds(t3.values())})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "The best position is layer 4 or 5 of 6 (Table 3: 5 best, 4 next)"
-    others = {p: t3[(p,)].measure("ppl") for p in (1, 2, 3, 6) if (p,) in t3}
-    if upper and others:
-        best = min((c.measure("ppl") for c in upper), key=lambda m: m.mean)
-        rival, rival_ppl = min(others.items(), key=lambda item: item[1].mean)
-        out.append((name, shows(best, rival_ppl, higher_is_better=False),
-                    f"test ppl {best.text()} (best of layers 4/5) vs {rival_ppl.text()} (layer {rival}, the best of "
-                    f"the others run: {', '.join(map(str, others))})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "More memory heads and a larger k raise usage (Figure 6)"
-    steps = [(a, b) for a in f6 for b in f6 if a != b and a[0] <= b[0] and a[1] <= b[1]
-             and (a[0] < b[0]) + (a[1] < b[1]) == 1]  # one coordinate grows
-    if steps:
-        usage = {key: cell.measure("usage") for key, cell in f6.items()}
-        out.append((name, _combined([shows(usage[b], usage[a]) for a, b in steps]), "; ".join(
-            f"{_hk(f6[a])} {usage[a].text()}% -> {_hk(f6[b])} {usage[b].text()}%" for a, b in sorted(steps))
-            + f" ({_seeds(f6.values())})"))
-    else:
-        out.append((name, "not run", ""))
-    return out
+    cells = {table: by_cell(runs, table) for table in ("baseline", "table1", "table2", "table3", "table4", "figure6")}
+    readings = [(check.claim, check.read(cells, speeds or {})) for check in CHECKS]
+    return [(claim, "not run", "") if r is None else (claim, r.verdict(), r.text()) for claim, r in readings]
 
 
 # ---- figures ---------------------------------------------------------------------------------
