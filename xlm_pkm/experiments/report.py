@@ -59,7 +59,8 @@ PAPER = {
     "baseline": 23.0,  # §4.5: the 6-layer model without memory
     # Figure 6 gives no numbers in the text beyond: h × k = 64 -> usage about 70%, perplexity about 20.5.
 }
-# The paper's grids: n_keys of Tables 2 and 4, memory heads and k of Figure 6 (xlm_pkm.experiments.reproduce runs these cells).
+# The paper's grids: n_keys of Tables 2 and 4, memory heads and k of Figure 6
+# (xlm_pkm.experiments.reproduce runs these cells).
 KEYS = (128, 256, 384, 512, 768, 1024)
 HEADS, KNNS = (1, 2, 4, 8), (8, 16, 32, 64)
 
@@ -73,7 +74,7 @@ class RunData:
     events: list[dict]
     test: dict | None
     cells: list[dict] = field(default_factory=list)  # [{"table", "cell", "key"}]
-    scale: str | None = None  # the reproduction scale it ran at (reproduce.json), None: not from xlm_pkm.experiments.reproduce
+    scale: str | None = None  # the reproduction scale it ran at (reproduce.json); None: not from reproduce
 
     @property
     def name(self) -> str:
@@ -174,15 +175,20 @@ def baseline_runs(runs: list[RunData]) -> CellRuns | None:
     return by_cell(runs, "baseline").get(())
 
 
+def _words_per_s(row: dict) -> float | None:
+    """A benchmark row's speed: words/s, else tokens/s."""
+    return row.get("words_per_s") or row.get("tokens_per_s")
+
+
 def bench_speeds(benches: list[dict]) -> dict[tuple, float]:
     """Words/s of inference_speed benchmark rows: {("table4", n_keys, key_type) | ("table1", layers, dim,
     memories): words/s}, at the paper's sizes (the benchmark times paper-size models)."""
     speeds = {}
     for bench in benches:
         for row in bench.get("table4", {}).get("rows", []):
-            speeds["table4", row["n_keys"], row["key_type"]] = row.get("words_per_s") or row.get("tokens_per_s")
+            speeds["table4", row["n_keys"], row["key_type"]] = _words_per_s(row)
         for row in bench.get("figure4", {}).get("rows", []):
-            speeds["table1", row["layers"], row["dim"], row["memories"]] = row.get("words_per_s") or row.get("tokens_per_s")
+            speeds["table1", row["layers"], row["dim"], row["memories"]] = _words_per_s(row)
     return speeds
 
 
@@ -210,12 +216,19 @@ def _slots_label(n_slots: int) -> str:
     return f"{n_slots / 1e6:.1f}M" if n_slots >= 1e6 else f"{round(n_slots / 1e3)}k" if n_slots >= 1e3 else str(n_slots)
 
 
-METRICS = ("ppl", "usage", "kl")
+# A cell's test statistics, in the paper's tables' order: (CellRuns.measure's metric, row label, digits)
+STATS = (("ppl", "Perplexity", 1), ("usage", "Usage (%)", 1), ("kl", "KL", 2))
 
 
 def _stats(cell: CellRuns | None) -> tuple:
     """(ppl, usage %, KL) Measures of a cell's test results; Nones when absent."""
-    return tuple(cell.measure(m) if cell else None for m in METRICS)
+    return tuple(cell.measure(metric) if cell else None for metric, _, _ in STATS)
+
+
+def _stats_rows(cells: dict[tuple, CellRuns], columns: list[tuple[tuple, tuple]]) -> list[list[str]]:
+    """A row per STATS, a column per (cell key, the paper's numbers): ours (paper's)."""
+    return [[label, *(_pair(_stats(cells.get(key))[i], paper[i], digits) for key, paper in columns)]
+            for i, (_, label, digits) in enumerate(STATS)]
 
 
 def table1_md(runs: list[RunData]) -> str:
@@ -228,33 +241,30 @@ def table1_md(runs: list[RunData]) -> str:
         theirs = ours.get((kind, value))
         return f"{value}" + (f" (ours {theirs})" if theirs is not None and theirs != value else "")
 
-    header = ["", *(f"dim {label('dim', d)}, N={n}" for d, ns in ((1024, range(4)), (1600, range(2))) for n in ns)]
+    columns = [(1024, n) for n in range(4)] + [(1600, n) for n in range(2)]  # (dim, memories)
+    header = ["", *(f"dim {label('dim', dim)}, N={n}" for dim, n in columns)]
     rows = []
     for layers in (12, 16, 24):
         row = [f"{label('layers', layers)} layers"]
-        for dim, ns in ((1024, range(4)), (1600, range(2))):
-            for n in ns:
-                paper = PAPER["table1"].get((layers, dim, n))
-                run = cells.get((layers, dim, n))
-                row.append(_pair(run.measure("ppl") if run else None, paper) if paper or run else "-")
+        for dim, n in columns:
+            paper = PAPER["table1"].get((layers, dim, n))
+            run = cells.get((layers, dim, n))
+            row.append(_pair(run.measure("ppl") if run else None, paper) if paper or run else "-")
         rows.append(row)
     return _md_table(header, rows)
 
 
-def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tuple[str, int], ...],
-              speeds: dict[tuple, float] | None = None) -> str:
+def _sizes_md(runs: list[RunData], table: str, variants: dict, speeds: dict[tuple, float] | None = None) -> str:
     """Tables 2 and 4: a column per paper size (ours, where a run says) and variant {key: label}, a row
-    per (metric, digits) of _stats; ours (paper's). With `speeds` (Table 4), a last row of the
-    benchmark's words/s at the paper's size beside the paper's."""
+    per STATS; ours (paper's). With `speeds` (Table 4), a last row of the benchmark's words/s at the
+    paper's size beside the paper's."""
     cells = by_cell(runs, table)
     sizes = []
     for n in KEYS:
         ours = next((run.slots() for k, run in cells.items() if k[0] == n and run.slots()), None)
         sizes.append(_slots_label(n * n) + (f" (ours {_slots_label(ours)})" if ours else ""))
     header = ["", *(f"{s} {label}" for s in sizes for label in variants.values())]
-    rows = [[metric, *(_pair(_stats(cells.get((n, v)))[i], PAPER[table][n, v][i], digits)
-                       for n in KEYS for v in variants)]
-            for i, (metric, digits) in enumerate(metrics)]
+    rows = _stats_rows(cells, [((n, v), PAPER[table][n, v]) for n in KEYS for v in variants])
     if speeds is not None:
         rows.append(["Speed (words/s, benchmark at the paper's size)",
                      *(_pair(speeds.get((table, n, v)), PAPER[table][n, v][3], 0) for n in KEYS for v in variants)])
@@ -262,21 +272,16 @@ def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tu
 
 
 def table2_md(runs: list[RunData]) -> str:
-    return _sizes_md(runs, "table2", {False: "no BN", True: "BN"},
-                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2)))
+    return _sizes_md(runs, "table2", {False: "no BN", True: "BN"})
 
 
 def table3_md(runs: list[RunData]) -> str:
-    cells = by_cell(runs, "table3")
-    rows = [[metric, *(_pair(_stats(cells.get((p,)))[i], PAPER["table3"][p][i], 2 if i == 2 else 1)
-                       for p in range(1, 7))]
-            for i, metric in enumerate(("Perplexity", "Usage (%)", "KL"))]
+    rows = _stats_rows(by_cell(runs, "table3"), [((p,), PAPER["table3"][p]) for p in range(1, 7)])
     return _md_table(["Position", *map(str, range(1, 7))], rows)
 
 
 def table4_md(runs: list[RunData], speeds: dict[tuple, float]) -> str:
-    return _sizes_md(runs, "table4", {"flat": "flat", "product": "product"},
-                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2)), speeds)
+    return _sizes_md(runs, "table4", {"flat": "flat", "product": "product"}, speeds)
 
 
 def figure6_md(runs: list[RunData]) -> str:
@@ -284,8 +289,8 @@ def figure6_md(runs: list[RunData]) -> str:
     ours = {k: r.config["model"]["memory"]["knn"] for (_, k), r in cells.items()}
     header = ["", *(f"k={k}" + (f" (ours {ours[k]})" if ours.get(k, k) != k else "") for k in KNNS)]
     out = []
-    for i, metric in ((0, "Perplexity"), (1, "Usage (%)")):
-        rows = [[f"{h} heads", *(_num(_stats(cells.get((h, k)))[i]) for k in KNNS)] for h in HEADS]
+    for i, (_, metric, digits) in enumerate(STATS[:2]):  # perplexity and usage
+        rows = [[f"{h} heads", *(_num(_stats(cells.get((h, k)))[i], digits) for k in KNNS)] for h in HEADS]
         out.append(f"{metric}:\n\n" + _md_table(header, rows))
     return "\n\n".join(out)
 
@@ -554,12 +559,14 @@ def plot_figure4(runs: list[RunData], speeds: dict[tuple, float], path: Path) ->
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for with_memory, marker in ((False, "o"), (True, "s")):
-        group = [(speeds["table1", *key], cell.measure("ppl"), key) for key, cell in points if (key[2] > 0) == with_memory]
+        group = [(speeds["table1", *key], cell.measure("ppl"), key) for key, cell in points
+                 if (key[2] > 0) == with_memory]
         if group:
             ax.errorbar([g[0] for g in group], [g[1].mean for g in group], yerr=[g[1].sd for g in group],
                         fmt=marker, capsize=3, label="with memory" if with_memory else "without memory")
         for speed, ppl, (layers, dim, n) in group:
-            ax.annotate(f"{layers}L d{dim} N={n}", (speed, ppl.mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(f"{layers}L d{dim} N={n}", (speed, ppl.mean), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
     ax.set(xlabel="inference speed of the paper-size model (words/s, benchmark)",
            ylabel="test perplexity (ours, reduced scale)", title="Figure 4: perplexity vs inference speed")
     ax.legend()
@@ -617,9 +624,8 @@ def plot_figure7(benches: list[dict], path: Path) -> Path | None:
     series = {}
     for bench in benches:
         for row in bench.get("table4", {}).get("rows", []):
-            speed = row.get("words_per_s") or row.get("tokens_per_s")
             series.setdefault((f"benchmark, {bench['settings'].get('dtype', '')}", row["key_type"]), []).append(
-                (row["slots"], speed))
+                (row["slots"], _words_per_s(row)))
     if not series:
         return None
     plt = _pyplot()
@@ -680,8 +686,8 @@ def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), intro
         + (f"; made by `{command}`." if command else "."),
         "Each table cell is ours, then the paper's number in parentheses; `·` is a cell not run, `-` one the "
         "paper does not report. Ours is the mean ± the standard deviation over the cell's seeds (a bare number: "
-        "one seed). At a reduced scale the sizes differ from the paper's (see xlm_pkm/experiments/reproduce.py); the column "
-        "labels give ours.",
+        "one seed). At a reduced scale the sizes differ from the paper's (see xlm_pkm/experiments/reproduce.py); "
+        "the column labels give ours.",
         "A direction **holds** when the gap between the two cells' means, in the paper's direction, exceeds the sum "
         "of their standard deviations over seeds (with one seed, any gap), **does not hold** when the opposite gap "
         "does, and is **within noise** otherwise.",
