@@ -355,7 +355,18 @@ def _seeds(cells) -> str:
     return f"{'/'.join(map(str, n))} seed{'s' if n != [1] else ''}"
 
 
-Cells = dict[str, dict[tuple, CellRuns]]  # {table: by_cell(runs, table)}; the baseline is cells["baseline"][()]
+@dataclass(frozen=True)
+class Cells:
+    """What the checks read: each table's cells run ({cell key: its runs}, by_cell), the runs without memory,
+    and the benchmark's words/s of the cells' paper-size models (bench_speeds; never the runs' own)."""
+
+    table1: dict[tuple, CellRuns]
+    table2: dict[tuple, CellRuns]
+    table3: dict[tuple, CellRuns]
+    table4: dict[tuple, CellRuns]
+    figure6: dict[tuple, CellRuns]
+    baseline: CellRuns | None
+    speeds: dict[tuple, float]
 
 
 @dataclass(frozen=True)
@@ -381,15 +392,15 @@ class Reading:
 @dataclass(frozen=True)
 class Check:
     """A direction of the paper: the claim as the report words it, and how to read it from the cells run
-    (None: they were not). Speeds come only from the benchmark's (bench_speeds), never from the runs."""
+    (None: they were not)."""
 
     claim: str
-    read: Callable[[Cells, dict[tuple, float]], Reading | None]
+    read: Callable[[Cells], Reading | None]
 
 
-def _memory_vs_none(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+def _memory_vs_none(cells: Cells) -> Reading | None:
     """The ablation model (Table 2's 512²/BatchNorm cell, else Table 3's position 5) vs the baseline: perplexity."""
-    memory, base = cells["table2"].get((512, True)) or cells["table3"].get((5,)), cells["baseline"].get(())
+    memory, base = cells.table2.get((512, True)) or cells.table3.get((5,)), cells.baseline
     if not (memory and base):
         return None
     a, b = memory.measure("ppl"), base.measure("ppl")
@@ -397,24 +408,24 @@ def _memory_vs_none(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
                    [f"test ppl {a.text()} with memory vs {b.text()} without"], (memory, base))
 
 
-def _shallow_vs_deep(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+def _shallow_vs_deep(cells: Cells) -> Reading | None:
     """Per width run, Table 1's 12 layers + 1 memory vs 24 layers without: perplexity and speed."""
-    t1 = cells["table1"]
+    t1 = cells.table1
     dims = [dim for dim in (1024, 1600) if (12, dim, 1) in t1 and (24, dim, 0) in t1]
     verdicts, numbers = [], []
     for dim in dims:
         shallow, deep = t1[12, dim, 1], t1[24, dim, 0]
         ps, pd = shallow.measure("ppl"), deep.measure("ppl")
-        faster, speed_text = _speed(speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
+        faster, speed_text = _speed(cells.speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
         verdicts += [("perplexity", shows(ps, pd, higher_is_better=False)), ("speed", faster)]
         numbers.append(f"dim {dim}: ppl {ps.text()} vs {pd.text()} ({_seeds([shallow, deep])}); {speed_text}")
     return Reading(verdicts, numbers) if dims else None
 
 
-def _batchnorm_usage(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+def _batchnorm_usage(cells: Cells) -> Reading | None:
     """Table 2's sizes run with and without BatchNorm: usage at the largest, and its gap there against the
     smallest's (each cell's noise summed)."""
-    t2 = cells["table2"]
+    t2 = cells.table2
     sizes = [n for n in KEYS if (n, True) in t2 and (n, False) in t2]
     if not sizes:
         return None
@@ -429,14 +440,14 @@ def _batchnorm_usage(cells: Cells, speeds: dict[tuple, float]) -> Reading | None
                               f"vs {usage[n, False].text()}% without" for n in sizes], tuple(t2.values()))
 
 
-def _product_vs_flat(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+def _product_vs_flat(cells: Cells) -> Reading | None:
     """Per size of Table 4 run with both key types: usage, and the benchmark's speed at the paper's size."""
-    t4 = cells["table4"]
+    t4 = cells.table4
     sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
     verdicts, numbers = [], []
     for n in sizes:
         (pp, up, kp), (pf, uf, kf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
-        faster, speed_text = _speed(speeds, ("table4", n, "product"), ("table4", n, "flat"))
+        faster, speed_text = _speed(cells.speeds, ("table4", n, "product"), ("table4", n, "flat"))
         verdicts += [("usage", shows(up, uf)), ("speed", faster)]
         numbers.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up.text()}% vs {uf.text()}% "
                        f"(KL {kp.text(2)} vs {kf.text(2)}), ppl {pp.text()} vs {pf.text()}; at {_slots_label(n * n)} "
@@ -450,9 +461,9 @@ def _best_upper(t3: dict[tuple, CellRuns]) -> Measure | None:
     return min(upper, key=lambda m: m.mean) if upper else None
 
 
-def _upper_vs_first(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+def _upper_vs_first(cells: Cells) -> Reading | None:
     """Table 3: the better of positions 4 and 5 vs position 1: perplexity."""
-    t3 = cells["table3"]
+    t3 = cells.table3
     best = _best_upper(t3)
     if best is None or (1,) not in t3:
         return None
@@ -461,9 +472,9 @@ def _upper_vs_first(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
                    [f"test ppl {best.text()} (best of layers 4/5) vs {first.text()} (layer 1)"], tuple(t3.values()))
 
 
-def _upper_is_best(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+def _upper_is_best(cells: Cells) -> Reading | None:
     """Table 3: the better of positions 4 and 5 vs the best of the other positions run: perplexity."""
-    t3 = cells["table3"]
+    t3 = cells.table3
     best = _best_upper(t3)
     others = {p: t3[(p,)].measure("ppl") for p in (1, 2, 3, 6) if (p,) in t3}
     if best is None or not others:
@@ -479,9 +490,9 @@ def _hk(cell: CellRuns) -> str:
     return f"(h={mem['heads']}, k={mem['knn']})"
 
 
-def _heads_and_k_usage(cells: Cells, speeds: dict[tuple, float]) -> Reading | None:
+def _heads_and_k_usage(cells: Cells) -> Reading | None:
     """Every pair of Figure 6's cells run where heads or k (one of them) grows: usage."""
-    f6 = cells["figure6"]
+    f6 = cells.figure6
     steps = sorted((a, b) for a in f6 for b in f6
                    if a[0] <= b[0] and a[1] <= b[1] and (a[0] < b[0]) + (a[1] < b[1]) == 1)  # one of them grows
     usage = {key: cell.measure("usage") for key, cell in f6.items()}
@@ -507,8 +518,9 @@ def directions(runs: list[RunData], speeds: dict[tuple, float] | None = None) ->
     """[(direction, verdict, the numbers)] for each of CHECKS; verdict: 'holds', 'does not hold',
     'within noise' (see shows), a combination of them, or 'not run'. Speeds only from `speeds`
     (bench_speeds), never from the runs."""
-    cells = {table: by_cell(runs, table) for table in ("baseline", "table1", "table2", "table3", "table4", "figure6")}
-    readings = [(check.claim, check.read(cells, speeds or {})) for check in CHECKS]
+    cells = Cells(*(by_cell(runs, table) for table in ("table1", "table2", "table3", "table4", "figure6")),
+                  baseline_runs(runs), speeds or {})
+    readings = [(check.claim, check.read(cells)) for check in CHECKS]
     return [(claim, "not run", "") if r is None else (claim, r.verdict(), r.text()) for claim, r in readings]
 
 
