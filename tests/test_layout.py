@@ -1,5 +1,6 @@
 """The package's layout: no import cycle, and no import back up a layer. Each subpackage's __init__.py
-lists its files and says which layers it may import ("May import: ..."); these tests hold it to that."""
+lists its files and says which layers it may import ("May import: ..."), or single modules of a layer
+("data.dictionary"); these tests hold it to that."""
 
 import ast
 import re
@@ -71,6 +72,12 @@ def _allowed(package: Path) -> set[str]:
     return allowed | ({"model.memory"} if "model" in allowed else set())  # model.memory is below model
 
 
+def _permitted(module: str, allowed: set[str]) -> bool:
+    """Whether the xlm_pkm module (or name in it) `module` is in an allowed layer or an allowed single module."""
+    dotted = module.removeprefix("xlm_pkm.")
+    return _layer(module) in allowed or any(dotted == a or dotted.startswith(a + ".") for a in allowed if "." in a)
+
+
 def _module_name(path: Path) -> str:
     return ".".join(path.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
 
@@ -81,8 +88,20 @@ def test_a_subpackage_imports_only_the_layers_its_docstring_allows(package):
     allowed = _allowed(package) | {layer}
     for path in sorted(package.glob("*.py")):
         name = _module_name(path)
-        used = {_layer(m) for m in _imports(path, name if path.name == "__init__.py" else name.rsplit(".", 1)[0])}
-        assert used <= allowed, f"{path.relative_to(ROOT)} imports {sorted(used - allowed)}: not below its layer"
+        imported = _imports(path, name if path.name == "__init__.py" else name.rsplit(".", 1)[0])
+        outside = sorted({m for m in imported if not _permitted(m, allowed)})
+        assert not outside, f"{path.relative_to(ROOT)} imports {outside}: not below its layer"
+
+
+@pytest.mark.parametrize("package", SUBPACKAGES, ids=lambda p: ".".join(p.relative_to(PACKAGE).parts))
+def test_a_single_module_allowed_imports_only_what_its_importer_may(package):
+    """A module allowed on its own (model may import data.dictionary, not data) brings no other of its layer."""
+    allowed = _allowed(package) | {_layer(_module_name(package / "__init__.py"))}
+    for single in sorted(a for a in allowed if "." in a and a != "model.memory"):
+        path = PACKAGE.joinpath(*single.split(".")).with_suffix(".py")
+        imported = _imports(path, "xlm_pkm." + single.rsplit(".", 1)[0])
+        outside = sorted({m for m in imported if not _permitted(m, allowed)})
+        assert not outside, f"{path.relative_to(ROOT)} imports {outside}, which {package.name}/ may not"
 
 
 @pytest.mark.parametrize("module", sorted(TOP_LEVEL))

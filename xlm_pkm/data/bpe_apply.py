@@ -21,8 +21,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .dictionary import BPE_CONTINUATION
+
 END_WORD = "</w>"
-CONTINUATION = "@@"
 
 
 class BPEApplyError(ValueError):
@@ -71,7 +72,7 @@ class BPE:
         """One word's subwords, joined by `@@ ` (cached)."""
         if word not in self._cache:
             subwords = self._limit_vocab(self._merge(self._characters(word)))
-            self._cache[word] = (CONTINUATION + " ").join(subwords)[: -len(END_WORD)]
+            self._cache[word] = (BPE_CONTINUATION + " ").join(subwords)[: -len(END_WORD)]
         return self._cache[word]
 
     @staticmethod
@@ -99,7 +100,7 @@ class BPE:
 
     def _known(self, subword: str, final: bool) -> bool:
         """The vocabulary has the subword as it is written: the last one without `</w>`, the others with `@@`."""
-        return (subword.removesuffix(END_WORD) if final else subword + CONTINUATION) in self.vocab
+        return (subword.removesuffix(END_WORD) if final else subword + BPE_CONTINUATION) in self.vocab
 
     def _limit_vocab(self, subwords: list[str]) -> list[str]:
         if not self.vocab:

@@ -4,6 +4,11 @@
     </s>=1   ends every line of a document (as in XLM)
     <pad>=2
     <unk>=3  any word not in the vocab file
+
+The one home of the special tokens (SPECIALS) and of fastBPE's continuation marker (BPE_CONTINUATION,
+ending every piece that does not end its word): the rest of data/, and Engram's token compression in
+model/memory/, read them here. This module imports no other of xlm_pkm's, nor torch, so that the model
+may.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 SPECIALS = ("<s>", "</s>", "<pad>", "<unk>")
-BPE_CONTINUATION = "@@"
+BPE_CONTINUATION = "@@"  # `to@@ ken`: the piece `to@@` continues into the next
 
 
 class DictionaryError(ValueError):

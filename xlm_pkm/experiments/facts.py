@@ -132,7 +132,7 @@ def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str,
                      held_out_docs: int = 2) -> Path:
     """DIR: facts.jsonl, documents.jsonl, the processed data (train/valid/test, codes, vocab, meta.json) and
     fact_batches.json (every paraphrase of every fact, tokenised with DIR's codes and vocabulary)."""
-    from xlm_pkm.data.dictionary import Dictionary
+    from xlm_pkm.data.dictionary import BPE_CONTINUATION, Dictionary
     from xlm_pkm.data.fact_batches import write_fact_batches
     from xlm_pkm.data.preprocess import preprocess
     from xlm_pkm.data.text_codec import TextCodec
@@ -142,7 +142,7 @@ def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str,
                          f"every fact stays in train")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    words = {w for w in Dictionary.load(vocab).words if not w.endswith("@@")}
+    words = {w for w in Dictionary.load(vocab).words if not w.endswith(BPE_CONTINUATION)}
     facts = generate_facts(n, seed, exclude=words)
     (out / "facts.jsonl").write_text("".join(json.dumps(asdict(f)) + "\n" for f in facts), encoding="utf-8")
     source = out / "documents.jsonl"

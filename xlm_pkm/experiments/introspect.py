@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from xlm_pkm.checkpoint.trained import load_trained
+from xlm_pkm.data.dictionary import BPE_CONTINUATION
 from xlm_pkm.data.moses import detokenize_pieces
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.runtime.distributed import DistEnv
@@ -79,8 +80,8 @@ def slot_contexts(path: str | Path, split: str = "test", top_slots: int = 8, per
                 seq = batches[b][row].tolist()
                 left = [words[i] for i in seq[max(0, pos - window):pos]]
                 reads.append({"weight": round(w, 4), "context": detokenize_pieces(left),
-                              "token": words[seq[pos]].removesuffix("@@"),
-                              "next": words[seq[pos + 1]].removesuffix("@@") if pos + 1 < len(seq) else ""})
+                              "token": words[seq[pos]].removesuffix(BPE_CONTINUATION),
+                              "next": words[seq[pos + 1]].removesuffix(BPE_CONTINUATION) if pos + 1 < len(seq) else ""})
             found.append({"slot": slot, "weight": round(float(usage[layer][slot]), 3), "reads": reads})
         out.append({"layer": layer, "tokens": sum(x.numel() for x in batches), "slots": found})
     return out

@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,7 +59,8 @@ PAPER = {
     "baseline": 23.0,  # §4.5: the 6-layer model without memory
     # Figure 6 gives no numbers in the text beyond: h × k = 64 -> usage about 70%, perplexity about 20.5.
 }
-# The paper's grids: n_keys of Tables 2 and 4, memory heads and k of Figure 6 (xlm_pkm.experiments.reproduce runs these cells).
+# The paper's grids: n_keys of Tables 2 and 4, memory heads and k of Figure 6
+# (xlm_pkm.experiments.reproduce runs these cells).
 KEYS = (128, 256, 384, 512, 768, 1024)
 HEADS, KNNS = (1, 2, 4, 8), (8, 16, 32, 64)
 
@@ -72,7 +74,7 @@ class RunData:
     events: list[dict]
     test: dict | None
     cells: list[dict] = field(default_factory=list)  # [{"table", "cell", "key"}]
-    scale: str | None = None  # the reproduction scale it ran at (reproduce.json), None: not from xlm_pkm.experiments.reproduce
+    scale: str | None = None  # the reproduction scale it ran at (reproduce.json); None: not from reproduce
 
     @property
     def name(self) -> str:
@@ -173,15 +175,20 @@ def baseline_runs(runs: list[RunData]) -> CellRuns | None:
     return by_cell(runs, "baseline").get(())
 
 
+def _words_per_s(row: dict) -> float | None:
+    """A benchmark row's speed: words/s, else tokens/s."""
+    return row.get("words_per_s") or row.get("tokens_per_s")
+
+
 def bench_speeds(benches: list[dict]) -> dict[tuple, float]:
     """Words/s of inference_speed benchmark rows: {("table4", n_keys, key_type) | ("table1", layers, dim,
     memories): words/s}, at the paper's sizes (the benchmark times paper-size models)."""
     speeds = {}
     for bench in benches:
         for row in bench.get("table4", {}).get("rows", []):
-            speeds["table4", row["n_keys"], row["key_type"]] = row.get("words_per_s") or row.get("tokens_per_s")
+            speeds["table4", row["n_keys"], row["key_type"]] = _words_per_s(row)
         for row in bench.get("figure4", {}).get("rows", []):
-            speeds["table1", row["layers"], row["dim"], row["memories"]] = row.get("words_per_s") or row.get("tokens_per_s")
+            speeds["table1", row["layers"], row["dim"], row["memories"]] = _words_per_s(row)
     return speeds
 
 
@@ -209,12 +216,19 @@ def _slots_label(n_slots: int) -> str:
     return f"{n_slots / 1e6:.1f}M" if n_slots >= 1e6 else f"{round(n_slots / 1e3)}k" if n_slots >= 1e3 else str(n_slots)
 
 
-METRICS = ("ppl", "usage", "kl")
+# A cell's test statistics, in the paper's tables' order: (CellRuns.measure's metric, row label, digits)
+STATS = (("ppl", "Perplexity", 1), ("usage", "Usage (%)", 1), ("kl", "KL", 2))
 
 
 def _stats(cell: CellRuns | None) -> tuple:
     """(ppl, usage %, KL) Measures of a cell's test results; Nones when absent."""
-    return tuple(cell.measure(m) if cell else None for m in METRICS)
+    return tuple(cell.measure(metric) if cell else None for metric, _, _ in STATS)
+
+
+def _stats_rows(cells: dict[tuple, CellRuns], columns: list[tuple[tuple, tuple]]) -> list[list[str]]:
+    """A row per STATS, a column per (cell key, the paper's numbers): ours (paper's)."""
+    return [[label, *(_pair(_stats(cells.get(key))[i], paper[i], digits) for key, paper in columns)]
+            for i, (_, label, digits) in enumerate(STATS)]
 
 
 def table1_md(runs: list[RunData]) -> str:
@@ -227,33 +241,30 @@ def table1_md(runs: list[RunData]) -> str:
         theirs = ours.get((kind, value))
         return f"{value}" + (f" (ours {theirs})" if theirs is not None and theirs != value else "")
 
-    header = ["", *(f"dim {label('dim', d)}, N={n}" for d, ns in ((1024, range(4)), (1600, range(2))) for n in ns)]
+    columns = [(1024, n) for n in range(4)] + [(1600, n) for n in range(2)]  # (dim, memories)
+    header = ["", *(f"dim {label('dim', dim)}, N={n}" for dim, n in columns)]
     rows = []
     for layers in (12, 16, 24):
         row = [f"{label('layers', layers)} layers"]
-        for dim, ns in ((1024, range(4)), (1600, range(2))):
-            for n in ns:
-                paper = PAPER["table1"].get((layers, dim, n))
-                run = cells.get((layers, dim, n))
-                row.append(_pair(run.measure("ppl") if run else None, paper) if paper or run else "-")
+        for dim, n in columns:
+            paper = PAPER["table1"].get((layers, dim, n))
+            run = cells.get((layers, dim, n))
+            row.append(_pair(run.measure("ppl") if run else None, paper) if paper or run else "-")
         rows.append(row)
     return _md_table(header, rows)
 
 
-def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tuple[str, int], ...],
-              speeds: dict[tuple, float] | None = None) -> str:
+def _sizes_md(runs: list[RunData], table: str, variants: dict, speeds: dict[tuple, float] | None = None) -> str:
     """Tables 2 and 4: a column per paper size (ours, where a run says) and variant {key: label}, a row
-    per (metric, digits) of _stats; ours (paper's). With `speeds` (Table 4), a last row of the
-    benchmark's words/s at the paper's size beside the paper's."""
+    per STATS; ours (paper's). With `speeds` (Table 4), a last row of the benchmark's words/s at the
+    paper's size beside the paper's."""
     cells = by_cell(runs, table)
     sizes = []
     for n in KEYS:
         ours = next((run.slots() for k, run in cells.items() if k[0] == n and run.slots()), None)
         sizes.append(_slots_label(n * n) + (f" (ours {_slots_label(ours)})" if ours else ""))
     header = ["", *(f"{s} {label}" for s in sizes for label in variants.values())]
-    rows = [[metric, *(_pair(_stats(cells.get((n, v)))[i], PAPER[table][n, v][i], digits)
-                       for n in KEYS for v in variants)]
-            for i, (metric, digits) in enumerate(metrics)]
+    rows = _stats_rows(cells, [((n, v), PAPER[table][n, v]) for n in KEYS for v in variants])
     if speeds is not None:
         rows.append(["Speed (words/s, benchmark at the paper's size)",
                      *(_pair(speeds.get((table, n, v)), PAPER[table][n, v][3], 0) for n in KEYS for v in variants)])
@@ -261,21 +272,16 @@ def _sizes_md(runs: list[RunData], table: str, variants: dict, metrics: tuple[tu
 
 
 def table2_md(runs: list[RunData]) -> str:
-    return _sizes_md(runs, "table2", {False: "no BN", True: "BN"},
-                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2)))
+    return _sizes_md(runs, "table2", {False: "no BN", True: "BN"})
 
 
 def table3_md(runs: list[RunData]) -> str:
-    cells = by_cell(runs, "table3")
-    rows = [[metric, *(_pair(_stats(cells.get((p,)))[i], PAPER["table3"][p][i], 2 if i == 2 else 1)
-                       for p in range(1, 7))]
-            for i, metric in enumerate(("Perplexity", "Usage (%)", "KL"))]
+    rows = _stats_rows(by_cell(runs, "table3"), [((p,), PAPER["table3"][p]) for p in range(1, 7)])
     return _md_table(["Position", *map(str, range(1, 7))], rows)
 
 
 def table4_md(runs: list[RunData], speeds: dict[tuple, float]) -> str:
-    return _sizes_md(runs, "table4", {"flat": "flat", "product": "product"},
-                     (("Perplexity", 1), ("Usage (%)", 1), ("KL", 2)), speeds)
+    return _sizes_md(runs, "table4", {"flat": "flat", "product": "product"}, speeds)
 
 
 def figure6_md(runs: list[RunData]) -> str:
@@ -283,8 +289,8 @@ def figure6_md(runs: list[RunData]) -> str:
     ours = {k: r.config["model"]["memory"]["knn"] for (_, k), r in cells.items()}
     header = ["", *(f"k={k}" + (f" (ours {ours[k]})" if ours.get(k, k) != k else "") for k in KNNS)]
     out = []
-    for i, metric in ((0, "Perplexity"), (1, "Usage (%)")):
-        rows = [[f"{h} heads", *(_num(_stats(cells.get((h, k)))[i]) for k in KNNS)] for h in HEADS]
+    for i, (_, metric, digits) in enumerate(STATS[:2]):  # perplexity and usage
+        rows = [[f"{h} heads", *(_num(_stats(cells.get((h, k)))[i], digits) for k in KNNS)] for h in HEADS]
         out.append(f"{metric}:\n\n" + _md_table(header, rows))
     return "\n\n".join(out)
 
@@ -305,22 +311,20 @@ def runs_md(runs: list[RunData]) -> str:
                       "test ppl", "usage %", "KL", "wall min"], rows)
 
 
-def _hk(cell: CellRuns) -> str:
-    mem = cell.config["model"]["memory"]
-    return f"(h={mem['heads']}, k={mem['knn']})"
-
-
 # ---- the paper's directions, checked on whatever was run ---------------------------------------
 
 HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
 
 
+def _beyond(gap: float, noise: float) -> str:
+    """The verdict of a gap, in the claimed direction, against its noise."""
+    return HOLDS if gap > noise else FAILS if gap < -noise else NOISE
+
+
 def shows(better: Measure, worse: Measure, higher_is_better: bool = True) -> str:
     """Whether `better` beats `worse` beyond noise: the gap between their means, in the claimed
     direction, against the sum of their standard deviations over seeds."""
-    gap = (better.mean - worse.mean) * (1 if higher_is_better else -1)
-    noise = better.sd + worse.sd
-    return HOLDS if gap > noise else FAILS if gap < -noise else NOISE
+    return _beyond((better.mean - worse.mean) * (1 if higher_is_better else -1), better.sd + worse.sd)
 
 
 def _combined(verdicts: list[str]) -> str:
@@ -351,104 +355,173 @@ def _seeds(cells) -> str:
     return f"{'/'.join(map(str, n))} seed{'s' if n != [1] else ''}"
 
 
+@dataclass(frozen=True)
+class Cells:
+    """What the checks read: each table's cells run ({cell key: its runs}, by_cell), the runs without memory,
+    and the benchmark's words/s of the cells' paper-size models (bench_speeds; never the runs' own)."""
+
+    table1: dict[tuple, CellRuns]
+    table2: dict[tuple, CellRuns]
+    table3: dict[tuple, CellRuns]
+    table4: dict[tuple, CellRuns]
+    figure6: dict[tuple, CellRuns]
+    baseline: CellRuns | None
+    speeds: dict[tuple, float]
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A direction read from the runs: each comparison's (part, verdict), the numbers behind them, and the
+    cells whose seed counts close the numbers (none: the numbers give their seeds themselves, or none)."""
+
+    verdicts: list[tuple[str, str]]
+    numbers: list[str]
+    seeds_of: tuple[CellRuns, ...] = ()
+
+    def verdict(self) -> str:
+        """Each part's comparisons as one verdict (_combined), then the parts as one (_verdicts)."""
+        parts: dict[str, list[str]] = {}
+        for part, verdict in self.verdicts:
+            parts.setdefault(part, []).append(verdict)
+        return _verdicts({part: _combined(verdicts) for part, verdicts in parts.items()})
+
+    def text(self) -> str:
+        return "; ".join(self.numbers) + (f" ({_seeds(self.seeds_of)})" if self.seeds_of else "")
+
+
+@dataclass(frozen=True)
+class Check:
+    """A direction of the paper: the claim as the report words it, and how to read it from the cells run
+    (None: they were not)."""
+
+    claim: str
+    read: Callable[[Cells], Reading | None]
+
+
+def _memory_vs_none(cells: Cells) -> Reading | None:
+    """The ablation model (Table 2's 512²/BatchNorm cell, else Table 3's position 5) vs the baseline: perplexity."""
+    memory, base = cells.table2.get((512, True)) or cells.table3.get((5,)), cells.baseline
+    if not (memory and base):
+        return None
+    a, b = memory.measure("ppl"), base.measure("ppl")
+    return Reading([("perplexity", shows(a, b, higher_is_better=False))],
+                   [f"test ppl {a.text()} with memory vs {b.text()} without"], (memory, base))
+
+
+def _shallow_vs_deep(cells: Cells) -> Reading | None:
+    """Per width run, Table 1's 12 layers + 1 memory vs 24 layers without: perplexity and speed."""
+    t1 = cells.table1
+    dims = [dim for dim in (1024, 1600) if (12, dim, 1) in t1 and (24, dim, 0) in t1]
+    verdicts, numbers = [], []
+    for dim in dims:
+        shallow, deep = t1[12, dim, 1], t1[24, dim, 0]
+        ps, pd = shallow.measure("ppl"), deep.measure("ppl")
+        faster, speed_text = _speed(cells.speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
+        verdicts += [("perplexity", shows(ps, pd, higher_is_better=False)), ("speed", faster)]
+        numbers.append(f"dim {dim}: ppl {ps.text()} vs {pd.text()} ({_seeds([shallow, deep])}); {speed_text}")
+    return Reading(verdicts, numbers) if dims else None
+
+
+def _batchnorm_usage(cells: Cells) -> Reading | None:
+    """Table 2's sizes run with and without BatchNorm: usage at the largest, and its gap there against the
+    smallest's (each cell's noise summed)."""
+    t2 = cells.table2
+    sizes = [n for n in KEYS if (n, True) in t2 and (n, False) in t2]
+    if not sizes:
+        return None
+    usage = {(n, bn): t2[n, bn].measure("usage") for n in sizes for bn in (True, False)}
+    verdicts = [("raises usage", shows(usage[sizes[-1], True], usage[sizes[-1], False]))]
+    if len(sizes) > 1:
+        ends = (sizes[0], sizes[-1])
+        gap = {n: usage[n, True].mean - usage[n, False].mean for n in ends}
+        noise = sum(usage[n, bn].sd for n in ends for bn in (True, False))
+        verdicts.append(("more so as it grows", _beyond(gap[sizes[-1]] - gap[sizes[0]], noise)))
+    return Reading(verdicts, [f"{_slots_label(t2[n, True].slots())} slots: usage {usage[n, True].text()}% with BN "
+                              f"vs {usage[n, False].text()}% without" for n in sizes], tuple(t2.values()))
+
+
+def _product_vs_flat(cells: Cells) -> Reading | None:
+    """Per size of Table 4 run with both key types: usage, and the benchmark's speed at the paper's size."""
+    t4 = cells.table4
+    sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
+    verdicts, numbers = [], []
+    for n in sizes:
+        (pp, up, kp), (pf, uf, kf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
+        faster, speed_text = _speed(cells.speeds, ("table4", n, "product"), ("table4", n, "flat"))
+        verdicts += [("usage", shows(up, uf)), ("speed", faster)]
+        numbers.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up.text()}% vs {uf.text()}% "
+                       f"(KL {kp.text(2)} vs {kf.text(2)}), ppl {pp.text()} vs {pf.text()}; at {_slots_label(n * n)} "
+                       f"slots, {speed_text}")
+    return Reading(verdicts, numbers, tuple(t4.values())) if sizes else None
+
+
+def _best_upper(t3: dict[tuple, CellRuns]) -> Measure | None:
+    """The lower perplexity of Table 3's positions 4 and 5, of those run."""
+    upper = [t3[(p,)].measure("ppl") for p in (4, 5) if (p,) in t3]
+    return min(upper, key=lambda m: m.mean) if upper else None
+
+
+def _upper_vs_first(cells: Cells) -> Reading | None:
+    """Table 3: the better of positions 4 and 5 vs position 1: perplexity."""
+    t3 = cells.table3
+    best = _best_upper(t3)
+    if best is None or (1,) not in t3:
+        return None
+    first = t3[(1,)].measure("ppl")
+    return Reading([("perplexity", shows(best, first, higher_is_better=False))],
+                   [f"test ppl {best.text()} (best of layers 4/5) vs {first.text()} (layer 1)"], tuple(t3.values()))
+
+
+def _upper_is_best(cells: Cells) -> Reading | None:
+    """Table 3: the better of positions 4 and 5 vs the best of the other positions run: perplexity."""
+    t3 = cells.table3
+    best = _best_upper(t3)
+    others = {p: t3[(p,)].measure("ppl") for p in (1, 2, 3, 6) if (p,) in t3}
+    if best is None or not others:
+        return None
+    rival, rival_ppl = min(others.items(), key=lambda item: item[1].mean)
+    return Reading([("perplexity", shows(best, rival_ppl, higher_is_better=False))],
+                   [f"test ppl {best.text()} (best of layers 4/5) vs {rival_ppl.text()} (layer {rival}, the best of "
+                    f"the others run: {', '.join(map(str, others))})"])
+
+
+def _hk(cell: CellRuns) -> str:
+    mem = cell.config["model"]["memory"]
+    return f"(h={mem['heads']}, k={mem['knn']})"
+
+
+def _heads_and_k_usage(cells: Cells) -> Reading | None:
+    """Every pair of Figure 6's cells run where heads or k (one of them) grows: usage."""
+    f6 = cells.figure6
+    steps = sorted((a, b) for a in f6 for b in f6
+                   if a[0] <= b[0] and a[1] <= b[1] and (a[0] < b[0]) + (a[1] < b[1]) == 1)  # one of them grows
+    usage = {key: cell.measure("usage") for key, cell in f6.items()}
+    return Reading([("usage", shows(usage[b], usage[a])) for a, b in steps],
+                   [f"{_hk(f6[a])} {usage[a].text()}% -> {_hk(f6[b])} {usage[b].text()}%" for a, b in steps],
+                   tuple(f6.values())) if steps else None
+
+
+# The paper's directions, in the report's order: a new direction is one entry here.
+CHECKS = [
+    Check("A memory beats the same model without it at equal steps (§4.5: 23.0 -> 19.8)", _memory_vs_none),
+    Check("A shallower model with a memory beats a deeper one without, and is faster (Table 1: 12 layers + 1 "
+          "memory vs 24 layers)", _shallow_vs_deep),
+    Check("BatchNorm raises usage, the more so as the memory grows (Table 2)", _batchnorm_usage),
+    Check("Product keys use more of the memory than flat keys, and run faster (Table 4)", _product_vs_flat),
+    Check("A memory in an upper-middle layer (4 or 5 of 6) beats one at layer 1 (Table 3)", _upper_vs_first),
+    Check("The best position is layer 4 or 5 of 6 (Table 3: 5 best, 4 next)", _upper_is_best),
+    Check("More memory heads and a larger k raise usage (Figure 6)", _heads_and_k_usage),
+]
+
+
 def directions(runs: list[RunData], speeds: dict[tuple, float] | None = None) -> list[tuple[str, str, str]]:
-    """[(direction, verdict, the numbers)] for the paper's directions; verdict: 'holds', 'does not hold',
+    """[(direction, verdict, the numbers)] for each of CHECKS; verdict: 'holds', 'does not hold',
     'within noise' (see shows), a combination of them, or 'not run'. Speeds only from `speeds`
     (bench_speeds), never from the runs."""
-    speeds = speeds or {}
-    t1, t2, t3, t4, f6 = (by_cell(runs, t) for t in ("table1", "table2", "table3", "table4", "figure6"))
-    base = baseline_runs(runs)
-    out = []
-
-    with_memory = t2.get((512, True)) or t3.get((5,))
-    name = "A memory beats the same model without it at equal steps (§4.5: 23.0 -> 19.8)"
-    if base and with_memory:
-        a, b = with_memory.measure("ppl"), base.measure("ppl")
-        out.append((name, shows(a, b, higher_is_better=False),
-                    f"test ppl {a.text()} with memory vs {b.text()} without ({_seeds([with_memory, base])})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = ("A shallower model with a memory beats a deeper one without, and is faster (Table 1: 12 layers + 1 "
-            "memory vs 24 layers)")
-    pairs = [(dim, t1[12, dim, 1], t1[24, dim, 0]) for dim in (1024, 1600) if (12, dim, 1) in t1 and (24, dim, 0) in t1]
-    if pairs:
-        better, faster, text = [], [], []
-        for dim, shallow, deep in pairs:
-            ps, pd = shallow.measure("ppl"), deep.measure("ppl")
-            verdict, speed_text = _speed(speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
-            better.append(shows(ps, pd, higher_is_better=False))
-            faster.append(verdict)
-            text.append(f"dim {dim}: ppl {ps.text()} vs {pd.text()} ({_seeds([shallow, deep])}); {speed_text}")
-        out.append((name, _verdicts({"perplexity": _combined(better), "speed": _combined(faster)}), "; ".join(text)))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "BatchNorm raises usage, the more so as the memory grows (Table 2)"
-    sizes = [n for n in KEYS if (n, True) in t2 and (n, False) in t2]
-    if sizes:
-        usage = {(n, bn): t2[n, bn].measure("usage") for n in sizes for bn in (True, False)}
-        parts = {"raises usage": shows(usage[sizes[-1], True], usage[sizes[-1], False])}
-        if len(sizes) > 1:  # the gap at the largest size against the gap at the smallest, each cell's noise summed
-            gap = {n: usage[n, True].mean - usage[n, False].mean for n in (sizes[0], sizes[-1])}
-            noise = sum(usage[n, bn].sd for n in (sizes[0], sizes[-1]) for bn in (True, False))
-            growth = gap[sizes[-1]] - gap[sizes[0]]
-            parts["more so as it grows"] = HOLDS if growth > noise else FAILS if growth < -noise else NOISE
-        out.append((name, _verdicts(parts), "; ".join(
-            f"{_slots_label(t2[n, True].slots())} slots: usage {usage[n, True].text()}% with BN vs "
-            f"{usage[n, False].text()}% without" for n in sizes) + f" ({_seeds(t2.values())})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "Product keys use more of the memory than flat keys, and run faster (Table 4)"
-    sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
-    if sizes:
-        more, faster, text = [], [], []
-        for n in sizes:
-            (pp, up, kp), (pf, uf, kf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
-            verdict, speed_text = _speed(speeds, ("table4", n, "product"), ("table4", n, "flat"))
-            more.append(shows(up, uf))
-            faster.append(verdict)
-            text.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up.text()}% vs {uf.text()}% "
-                        f"(KL {kp.text(2)} vs {kf.text(2)}), ppl {pp.text()} vs {pf.text()}; at {_slots_label(n * n)} "
-                        f"slots, {speed_text}")
-        out.append((name, _verdicts({"usage": _combined(more), "speed": _combined(faster)}),
-                    "; ".join(text) + f" ({_seeds(t4.values())})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "A memory in an upper-middle layer (4 or 5 of 6) beats one at layer 1 (Table 3)"
-    upper = [t3[(p,)] for p in (4, 5) if (p,) in t3]
-    if upper and (1,) in t3:
-        best = min((c.measure("ppl") for c in upper), key=lambda m: m.mean)
-        first = t3[(1,)].measure("ppl")
-        out.append((name, shows(best, first, higher_is_better=False),
-                    f"test ppl {best.text()} (best of layers 4/5) vs {first.text()} (layer 1) ({_seeds(t3.values())})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "The best position is layer 4 or 5 of 6 (Table 3: 5 best, 4 next)"
-    others = {p: t3[(p,)].measure("ppl") for p in (1, 2, 3, 6) if (p,) in t3}
-    if upper and others:
-        best = min((c.measure("ppl") for c in upper), key=lambda m: m.mean)
-        rival, rival_ppl = min(others.items(), key=lambda item: item[1].mean)
-        out.append((name, shows(best, rival_ppl, higher_is_better=False),
-                    f"test ppl {best.text()} (best of layers 4/5) vs {rival_ppl.text()} (layer {rival}, the best of "
-                    f"the others run: {', '.join(map(str, others))})"))
-    else:
-        out.append((name, "not run", ""))
-
-    name = "More memory heads and a larger k raise usage (Figure 6)"
-    steps = [(a, b) for a in f6 for b in f6 if a != b and a[0] <= b[0] and a[1] <= b[1]
-             and (a[0] < b[0]) + (a[1] < b[1]) == 1]  # one coordinate grows
-    if steps:
-        usage = {key: cell.measure("usage") for key, cell in f6.items()}
-        out.append((name, _combined([shows(usage[b], usage[a]) for a, b in steps]), "; ".join(
-            f"{_hk(f6[a])} {usage[a].text()}% -> {_hk(f6[b])} {usage[b].text()}%" for a, b in sorted(steps))
-            + f" ({_seeds(f6.values())})"))
-    else:
-        out.append((name, "not run", ""))
-    return out
+    cells = Cells(*(by_cell(runs, table) for table in ("table1", "table2", "table3", "table4", "figure6")),
+                  baseline_runs(runs), speeds or {})
+    readings = [(check.claim, check.read(cells)) for check in CHECKS]
+    return [(claim, "not run", "") if r is None else (claim, r.verdict(), r.text()) for claim, r in readings]
 
 
 # ---- figures ---------------------------------------------------------------------------------
@@ -498,12 +571,14 @@ def plot_figure4(runs: list[RunData], speeds: dict[tuple, float], path: Path) ->
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     for with_memory, marker in ((False, "o"), (True, "s")):
-        group = [(speeds["table1", *key], cell.measure("ppl"), key) for key, cell in points if (key[2] > 0) == with_memory]
+        group = [(speeds["table1", *key], cell.measure("ppl"), key) for key, cell in points
+                 if (key[2] > 0) == with_memory]
         if group:
             ax.errorbar([g[0] for g in group], [g[1].mean for g in group], yerr=[g[1].sd for g in group],
                         fmt=marker, capsize=3, label="with memory" if with_memory else "without memory")
         for speed, ppl, (layers, dim, n) in group:
-            ax.annotate(f"{layers}L d{dim} N={n}", (speed, ppl.mean), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            ax.annotate(f"{layers}L d{dim} N={n}", (speed, ppl.mean), fontsize=7, xytext=(3, 3),
+                        textcoords="offset points")
     ax.set(xlabel="inference speed of the paper-size model (words/s, benchmark)",
            ylabel="test perplexity (ours, reduced scale)", title="Figure 4: perplexity vs inference speed")
     ax.legend()
@@ -561,9 +636,8 @@ def plot_figure7(benches: list[dict], path: Path) -> Path | None:
     series = {}
     for bench in benches:
         for row in bench.get("table4", {}).get("rows", []):
-            speed = row.get("words_per_s") or row.get("tokens_per_s")
             series.setdefault((f"benchmark, {bench['settings'].get('dtype', '')}", row["key_type"]), []).append(
-                (row["slots"], speed))
+                (row["slots"], _words_per_s(row)))
     if not series:
         return None
     plt = _pyplot()
@@ -624,8 +698,8 @@ def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), intro
         + (f"; made by `{command}`." if command else "."),
         "Each table cell is ours, then the paper's number in parentheses; `·` is a cell not run, `-` one the "
         "paper does not report. Ours is the mean ± the standard deviation over the cell's seeds (a bare number: "
-        "one seed). At a reduced scale the sizes differ from the paper's (see xlm_pkm/experiments/reproduce.py); the column "
-        "labels give ours.",
+        "one seed). At a reduced scale the sizes differ from the paper's (see xlm_pkm/experiments/reproduce.py); "
+        "the column labels give ours.",
         "A direction **holds** when the gap between the two cells' means, in the paper's direction, exceeds the sum "
         "of their standard deviations over seeds (with one seed, any gap), **does not hold** when the opposite gap "
         "does, and is **within noise** otherwise.",

@@ -9,6 +9,9 @@
     adaptive_io.py       adaptive input and adaptive softmax
     memory/              the product-key memory layer and its parts (a package of its own)
 
-May import: errors, config, registry, model.memory. The models need torch only (no data, runtime or
-training code): `from xlm_pkm.model.transformer import TransformerLM` works in any PyTorch program.
+May import: errors, config, registry, model.memory, data.dictionary (alone of data: Engram's token
+compression reads the vocabulary's special tokens and BPE continuation marker where they are defined, as
+the trainer hands the model only the vocabulary's words; that module needs no torch and imports no other
+of xlm_pkm's). The models need torch only (no runtime or training code):
+`from xlm_pkm.model.transformer import TransformerLM` works in any PyTorch program.
 """

@@ -21,7 +21,8 @@ memory. A new memory design goes here.
 
     from xlm_pkm.model.memory import ProductKeyMemory   # the layer alone: needs only torch
 
-May import: errors, config, registry (never the rest of model/: the transformer imports the memory).
+May import: errors, config, registry, data.dictionary (the vocabulary's special tokens and BPE marker, for
+token_compression.py; see model/__init__.py) (never the rest of model/: the transformer imports the memory).
 """
 
 from xlm_pkm.model.memory import peer, ultramem  # noqa: F401  (register their value stores and key search)

@@ -11,21 +11,21 @@ reference's stripping of the word-boundary space (`Ġthe` and `the` for a byte-l
 mark word boundaries on the token, and the paper compresses that distinction away. The special tokens
 (<s>, </s>, <pad>, <unk>) keep an id each; a token whose canonical form would be empty keeps its own.
 Canonical ids are numbered in the order of first appearance in the vocabulary, as the reference does.
+The special tokens and the marker are the vocabulary's (data/dictionary.py: SPECIALS, BPE_CONTINUATION).
 """
 
 from __future__ import annotations
 
 import unicodedata
 
-SPECIAL_TOKENS = ("<s>", "</s>", "<pad>", "<unk>")  # data/dictionary.py's, ids 0..3
-CONTINUATION = "@@"  # fastBPE's marker of a piece that does not end its word
+from xlm_pkm.data.dictionary import BPE_CONTINUATION, SPECIALS
 
 
 def canonical_form(token: str) -> str:
     """The normalised surface form of one vocabulary token (the module docstring's rule)."""
-    if token in SPECIAL_TOKENS:
+    if token in SPECIALS:
         return token
-    text = token[: -len(CONTINUATION)] if token.endswith(CONTINUATION) else token
+    text = token.removesuffix(BPE_CONTINUATION)
     text = unicodedata.normalize("NFD", unicodedata.normalize("NFKC", text))
     text = "".join(c for c in text if unicodedata.category(c) != "Mn").lower().strip()
     return text or token
