@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -34,6 +35,7 @@ KINDS = {
 WITHOUT_XLM_PKM = '''
 import importlib.util
 import sys
+from pathlib import Path
 
 
 class Blind:
@@ -99,6 +101,18 @@ def test_an_export_loads_where_xlm_pkm_is_not_installed(tiny_data_dir, tmp_path)
         torch.testing.assert_close(theirs[kind]["logits"], ours[kind]["logits"], rtol=0, atol=1e-5, msg=kind)
         assert theirs[kind]["ids"][prompt.shape[1]:] == ours[kind]["ids"], kind
     assert theirs["tokenizer"] == TextCodec(tiny_data_dir).encode(text)
+
+
+def test_the_folder_carries_only_code_that_transformers_loads(tiny_data_dir, tmp_path):
+    """Each module declared in hf_config.py is imported by the folder's entry files, at some depth: the files that
+    transformers copies from a folder (get_relative_import_files) are the folder's *.py files, no fewer, no more."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    random_checkpoint(tiny_data_dir, tmp_path / "random.pt")
+    out = export(tmp_path / "random.pt", tmp_path / "exported")
+    entries = {"modeling_xlm_pkm.py", "tokenization_xlm_pkm.py"}
+    loaded = {Path(f).name for entry in entries for f in get_relative_import_files(out / entry)} | entries
+    assert not sorted({p.name for p in out.glob("*.py")} - loaded), "carried but never imported: drop from hf_config.py"
 
 
 def _auto_model(folder):
