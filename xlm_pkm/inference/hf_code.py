@@ -7,7 +7,7 @@ after it (xlm_pkm.model.memory.pkm -> pkm.py), every import of xlm_pkm rewritten
 import of a sibling file: `from xlm_pkm.a.b import X` (or `from .b import X` inside xlm_pkm/a/) becomes
 `from .b import X`, the one form by which transformers' remote code finds and copies a folder's other files.
 Flat files rather than one file joining them: each module keeps its own namespace (no two modules' private names
-can collide), its line numbers and its tests.
+can collide) and its line numbers (a traceback points at the source).
 
 Refused with a one-line FolderCodeError naming the module and the import (export stops before writing anything):
 an import of an xlm_pkm module that is not carried, an import of xlm_pkm in a form that cannot be rewritten
