@@ -1,8 +1,13 @@
 """Exported folders as Hugging Face transformers models: AutoModelForCausalLM's logits and greedy generate()
 (with and without its cache) against ours for PKM options, every memory variant, Engram and the all-attention
-family; the folder's code free of xlm_pkm; the way back to a run checkpoint bit for bit; the errors."""
+family; the same, and the tokenizer's ids, in a Python where xlm_pkm is not installed; the way back to a run
+checkpoint bit for bit; the errors."""
 
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +28,91 @@ KINDS = {
                       "model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.n_memories=0",
                       "model.span.max_span=16", "model.span.ramp=4", "data.shuffle_blocks=false"],
 }
+
+
+# Run by a Python that cannot import xlm_pkm: every folder of inputs.pt (argv[1]) through transformers, its logits and
+# greedy generate(), and a text through the last folder's tokenizer, to outputs.pt (argv[2]).
+WITHOUT_XLM_PKM = '''
+import importlib.util
+import sys
+from pathlib import Path
+
+
+class Blind:
+    """One of sys.meta_path's finders, blind to xlm_pkm and its modules: as if xlm_pkm were not installed."""
+
+    def __init__(self, finder):
+        self.finder = finder
+
+    def find_spec(self, name, path=None, target=None):
+        return None if name.partition(".")[0] == "xlm_pkm" else self.finder.find_spec(name, path, target)
+
+    def __getattr__(self, name):
+        return getattr(self.finder, name)
+
+
+sys.meta_path[:] = map(Blind, sys.meta_path)
+assert importlib.util.find_spec("xlm_pkm") is None
+
+import torch
+import transformers
+
+torch.set_num_threads(1)
+inputs, outputs = torch.load(sys.argv[1]), {}
+for kind, folder in inputs["folders"].items():
+    model = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    with torch.no_grad():
+        logits = model(inputs["tokens"]).logits
+    ids = model.generate(inputs["prompt"], max_new_tokens=inputs["new_tokens"], do_sample=False)
+    outputs[kind] = {"logits": logits, "ids": ids[0].tolist()}
+tokenizer = transformers.AutoTokenizer.from_pretrained(folder, trust_remote_code=True)
+outputs["tokenizer"] = tokenizer(inputs["text"])["input_ids"]
+assert not [name for name in sys.modules if name.partition(".")[0] == "xlm_pkm"]
+torch.save(outputs, sys.argv[2])
+'''
+
+
+def test_an_export_loads_where_xlm_pkm_is_not_installed(tiny_data_dir, tmp_path):
+    """Issue 46: each kind of model, exported, runs in a Python that cannot import xlm_pkm (no PYTHONPATH, another
+    working directory, an import system blind to it) with our logits and greedy generation; its tokenizer too."""
+    from xlm_pkm.data.dictionary import Dictionary
+    from xlm_pkm.data.text_codec import TextCodec
+
+    torch.set_num_threads(1)  # as in the subprocess: the same float reductions
+    tokens = torch.randint(4, len(Dictionary.load(tiny_data_dir / "vocab")), (2, 16))
+    tokens[:, 0] = 0  # <s>
+    prompt, new_tokens, text = tokens[:1, :5], 9, "The function returns a list.\nIt is `None` otherwise."
+    folders, ours = {}, {}
+    for n, kind in enumerate(KINDS):
+        original = random_checkpoint(tiny_data_dir, tmp_path / "random.pt", KINDS[kind]).eval()
+        folders[kind] = str(export(tmp_path / "random.pt", tmp_path / f"exported{n}"))
+        with torch.no_grad():
+            ours[kind] = {"logits": original(tokens),
+                          "ids": generate(original, prompt[0].tolist(), new_tokens, Sampling(greedy=True))[0]}
+    torch.save({"folders": folders, "tokens": tokens, "prompt": prompt, "new_tokens": new_tokens, "text": text},
+               tmp_path / "inputs.pt")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_MODULES_CACHE=str(tmp_path / "hf_modules"), HF_HUB_OFFLINE="1")
+    done = subprocess.run([sys.executable, "-c", WITHOUT_XLM_PKM, "inputs.pt", "outputs.pt"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-3000:]
+    theirs = torch.load(tmp_path / "outputs.pt")
+    for kind in KINDS:
+        torch.testing.assert_close(theirs[kind]["logits"], ours[kind]["logits"], rtol=0, atol=1e-5, msg=kind)
+        assert theirs[kind]["ids"][prompt.shape[1]:] == ours[kind]["ids"], kind
+    assert theirs["tokenizer"] == TextCodec(tiny_data_dir).encode(text)
+
+
+def test_the_folder_carries_only_code_that_transformers_loads(tiny_data_dir, tmp_path):
+    """Each module declared in hf_config.py is imported by the folder's entry files, at some depth: the files that
+    transformers copies from a folder (get_relative_import_files) are the folder's *.py files, no fewer, no more."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    random_checkpoint(tiny_data_dir, tmp_path / "random.pt")
+    out = export(tmp_path / "random.pt", tmp_path / "exported")
+    entries = {"modeling_xlm_pkm.py", "tokenization_xlm_pkm.py"}
+    loaded = {Path(f).name for entry in entries for f in get_relative_import_files(out / entry)} | entries
+    assert not sorted({p.name for p in out.glob("*.py")} - loaded), "carried but never imported: drop from hf_config.py"
 
 
 def _auto_model(folder):

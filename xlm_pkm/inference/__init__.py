@@ -5,8 +5,9 @@ transformers also loads, and back.
     sampling.py      greedy, temperature, top-k, top-p
     export.py        a folder of safetensors + config.json + vocab + the code below (python -m
                      xlm_pkm.inference.export), and --import back to a run checkpoint
-    hf_config.py     what a folder adds for transformers: config.json's keys, tokenizer_config.json
-    hf_code.py       the folder's code: the modules below and what they import, flat, without xlm_pkm
+    hf_config.py     what a folder adds for transformers: config.json's keys, tokenizer_config.json, the
+                     declared list of the modules it carries
+    hf_code.py       the folder's code: the modules below and the declared ones, flat, importing each other
     hf_modeling.py   AutoModelForCausalLM of a folder (copied there; imports transformers)
     hf_tokenizer.py  AutoTokenizer of a folder (copied there; pure Python): TextCodec's ids and text
 

@@ -45,7 +45,7 @@ from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.inference.hf_code import folder_code
-from xlm_pkm.inference.hf_config import TOKENIZER_CONFIG, code_entries, hf_keys, tokenizer_config
+from xlm_pkm.inference.hf_config import TOKENIZER_CONFIG, carried_code, hf_keys, tokenizer_config
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.utils.atomic import OutputError, is_temporary, temporary_name, write_error
 from xlm_pkm.utils.program import program_name
@@ -76,7 +76,7 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
         configs[TOKENIZER_CONFIG] = tokenizer_config(dictionary, cfg.model.max_len)
     texts = {**{name: (json.dumps(value, indent=2) + "\n").encode() for name, value in configs.items()},
              **{name: (data_dir / name).read_bytes() for name in text_files},
-             **{name: code.encode() for name, code in folder_code(code_entries(unit)).items()}}
+             **{name: code.encode() for name, code in folder_code(*carried_code(unit)).items()}}
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -1,5 +1,5 @@
 """What an exported folder adds for Hugging Face transformers (export.py): config.json's keys, the
-tokenizer's config, and the modules whose code it carries (hf_code.py).
+tokenizer's config, and the declared list of the modules whose code it carries (hf_code.py writes them).
 
 config.json is the run's resolved config (model, data, optim, train, plugins) plus `hf_keys`: the model
 type and auto_map that send AutoConfig / AutoModelForCausalLM / AutoTokenizer to the folder's code
@@ -18,14 +18,54 @@ MODEL_TYPE = "xlm_pkm"
 TOKENIZER_CONFIG = "tokenizer_config.json"
 MODELING, TOKENIZATION = "modeling_xlm_pkm", "tokenization_xlm_pkm"
 
+# The xlm_pkm modules an exported folder carries, one a line, each beside the entry module that needs it: exactly
+# those the entry imports, at any depth (an import of another one fails the export; one listed but never imported
+# fails test_hf_export). A module the model's code starts (or stops) importing is one line here.
+MODEL_MODULES = (  # for modeling_xlm_pkm.py (inference/hf_modeling.py): TransformerLM and its settings
+    "xlm_pkm.errors",
+    "xlm_pkm.registry",
+    "xlm_pkm.config",
+    "xlm_pkm.utils.atomic",
+    "xlm_pkm.model.transformer",
+    "xlm_pkm.model.blocks",
+    "xlm_pkm.model.attention",
+    "xlm_pkm.model.adaptive_io",
+    "xlm_pkm.model.adaptive_span",
+    "xlm_pkm.model.all_attention",
+    "xlm_pkm.model.stream_attention",
+    "xlm_pkm.model.memory.pkm",
+    "xlm_pkm.model.memory.keys",
+    "xlm_pkm.model.memory.scores",
+    "xlm_pkm.model.memory.selected_scores",
+    "xlm_pkm.model.memory.slot_groups",
+    "xlm_pkm.model.memory.stats",
+    "xlm_pkm.model.memory.dtypes",
+    "xlm_pkm.model.memory.value_stores",
+    "xlm_pkm.model.memory.value_read",
+    "xlm_pkm.model.memory.triton_value_read",
+    "xlm_pkm.model.memory.sharded_read",
+    "xlm_pkm.model.memory.value_shards",
+    "xlm_pkm.model.memory.peer",
+    "xlm_pkm.model.memory.ultramem",
+    "xlm_pkm.model.memory.engram",
+    "xlm_pkm.model.memory.ngram_hash",
+    "xlm_pkm.model.memory.token_compression",
+)
+TOKENIZER_MODULES = (  # for tokenization_xlm_pkm.py (inference/hf_tokenizer.py): Moses and BPE in pure Python
+    "xlm_pkm.data.dictionary",
+    "xlm_pkm.data.moses",
+    "xlm_pkm.data.corpus",
+    "xlm_pkm.data.bpe_apply",
+)
 
-def code_entries(unit: str) -> dict[str, str]:
-    """{file name in the folder: module under xlm_pkm/}: the model's code, and the tokenizer's for BPE data
-    (byte- and word-level data have no transformers tokenizer here: use the folder's vocab)."""
-    entries = {f"{MODELING}.py": "inference/hf_modeling.py"}
-    if unit == BPE_UNIT:
-        entries[f"{TOKENIZATION}.py"] = "inference/hf_tokenizer.py"
-    return entries
+
+def carried_code(unit: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """({file name in the folder: entry module}, the modules carried beside them): the model's code, and the
+    tokenizer's for BPE data (byte- and word-level data have no transformers tokenizer here: use the folder's vocab)."""
+    if unit != BPE_UNIT:
+        return {f"{MODELING}.py": "xlm_pkm.inference.hf_modeling"}, MODEL_MODULES
+    return ({f"{MODELING}.py": "xlm_pkm.inference.hf_modeling", f"{TOKENIZATION}.py": "xlm_pkm.inference.hf_tokenizer"},
+            MODEL_MODULES + TOKENIZER_MODULES)
 
 
 def hf_keys(cfg: Config, dictionary: Dictionary, unit: str) -> dict:

@@ -1,6 +1,6 @@
-"""A model trained here as a Hugging Face transformers model: the code an exported folder runs (hf_export.py
-copies this file there as modeling_xlm_pkm.py, beside the model's own modules, so that it needs torch and
-transformers only).
+"""A model trained here as a Hugging Face transformers model: the code an exported folder runs (export.py
+copies this file there as modeling_xlm_pkm.py, beside the model's own modules (hf_code.py), so that it needs
+torch, transformers and safetensors only).
 
     model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)   # eval mode
     logits = model(input_ids).logits                   # (B, T, vocab): TransformerLM's logits
