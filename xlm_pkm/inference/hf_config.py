@@ -50,9 +50,9 @@ MODEL_MODULES = (  # for modeling_xlm_pkm.py (inference/hf_modeling.py): Transfo
     "xlm_pkm.model.memory.engram",
     "xlm_pkm.model.memory.ngram_hash",
     "xlm_pkm.model.memory.token_compression",
+    "xlm_pkm.data.dictionary",
 )
 TOKENIZER_MODULES = (  # for tokenization_xlm_pkm.py (inference/hf_tokenizer.py): Moses and BPE in pure Python
-    "xlm_pkm.data.dictionary",
     "xlm_pkm.data.moses",
     "xlm_pkm.data.corpus",
     "xlm_pkm.data.bpe_apply",
