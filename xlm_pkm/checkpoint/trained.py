@@ -43,9 +43,9 @@ class TrainedModel:
     extra: dict  # a checkpoint's entries but its model (optimizers, train_state...); a folder's weights metadata
 
     def unit(self) -> str:
-        """The data's unit (text_codec.py): meta.json's, or the weights' metadata's for a folder read as its own
-        data dir (BPE for a folder exported before units were recorded)."""
-        return self.extra.get("unit", BPE_UNIT) if self.data_dir == self.source else data_unit(self.data_dir)
+        """The data's unit (text_codec.py): meta.json's of data_dir for a checkpoint; for an exported folder, the
+        one its weights' metadata records (BPE for a folder exported before units were recorded)."""
+        return self.extra.get("unit", BPE_UNIT) if self.source.is_dir() else data_unit(self.data_dir)
 
     def codec(self) -> LineCodec:
         """Text <-> token ids with the run's own preprocessing (data_dir's vocab, and codes for BPE data)."""
