@@ -40,7 +40,7 @@ class TrainedModel:
     step: int  # the training step of the weights
     vocab_fingerprint: str | None  # recorded with the weights (None: a checkpoint of an early version)
     source: Path  # the checkpoint file or the exported folder
-    extra: dict  # a checkpoint's entries but its model (optimizers, train_state...); a folder's weights metadata
+    extra: dict  # a checkpoint's entries but its model (config, optimizers...); a folder's weights metadata
 
     def unit(self) -> str:
         """The data's unit (text_codec.py): meta.json's of data_dir for a checkpoint; for an exported folder, the
@@ -71,7 +71,7 @@ def _load(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedMode
     state = checkpoint.load(path)
     cfg = load_config_dict(state["config"], source=str(path))
     data_dir, dictionary = _check_vocabulary(cfg, state.get("vocab_fingerprint"), data_dir, path)
-    model = _build(cfg, whole=not sharded)  # sharded values: this process's shard (the whole table on one process)
+    model = _build(cfg, whole=not sharded)  # sharded values: this rank's columns under several processes (env)
     state = sharded_values.attach(state, path, sharded_values.model_shard(model))
     checkpoint.load_model_state(model, state.pop("model"), path)
     return TrainedModel(model.eval(), cfg, dictionary, data_dir, state["step"], state.get("vocab_fingerprint"),
