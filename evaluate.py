@@ -1,4 +1,5 @@
-"""Evaluate a checkpoint: python evaluate.py --checkpoint PATH [--split valid|test] [--data DIR] [--json FILE]"""
+"""Evaluate a trained model: python evaluate.py --checkpoint PATH [--split valid|test] [--data DIR] [--json FILE]
+(PATH: a run's checkpoint.pt or best.pt, or an exported folder)"""
 
 import sys
 

@@ -2,7 +2,7 @@
 
 import sys
 
-from xlm_pkm.inference.generation import main
+from xlm_pkm.launch.cli import generate_main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(generate_main())

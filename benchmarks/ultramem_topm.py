@@ -103,8 +103,8 @@ def synthetic(args) -> list[dict]:
 def trained(args) -> list[dict]:
     from xlm_pkm.checkpoint.trained import load_trained
 
-    model, cfg, _, data_dir = load_trained(args.checkpoint, args.data)
-    model.to(args.device)
+    loaded = load_trained(args.checkpoint, args.data)
+    model, cfg, data_dir = loaded.model.to(args.device), loaded.cfg, loaded.data_dir
     memories = [(layer, m) for layer, m in model.memories() if isinstance(m.keys, TuckerKeys)]
     if not memories:
         raise SystemExit(f"{args.checkpoint}: no memory with key_type=tucker")

@@ -10,13 +10,13 @@ import torch
 import torch.nn.functional as F
 
 from xlm_pkm.checkpoint import files as checkpoint
+from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import ConfigError, load_config, load_config_dict
 from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.text_codec import ByteCodec
-from xlm_pkm.inference.export import export, load_model
-from xlm_pkm.inference.generation import main as generate_main
-from xlm_pkm.launch.cli import evaluate_main
+from xlm_pkm.inference.export import export
+from xlm_pkm.launch.cli import evaluate_main, generate_main
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.train.build import set_vocab_size
 from xlm_pkm.train.evaluation import evaluate
@@ -119,5 +119,4 @@ def test_a_byte_level_model_is_sampled_and_exported(tiny_run, char_overrides, ch
         assert generate_main(["--checkpoint", str(source), *args]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] and outputs[0].startswith("the function")
-    _, codec, _ = load_model(exported)
-    assert isinstance(codec, ByteCodec)
+    assert isinstance(load_trained(exported, exported).codec(), ByteCodec)

@@ -11,9 +11,10 @@ from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import load_config, to_dict
 from xlm_pkm.data.dictionary import Dictionary
-from xlm_pkm.inference.export import export, load_exported, load_model, main
+from xlm_pkm.inference.export import export, main
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
+from xlm_pkm.launch.cli import evaluate_main
 from xlm_pkm.model.transformer import TransformerLM
 
 SHARED = ["model.dim=32", "model.n_layers=3", "model.n_heads=2", "model.max_len=16", "model.mem_layers=[1,3]",
@@ -48,7 +49,7 @@ def random_checkpoint(tiny_data_dir, path, overrides=SHARED):
 def test_export_round_trips_with_the_same_logits(kind, reference_run, tiny_data_dir, tmp_path):
     if kind == "trained run":
         path = reference_run().best_path
-        original, _, _, _ = load_trained(path)
+        original = load_trained(path).model
     else:
         path = tmp_path / "random.pt"
         original = random_checkpoint(tiny_data_dir, path, VARIANTS[kind]).eval()
@@ -60,8 +61,10 @@ def test_export_round_trips_with_the_same_logits(kind, reference_run, tiny_data_
     config = json.loads((out / "config.json").read_text())
     assert {k: config[k] for k in ("model", "data", "optim", "train", "plugins")} == checkpoint.load(path)["config"]
     assert config["model_type"] == "xlm_pkm" and config["vocab_size"] == len(Dictionary.load(tiny_data_dir / "vocab"))
-    model, dictionary = load_exported(out)
+    exported = load_trained(out, out)  # its own vocab
+    model, dictionary = exported.model, exported.dictionary
     assert dictionary.words == Dictionary.load(tiny_data_dir / "vocab").words and not model.training
+    assert exported.step == checkpoint.load(path)["step"] and exported.source == out
     tokens = torch.randint(0, len(dictionary), (2, 16))
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), original(tokens), rtol=0, atol=0)
@@ -79,11 +82,30 @@ def test_export_round_trips_with_the_same_logits(kind, reference_run, tiny_data_
 def test_generation_from_the_exported_folder_equals_the_checkpoint(reference_run, tmp_path):
     path = reference_run().best_path
     export(path, tmp_path / "exported")
-    (a, codec_a, _), (b, codec_b, _) = load_model(path), load_model(tmp_path / "exported")
-    prompt = codec_a.encode("the function")
-    assert prompt == codec_b.encode("the function")
+    a, b = load_trained(path), load_trained(tmp_path / "exported", tmp_path / "exported")
+    prompt = a.codec().encode("the function")
+    assert prompt == b.codec().encode("the function")
     kw = dict(max_tokens=10, sampling=Sampling(top_k=10), seed=1)
-    assert generate(a, prompt, **kw) == generate(b, prompt, **kw)
+    assert generate(a.model, prompt, **kw) == generate(b.model, prompt, **kw)
+
+
+def test_evaluating_the_exported_folder_gives_the_checkpoints_figures(reference_run, tiny_data_dir, tmp_path):
+    """evaluate.py on an exported folder: the run's data by default (or --data), the same perplexity, usage
+    and KL as on the checkpoint it was exported from."""
+    path = reference_run().best_path
+    folder = export(path, tmp_path / "exported")
+    results = {}
+    for name, source, data in [("checkpoint", path, []), ("folder", folder, []),
+                               ("folder --data", folder, ["--data", str(tiny_data_dir)])]:
+        assert evaluate_main(["--checkpoint", str(source), "--split", "valid", "--device", "cpu", *data,
+                              "--json", str(tmp_path / "result.json")]) == 0
+        results[name] = json.loads((tmp_path / "result.json").read_text())
+    for name, result in results.items():
+        assert result["ppl"] == results["checkpoint"]["ppl"] and result["step"] == results["checkpoint"]["step"], name
+        assert result["tokens"] == results["checkpoint"]["tokens"] > 0, name
+        assert [{k: v for k, v in m.items() if k.startswith(("usage", "kl"))} for m in result["memories"]] == \
+            [{k: v for k, v in m.items() if k.startswith(("usage", "kl"))} for m in results["checkpoint"]["memories"]]
+    assert results["folder"]["memories"], "the tiny run has a memory"
 
 
 def test_export_errors_are_one_line(reference_run, tiny_data_dir, tmp_path, capsys):
@@ -99,14 +121,19 @@ def test_export_errors_are_one_line(reference_run, tiny_data_dir, tmp_path, caps
     capsys.readouterr()
     missing = tmp_path / "missing.pt"
     assert main([str(missing), str(tmp_path / "x")]) == 2
-    assert capsys.readouterr().err == f"python -m xlm_pkm.inference.export: error: checkpoint not found: {missing}\n"
-    with open(out / "vocab", "a") as f:
-        f.write("extra 1\n")
+    assert capsys.readouterr().err == (f"python -m xlm_pkm.inference.export: error: {missing} does not exist: give a "
+                                       f"run's checkpoint.pt or best.pt, or a folder written by python -m "
+                                       f"xlm_pkm.inference.export\n")
+    vocab = (out / "vocab").read_text()
+    (out / "vocab").write_text(vocab + "extra 1\n")
+    with pytest.raises(ValueError, match=r"model has a vocabulary of \d+ tokens, .*vocab has \d+"):
+        load_trained(out, out)
+    (out / "vocab").write_text("".join(vocab.splitlines(True)[:-1]) + "unheard_of 1\n")  # as many words, not the same
     with pytest.raises(ValueError, match="trained with another vocabulary than .*vocab"):
-        load_exported(out)
+        load_trained(out, out)
     (out / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json not found: not a folder written by"):
-        load_exported(out)
+        load_trained(out, out)
 
 
 # ---- the output folder: new, empty or a previous export (issue 35) ---------------------------------------
@@ -153,4 +180,4 @@ def test_export_replaces_a_previous_export_and_an_empty_folder_is_fine(reference
     assert not (out / "removed_module.py").exists() and (out / "modeling_xlm_pkm.py").is_file()
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.metadata()["source"] == str(reference.ckpt_path)
-    load_exported(out)
+    load_trained(out, out)

@@ -152,7 +152,7 @@ def test_background_documents_have_the_recorded_length_and_do_not_mix(finetune_s
     from xlm_pkm.checkpoint.trained import load_trained
     from xlm_pkm.data.stream import TokenStream
 
-    model, _, _, _ = load_trained(best)
+    model = load_trained(best).model
     memory = next(m for m in model.modules() if isinstance(m, ProductKeyMemory))
     inputs = []
     memory.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))

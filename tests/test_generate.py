@@ -15,8 +15,9 @@ from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.moses import tokenize_line
 from xlm_pkm.data.text_codec import ByteCodec, TextCodec, WordCodec, data_unit, text_codec
 from xlm_pkm.data.words import preprocess_words
-from xlm_pkm.inference.generation import generate, main
+from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling, allowed_probs, sample
+from xlm_pkm.launch.cli import generate_main
 from xlm_pkm.model.transformer import TransformerLM
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,18 +185,18 @@ def test_generate_command_prints_samples_and_fails_in_one_line(reference_run, tm
     capsys.readouterr()  # the training run's log
     args = ["--checkpoint", str(best), "--max-tokens", "12", "--num-samples", "2", "--top-k", "20", "--seed", "4",
             "--device", "cpu", "the function"]
-    assert main(args) == 0
+    assert generate_main(args) == 0
     out = capsys.readouterr().out
     assert out.startswith("# sample 1\nthe function") and "# sample 2\nthe function" in out
-    assert main(args + ["--no-cache"]) == 0 and capsys.readouterr().out == out
+    assert generate_main(args + ["--no-cache"]) == 0 and capsys.readouterr().out == out
     prompt = tmp_path / "prompt.txt"
     prompt.write_text("the function\n")
-    assert main(args[:-1] + ["--prompt-file", str(prompt)]) == 0 and capsys.readouterr().out == out
+    assert generate_main(args[:-1] + ["--prompt-file", str(prompt)]) == 0 and capsys.readouterr().out == out
     for bad, message in [(["--top-p", "0"], "sampling needs temperature > 0"),
-                         (["--checkpoint", str(tmp_path / "none.pt")], "checkpoint not found"),
+                         (["--checkpoint", str(tmp_path / "none.pt")], "none.pt does not exist"),
                          (["--data", str(tmp_path)], "vocab file not found"),
                          (["--prompt-file", str(tmp_path / "missing.txt")], "cannot read prompt file")]:
-        assert main(args[:-1] + bad) == 2
+        assert generate_main(args[:-1] + bad) == 2
         err = capsys.readouterr().err
         assert err.startswith("generate.py: error: ") and message in err and err.count("\n") == 1, err
 
@@ -204,8 +205,8 @@ def test_prompt_from_stdin_and_stop_at_line_end(reference_run, monkeypatch, caps
     best = reference_run().best_path
     capsys.readouterr()
     monkeypatch.setattr(sys, "stdin", io.StringIO("import the module"))
-    assert main(["--checkpoint", str(best), "--max-tokens", "30", "--greedy", "--prompt-file", "-",
-                 "--stop-at-eol"]) == 0
+    assert generate_main(["--checkpoint", str(best), "--max-tokens", "30", "--greedy", "--prompt-file", "-",
+                          "--stop-at-eol"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("import the module") and out.count("\n") == 1
 

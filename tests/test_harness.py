@@ -85,7 +85,8 @@ def test_local_tasks_score_what_the_model_chooses(exported, tiny_data_dir, tmp_p
     results = evaluate_tasks(best, [CLOZE, FACTS_QA], [str(tmp_path / "tasks")], limit=8, batch_size=4)
     assert json.loads((best.parent / "lm_eval.json").read_text())["results"] == json.loads(json.dumps(
         results["results"]))  # written next to the run
-    model, cfg, _, _ = load_trained(best)
+    trained = load_trained(best)
+    model, cfg = trained.model, trained.cfg
     codec = TextCodec(tiny_data_dir)
     for task in (CLOZE, FACTS_QA):
         items = [json.loads(line) for line in (tmp_path / "tasks" / f"{task}.jsonl").read_text().splitlines()][:8]

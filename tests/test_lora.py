@@ -43,7 +43,7 @@ def test_lora_trains_adapters_only_and_best_pt_is_the_merged_model(tiny_trainer,
     for key, value in before.items():  # base weights untouched, memory values included
         assert torch.equal(after.get(key, after.get(key.replace(".weight", ".base_layer.weight")
                                                      .replace(".bias", ".base_layer.bias"))), value), key
-    model, _, _, _ = load_trained(trainer.run_dir / "best.pt")
+    model = load_trained(trainer.run_dir / "best.pt").model
     assert set(model.state_dict()) == set(before)  # plain names: any consumer loads it
     x = torch.randint(0, model.cfg.vocab_size, (2, 16))
     trainer.model.eval()

@@ -28,8 +28,9 @@ def test_train_counts_equal_a_counter(n):
 
 def direct(path, counter, n, frequent):
     """{bucket: (tokens, summed NLL)} of a checkpoint on its test split, from its logits, the buckets by `counter`."""
-    model, cfg, _, data_dir = load_trained(path)
-    stream = TokenStream(data_dir, "test", cfg.data.eval_batch_size, cfg.data.bptt, train=False)
+    trained = load_trained(path)
+    model, cfg = trained.model, trained.cfg
+    stream = TokenStream(trained.data_dir, "test", cfg.data.eval_batch_size, cfg.data.bptt, train=False)
     sums = {b: [0, 0.0] for b in ("frequent", "rare", "short", "all")}
     with torch.no_grad():
         for x, y in stream:

@@ -23,8 +23,8 @@ def test_the_tiny_corpus_is_the_one_the_old_run_trained_on(tiny_data_dir):
 
 
 def test_an_old_best_checkpoint_loads_and_evaluates_to_the_perplexity_its_run_logged(tiny_data_dir):
-    model, cfg, state, _ = load_trained(OLD / "best.pt", tiny_data_dir)
-    assert state["step"] == 4 and cfg.model.dim == 32
+    trained = load_trained(OLD / "best.pt", tiny_data_dir)
+    assert trained.step == 4 and trained.cfg.model.dim == 32
     logged = [e for e in map(json.loads, (OLD / "metrics.jsonl").read_text().splitlines()) if e["event"] == "valid"]
     result = evaluate_checkpoint(OLD / "best.pt", "valid", str(tiny_data_dir), max_batches=4)
     assert math.isclose(result["ppl"], logged[-1]["ppl"], rel_tol=1e-6), (result["ppl"], logged[-1]["ppl"])

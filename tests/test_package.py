@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xlm_pkm.inference.generation import main as generate_main
+from xlm_pkm.launch.cli import generate_main
 from xlm_pkm.utils.program import program_name
 
 ROOT = Path(__file__).resolve().parent.parent

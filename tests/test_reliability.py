@@ -262,11 +262,11 @@ def test_temporary_files_of_a_killed_writer_are_removed_at_the_next_start(tiny_r
     assert "removed 1 temporary file(s) left by a process killed while writing" in (run_dir / "train.log").read_text()
 
 
-def test_evaluating_a_folder_says_what_is_expected(tmp_path, capsys):
+def test_evaluating_a_folder_that_is_not_an_export_says_what_is_expected(tmp_path, capsys):
     assert evaluate_main(["--checkpoint", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == (f"evaluate.py: error: {tmp_path} is a folder, not a checkpoint: give a run's "
-                                       f"checkpoint.pt or best.pt (an exported folder is read by generate.py and "
-                                       f"train.init_from, not evaluated)\n")
+    assert capsys.readouterr().err == (f"evaluate.py: error: {tmp_path / 'model.safetensors'} not found: not a folder "
+                                       f"written by python -m xlm_pkm.inference.export (nor a run's checkpoint.pt or "
+                                       f"best.pt)\n")
 
 
 def test_resuming_on_other_data_says_what_to_do(tiny_run, tiny_trainer, tiny_corpus, tiny_data_dir, tmp_path):

@@ -3,7 +3,7 @@
     files.py            save_atomic, load (with checks), vocabulary and architecture checks, NonFiniteError
     sharded_values.py   sharded memory values: one file per rank beside the checkpoint, re-sharded on load
     run_checkpoints.py  RunCheckpoints: a run's checkpoint.pt (resume) and best.pt (evaluation)
-    trained.py          load_trained (a run checkpoint) and read_exported (an exported folder)
+    trained.py          load_trained: a trained model from a run checkpoint or an exported folder, checked
 
 May import: errors, utils, config, runtime, data, model.
 """

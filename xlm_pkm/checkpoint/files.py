@@ -59,12 +59,10 @@ def first_non_finite(obj) -> str | None:
 
 
 def load(path: str | Path) -> dict:
-    """A run checkpoint (a dict with config, model and step), on the CPU."""
+    """A run checkpoint file (a dict with config, model and step), on the CPU; trained.load_trained also reads
+    exported folders."""
     path = Path(path)
     if not path.is_file():
-        if path.is_dir():
-            raise FileNotFoundError(f"{path} is a folder, not a checkpoint: give a run's checkpoint.pt or best.pt (an "
-                                    f"exported folder is read by generate.py and train.init_from, not evaluated)")
         raise FileNotFoundError(f"checkpoint not found: {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)

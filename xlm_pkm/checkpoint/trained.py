@@ -1,78 +1,130 @@
-"""A trained model, loaded whole and checked: from a run checkpoint or from an exported folder.
+"""A trained model, loaded whole and checked: from a run checkpoint or from an exported folder. Every command
+that reads a trained model (evaluate.py, generate.py, export, train.init_from, slot counts...) loads it here.
 
-    model, cfg, state, data_dir = load_trained("dumped/x/y/best.pt")   # vocabulary checked against the data
-    model, dictionary, cfg, metadata = read_exported("exported/demo")  # a folder of python -m xlm_pkm.inference.export
+    trained = load_trained("dumped/x/y/best.pt")   # or checkpoint.pt, or a folder of python -m xlm_pkm.inference.export
+    trained.model, trained.cfg, trained.step        # eval mode, on the CPU; the run's config
+    trained.codec().encode("The module")            # the text codec of trained.data_dir
+
+The vocabulary the model was trained with (the fingerprint recorded with its weights) is checked against
+that of `data_dir`: by default the run's data (data.path of its config), for a checkpoint and an exported
+folder alike. An exported folder carries its own vocab and codes, so it can be its own data_dir (generate.py,
+--import): it then needs no processed data at all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.config import Config, load_config_dict
 from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.data.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.runtime.distributed import DistEnv
-
-
-def load_trained(path: str | Path, data_dir: str | Path | None = None,
-                 env: DistEnv | None = None) -> tuple[TransformerLM, Config, dict, Path]:
-    """(model in eval mode on the CPU, config, checkpoint dict, data dir) of a run checkpoint, after
-    checking that the data dir's vocabulary (default: the run's) is the one the model was trained with.
-    Given the `env` of several processes, it is collective: each rank loads its value columns, and if one
-    rank cannot (its value shard file missing or damaged) every rank raises (sharded_values.on_every_rank)."""
-    return sharded_values.on_every_rank(lambda: _load_trained(path, data_dir), env or DistEnv(), path)
-
-
-def _load_trained(path: str | Path, data_dir: str | Path | None) -> tuple[TransformerLM, Config, dict, Path]:
-    state = checkpoint.load(path)
-    cfg = load_config_dict(state["config"], source=str(path))
-    data_dir = Path(data_dir or cfg.data.path)
-    dictionary = Dictionary.load(data_dir / "vocab")
-    if len(dictionary) != cfg.model.vocab_size:
-        raise ValueError(f"{path}: model has a vocabulary of {cfg.model.vocab_size} tokens, "
-                         f"{data_dir}/vocab has {len(dictionary)}")
-    checkpoint.check_vocabulary(state, dictionary.fingerprint(), data_dir / "vocab", path)
-    model = TransformerLM(cfg.model)  # sharded values: this process's shard (the whole table on one process)
-    state = sharded_values.attach(state, Path(path), sharded_values.model_shard(model))
-    checkpoint.load_model_state(model, state["model"], path)
-    return model.eval(), cfg, state, data_dir
-
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"  # an exported folder's weights and config
 
 
-def read_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary, Config, dict[str, str]]:
-    """(model, dictionary, config, the weights' metadata: step, vocab_fingerprint, unit...) of an exported
-    folder."""
+@dataclass
+class TrainedModel:
+    """A trained model and what the commands need of its run."""
+
+    model: TransformerLM  # eval mode, on the CPU
+    cfg: Config  # the run's resolved config
+    dictionary: Dictionary  # the vocabulary of data_dir, the model's (fingerprints checked)
+    data_dir: Path  # whose vocabulary was checked: the run's data, another data dir, or the exported folder itself
+    step: int  # the training step of the weights
+    vocab_fingerprint: str | None  # recorded with the weights (None: a checkpoint of an early version)
+    source: Path  # the checkpoint file or the exported folder
+    extra: dict  # a checkpoint's entries but its model (config, optimizers...); a folder's weights metadata
+
+    def unit(self) -> str:
+        """The data's unit (text_codec.py): meta.json's of data_dir for a checkpoint; for an exported folder, the
+        one its weights' metadata records (BPE for a folder exported before units were recorded)."""
+        return self.extra.get("unit", BPE_UNIT) if self.source.is_dir() else data_unit(self.data_dir)
+
+    def codec(self) -> LineCodec:
+        """Text <-> token ids with the run's own preprocessing (data_dir's vocab, and codes for BPE data)."""
+        return text_codec(self.data_dir, self.unit())
+
+
+def load_trained(path: str | Path, data_dir: str | Path | None = None, env: DistEnv | None = None) -> TrainedModel:
+    """The trained model of a run checkpoint (checkpoint.pt, best.pt) or of an exported folder, after checking
+    that the vocabulary of `data_dir` (default: the run's data) is the one the model was trained with.
+    Given the `env` of several processes, it is collective: each rank loads its value columns, and if one rank
+    cannot (its value shard file missing or damaged) every rank raises (sharded_values.on_every_rank). Loaded
+    alone (no `env`), a model's value tables are whole, even in a process of a group (train.init_from)."""
+    env = env or DistEnv()
+    return sharded_values.on_every_rank(lambda: _load(Path(path), data_dir, env.is_distributed), env, path)
+
+
+def _load(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedModel:
+    if path.is_dir():
+        return _load_folder(path, data_dir)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: give a run's checkpoint.pt or best.pt, or a folder "
+                                f"written by python -m xlm_pkm.inference.export")
+    state = checkpoint.load(path)
+    cfg = load_config_dict(state["config"], source=str(path))
+    data_dir, dictionary = _check_vocabulary(cfg, state.get("vocab_fingerprint"), data_dir, path)
+    model = _build(cfg, whole=not sharded)  # sharded values: this rank's columns under several processes (env)
+    state = sharded_values.attach(state, path, sharded_values.model_shard(model))
+    checkpoint.load_model_state(model, state.pop("model"), path)
+    return TrainedModel(model.eval(), cfg, dictionary, data_dir, state["step"], state.get("vocab_fingerprint"),
+                        path, state)
+
+
+def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
+    """An exported folder: model.safetensors (its metadata: step, vocab_fingerprint, unit...), config.json."""
     from safetensors import safe_open
     from safetensors.torch import load_model as load_weights
 
-    out = Path(out_dir)
-    for name in (WEIGHTS, CONFIG, "vocab"):
+    for name in (WEIGHTS, CONFIG):
         if not (out / name).is_file():
-            raise FileNotFoundError(f"{out / name} not found: not a folder written by python -m xlm_pkm.inference.export")
+            raise FileNotFoundError(f"{out / name} not found: not a folder written by python -m "
+                                    f"xlm_pkm.inference.export (nor a run's checkpoint.pt or best.pt)")
     try:
         raw = json.loads((out / CONFIG).read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{out / CONFIG}: not valid JSON ({e})") from None
     run_keys = {f.name for f in dataclasses.fields(Config)}  # not the keys transformers reads (inference/hf_config.py)
     cfg = load_config_dict({k: v for k, v in raw.items() if k in run_keys}, source=str(out / CONFIG))
-    dictionary = Dictionary.load(out / "vocab")
     try:
         with safe_open(str(out / WEIGHTS), "pt") as f:
             metadata = f.metadata() or {}
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
-    checkpoint.check_vocabulary({"vocab_fingerprint": metadata.get("vocab_fingerprint")}, dictionary.fingerprint(),
-                                out / "vocab", out / WEIGHTS)
-    model = TransformerLM(cfg.model)
+    data_dir, dictionary = _check_vocabulary(cfg, metadata.get("vocab_fingerprint"), data_dir, out / WEIGHTS)
+    model = _build(cfg, whole=True)  # an exported folder holds whole value tables
     try:
         load_weights(model, str(out / WEIGHTS))
     except RuntimeError as e:
         raise ValueError(f"{out / WEIGHTS}: weights of another architecture than {out / CONFIG} "
                          f"({' '.join(str(e).split())[:300]})") from None
-    return model.eval(), dictionary, cfg, metadata
+    return TrainedModel(model.eval(), cfg, dictionary, data_dir, int(metadata.get("step", 0)),
+                        metadata.get("vocab_fingerprint"), out, metadata)
+
+
+def _check_vocabulary(cfg: Config, fingerprint: str | None, data_dir: str | Path | None,
+                      source: Path) -> tuple[Path, Dictionary]:
+    """(data dir, its dictionary): default the run's data; its vocabulary is the model's (size and fingerprint)."""
+    data_dir = Path(data_dir or cfg.data.path)
+    dictionary = Dictionary.load(data_dir / "vocab")
+    if len(dictionary) != cfg.model.vocab_size:
+        raise ValueError(f"{source}: model has a vocabulary of {cfg.model.vocab_size} tokens, "
+                         f"{data_dir}/vocab has {len(dictionary)}")
+    checkpoint.check_vocabulary({"vocab_fingerprint": fingerprint}, dictionary.fingerprint(), data_dir / "vocab",
+                                source)
+    return data_dir, dictionary
+
+
+def _build(cfg: Config, whole: bool) -> TransformerLM:
+    """The run's model; with `whole`, sharded value tables (model.memory.shard_values) hold every column."""
+    if whole and cfg.model.memory.shard_values:
+        memory = dataclasses.replace(cfg.model.memory, shard_values=False)
+        return TransformerLM(dataclasses.replace(cfg.model, memory=memory))
+    return TransformerLM(cfg.model)

@@ -90,11 +90,11 @@ def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Pa
     from xlm_pkm.runtime.distributed import DistEnv
     from xlm_pkm.train.build import build_stream
 
-    model, cfg, state, _ = load_trained(path, data_dir)
-    codec, facts = TextCodec(data_dir), load_facts(Path(facts_dir) / "facts.jsonl")
-    (valid_ppl, _), (test_ppl, test_acc) = (split_scores(model, build_stream(cfg, split, DistEnv(), str(data_dir)),
-                                                         max_batches) for split in ("valid", "test"))
-    return {"checkpoint": str(path), "step": state["step"], "em": exact_match(model, codec, facts),
+    trained = load_trained(path, data_dir)
+    model, codec, facts = trained.model, TextCodec(data_dir), load_facts(Path(facts_dir) / "facts.jsonl")
+    streams = (build_stream(trained.cfg, split, DistEnv(), str(data_dir)) for split in ("valid", "test"))
+    (valid_ppl, _), (test_ppl, test_acc) = (split_scores(model, stream, max_batches) for stream in streams)
+    return {"checkpoint": str(path), "step": trained.step, "em": exact_match(model, codec, facts),
             "em_question": exact_match(model, codec, facts, question=True), "valid_ppl": valid_ppl,
             "test_ppl": test_ppl, "test_acc": test_acc}
 

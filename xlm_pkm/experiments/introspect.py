@@ -44,8 +44,9 @@ def slot_contexts(path: str | Path, split: str = "test", top_slots: int = 8, per
                   max_batches: int = 20, window: int = 12, data_dir: str | None = None) -> list[dict]:
     """For each memory of the checkpoint at `path`: its `top_slots` most used slots on `split`, each
     with the `per_slot` reads of largest weight and their text (see the module docstring)."""
-    model, cfg, _, data_dir = load_trained(path, data_dir)  # in eval mode, vocabulary checked
-    stream = build_stream(cfg, split, DistEnv(), data_dir)
+    trained = load_trained(path, data_dir)  # in eval mode, vocabulary checked
+    model, data_dir = trained.model, trained.data_dir
+    stream = build_stream(trained.cfg, split, DistEnv(), data_dir)
     batches = [x for i, (x, _) in zip(range(max_batches), stream)]  # (B, T) each
     memories = dict(model.memories())
 

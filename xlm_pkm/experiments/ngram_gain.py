@@ -123,9 +123,10 @@ def compare(runs: dict[str, list[Path]], n: int = 3, frequent: int = 100, max_ba
     env, first, means = DistEnv(), None, {label: [] for label in runs}
     for label, paths in runs.items():
         for path in paths:
-            model, cfg, _, data_dir = load_trained(path, data, env)
-            stream = build_stream(cfg, "test", env, str(data_dir), batch_size, bptt)
-            nll, targets, grams = token_losses(model.to(device), stream, n, max_batches, device)
+            trained = load_trained(path, data, env)
+            data_dir = trained.data_dir
+            stream = build_stream(trained.cfg, "test", env, str(data_dir), batch_size, bptt)
+            nll, targets, grams = token_losses(trained.model.to(device), stream, n, max_batches, device)
             if first is None:
                 train = split_tokens(data_dir)
                 first = {"path": path, "data": data_dir.resolve(), "targets": targets, "grams": grams,

@@ -69,7 +69,8 @@ def document_shape(doc_tokens: int, bptt: int) -> tuple[int, int]:
 def main(argv: list[str] | None = None) -> int:
     prog = program_name("python -m xlm_pkm.finetune.slot_counts")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0].replace("\n", " "))
-    parser.add_argument("checkpoint", help="best.pt or checkpoint.pt of the run that sparse finetuning starts from")
+    parser.add_argument("checkpoint", help="best.pt or checkpoint.pt of the run that sparse finetuning starts from, "
+                                           "or its exported folder")
     parser.add_argument("--data", help="processed data directory (default: the run's own)")
     parser.add_argument("--split", default="train", help="split to count on (default: train)")
     parser.add_argument("--doc-tokens", type=int, default=0,
@@ -80,11 +81,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="file to write the counts to (torch format)")
     args = parser.parse_args(argv)
     try:
-        model, cfg, _, data_dir = load_trained(args.checkpoint, args.data)
+        trained = load_trained(args.checkpoint, args.data)
+        cfg, data_dir = trained.cfg, trained.data_dir
         rows, width = (document_shape(args.doc_tokens, cfg.data.bptt) if args.doc_tokens
                        else (cfg.data.batch_size, cfg.data.bptt))
         stream = TokenStream(data_dir, args.split, rows, width, train=False, shuffle=False)
-        background = count_slots(model, stream, args.documents)
+        background = count_slots(trained.model, stream, args.documents)
         if args.append:
             background = Background.from_file(args.out).merged(background)
         background.to_file(args.out, source=str(args.checkpoint))

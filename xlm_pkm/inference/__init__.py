@@ -1,7 +1,7 @@
 """Using a trained model: generating text, sampling, exporting it to plain files that Hugging Face
 transformers also loads, and back.
 
-    generation.py    generate() with a key/value cache; generate.py's command line
+    generation.py    generate() with a key/value cache (generate.py's command line: launch/cli.py)
     sampling.py      greedy, temperature, top-k, top-p
     export.py        a folder of safetensors + config.json + vocab + the code below (python -m
                      xlm_pkm.inference.export), and --import back to a run checkpoint

@@ -1,9 +1,10 @@
-"""A trained model outside its run: loaded from a run checkpoint, or exported to a folder of plain files.
+"""A trained model outside its run: a run checkpoint exported to a folder of plain files, and back.
 
     python -m xlm_pkm.inference.export dumped/default/demo/best.pt exported/demo [--data DIR]
     python -m xlm_pkm.inference.export --import exported/demo imported.pt     # back to a run checkpoint
-    model, dictionary = load_exported("exported/demo")         # eval mode, on the CPU
-    model, codec, cfg = load_model("dumped/default/demo/best.pt")   # a checkpoint or an exported folder
+
+Every command that reads a run checkpoint also reads an exported folder (evaluate.py, generate.py,
+train.init_from: checkpoint/trained.py's load_trained), so --import is for other tools that read run checkpoints.
 
 An exported folder holds `model.safetensors` (the weights; a value table shared by several memory
 layers is stored once, under its first name), `config.json` (the run's resolved config), and the
@@ -15,16 +16,18 @@ transformers reads (model_type, auto_map...), and the folder carries the code to
 tokenizer_config.json):
 
     model = AutoModelForCausalLM.from_pretrained("exported/demo", trust_remote_code=True)
-    tokenizer = AutoTokenizer.from_pretrained("exported/demo", trust_remote_code=True)   # BPE data The safetensors metadata records the training step, the vocabulary
-fingerprint, the data's unit (meta.json's: "byte", "word", or "token" for BPE) and the xlm_pkm
-version that wrote it.
+    tokenizer = AutoTokenizer.from_pretrained("exported/demo", trust_remote_code=True)   # BPE data
+
+The safetensors metadata records the training step, the vocabulary fingerprint, the data's unit
+(meta.json's: "byte", "word", or "token" for BPE) and the xlm_pkm version that wrote it.
 
 OUT_DIR is new, empty, or a previous export, which is replaced: it may hold only the files above, *.py
-files (code of an earlier export, removed) and temporary `*.tmp` ones left by a killed export, with a model.safetensors written by export (its
-metadata has a vocabulary fingerprint). Any other folder is refused before anything is written, so
-that export never overwrites a `vocab`, `codes` or `config.json` it did not write. Every file is
-first written (and flushed to disk) in a temporary folder inside OUT_DIR, then all are renamed into
-place: a failure (full disk) is one line naming the file, and leaves the previous export whole.
+files (code of an earlier export, removed) and temporary `*.tmp` ones left by a killed export, with a
+model.safetensors written by export (its metadata has a vocabulary fingerprint). Any other folder is
+refused before anything is written, so that export never overwrites a `vocab`, `codes` or `config.json`
+it did not write. Every file is first written (and flushed to disk) in a temporary folder inside
+OUT_DIR, then all are renamed into place: a failure (full disk) is one line naming the file, and leaves
+the previous export whole.
 """
 
 from __future__ import annotations
@@ -39,10 +42,9 @@ from pathlib import Path
 
 from xlm_pkm import __version__
 from xlm_pkm.checkpoint import files as checkpoint
-from xlm_pkm.checkpoint.trained import CONFIG, WEIGHTS, load_trained, read_exported
-from xlm_pkm.config import Config, to_dict
-from xlm_pkm.data.dictionary import Dictionary
-from xlm_pkm.data.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
+from xlm_pkm.checkpoint.trained import CONFIG, WEIGHTS, load_trained
+from xlm_pkm.config import to_dict
+from xlm_pkm.data.text_codec import BPE_UNIT
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.inference.hf_code import folder_code
 from xlm_pkm.inference.hf_config import TOKENIZER_CONFIG, carried_code, hf_keys, tokenizer_config
@@ -58,8 +60,8 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     `out_dir` (created; new, empty or a previous export, which is replaced whole or not at all)."""
     out = Path(out_dir)
     previous = _check_export_folder(out)  # before reading the checkpoint: no work lost
-    model, cfg, state, data_dir = load_trained(path, data_dir)
-    unit = data_unit(data_dir)
+    trained = load_trained(path, data_dir)
+    cfg, data_dir, dictionary, unit = trained.cfg, trained.data_dir, trained.dictionary, trained.unit()
     text_files = ("codes", "vocab") if unit == BPE_UNIT else ("vocab",)
     for name in text_files:  # before anything is written: no half-exported folder
         if not (data_dir / name).is_file():
@@ -68,8 +70,7 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     if cfg.plugins:
         raise ValueError(f"{path}: the model's config imports plugins ({', '.join(cfg.plugins)}), whose code an "
                          f"exported folder cannot carry")
-    dictionary = Dictionary.load(data_dir / "vocab")
-    metadata = {"step": str(state["step"]), "vocab_fingerprint": dictionary.fingerprint(),
+    metadata = {"step": str(trained.step), "vocab_fingerprint": dictionary.fingerprint(),
                 "unit": unit, "xlm_pkm_version": __version__, "source": str(path)}
     configs = {CONFIG: {**to_dict(cfg), **hf_keys(cfg, dictionary, unit)}}
     if unit == BPE_UNIT:
@@ -81,7 +82,7 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(out, e) from None
-    _write_export(out, model, metadata, texts, previous)
+    _write_export(out, trained.model, metadata, texts, previous)
     if previous:  # what the previous export had and this one has not: a BPE tokenizer, code no longer needed
         for stale in [p for p in out.iterdir() if p.name not in texts and p.name != WEIGHTS and not is_temporary(p)]:
             stale.unlink()
@@ -178,31 +179,15 @@ def _safetensors_os_error(error: Exception) -> OSError | None:
 
 def import_exported(folder: str | Path, out_path: str | Path) -> Path:
     """The exported folder back as a run checkpoint (best.pt's form: config, model, step, vocab_fingerprint),
-    for evaluate.py, generate.py and train.init_from: model and config as they went out, bit for bit."""
+    for tools that read run checkpoints: model and config as they went out, bit for bit."""
     out_path = Path(out_path)
     if out_path.exists():
         raise FileExistsError(f"{out_path} exists: import writes a new checkpoint file")
-    model, _, cfg, metadata = read_exported(folder)
-    state = {"config": to_dict(cfg), "model": model.state_dict(), "step": int(metadata.get("step", 0)),
-             "vocab_fingerprint": metadata["vocab_fingerprint"]}
+    trained = load_trained(folder, folder)  # its own vocab
+    state = {"config": to_dict(trained.cfg), "model": trained.model.state_dict(), "step": trained.step,
+             "vocab_fingerprint": trained.vocab_fingerprint}
     checkpoint.save_atomic(state, out_path)  # whole or not at all; a failed write is one line
     return out_path
-
-
-def load_exported(out_dir: str | Path) -> tuple[TransformerLM, Dictionary]:
-    """(model in eval mode on the CPU, dictionary) of a folder written by export()."""
-    model, dictionary, _, _ = read_exported(out_dir)
-    return model, dictionary
-
-
-def load_model(path: str | Path, data_dir: str | Path | None = None) -> tuple[TransformerLM, LineCodec, Config]:
-    """(model in eval mode on the CPU, its text codec, the run's config) from a run checkpoint (vocab and
-    codes from `data_dir`, default the run's) or from an exported folder (its own)."""
-    if Path(path).is_dir():
-        model, _, cfg, metadata = read_exported(path)
-        return model, text_codec(path, metadata.get("unit", BPE_UNIT)), cfg  # exported before units: BPE
-    model, cfg, _, data_dir = load_trained(path, data_dir)
-    return model, text_codec(data_dir, data_unit(data_dir)), cfg
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,8 @@
-"""Text generation from a trained model: python generate.py --checkpoint PATH [PROMPT] [options].
+"""Text generation from a trained model (generate.py's command line: launch/cli.py).
 
-    model, codec, cfg = load_model("dumped/default/demo/best.pt")  # xlm_pkm.inference.export
-    ids = generate(model, codec.encode("The module"), max_tokens=50, sampling=Sampling(top_p=0.9))
+    trained = load_trained("dumped/default/demo/best.pt")  # or an exported folder: checkpoint/trained.py
+    codec = trained.codec()
+    ids = generate(trained.model, codec.encode("The module"), max_tokens=50, sampling=Sampling(top_p=0.9))
     print(codec.decode(codec.encode("The module") + ids[0]))
 
 Decoding is incremental: the prompt is fed once, then each new token alone, attending to the keys and
@@ -15,12 +16,8 @@ stream cache (all-attention) starts new evaluation streams with each context (bo
 
 from __future__ import annotations
 
-import argparse
-import sys
-
 import torch
 
-from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.inference.sampling import Sampling, sample
 from xlm_pkm.model.attention import KVCache
 
@@ -65,66 +62,3 @@ def generate(model, prompt: list[int], max_tokens: int, sampling: Sampling = Sam
                 break
     out = tokens[:, len(prompt):].tolist()
     return [ids[:ids.index(stop)] if stop in ids else ids for ids in out]
-
-
-def _read_prompt(args) -> str:
-    if args.prompt is not None and args.prompt_file:
-        raise ValueError("give the prompt as an argument or with --prompt-file, not both")
-    if not args.prompt_file:
-        return args.prompt or ""
-    if args.prompt_file == "-":
-        return sys.stdin.read()
-    try:
-        with open(args.prompt_file, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise FileNotFoundError(f"cannot read prompt file {args.prompt_file}: {e.strerror}") from None
-    except UnicodeDecodeError as e:
-        raise ValueError(f"prompt file {args.prompt_file} is not UTF-8 ({e.reason})") from None
-
-
-def main(argv: list[str] | None = None) -> int:
-    from xlm_pkm.inference.export import load_model
-    from xlm_pkm.runtime.precision import resolve_device
-    from xlm_pkm.utils.program import program_name
-
-    prog = program_name("generate.py")
-    parser = argparse.ArgumentParser(prog=prog, description="Sample text from a trained model.")
-    parser.add_argument("prompt", nargs="?", help="text to continue (default: start a new document)")
-    parser.add_argument("--checkpoint", required=True, help="best.pt or checkpoint.pt of a run, or an exported folder")
-    parser.add_argument("--prompt-file", help="read the prompt from this file ('-': standard input)")
-    parser.add_argument("--data", help="processed data dir with codes and vocab (default: the run's)")
-    parser.add_argument("--max-tokens", type=int, default=100, help="BPE tokens to generate per sample")
-    parser.add_argument("--num-samples", type=int, default=1)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0, help="0: no top-k cut")
-    parser.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus cut")
-    parser.add_argument("--greedy", action="store_true", help="the most likely token each time")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--stop-at-eol", action="store_true", help="end each sample at its first line end")
-    parser.add_argument("--context", type=int, default=0, help="context window in tokens (default: the run's bptt)")
-    parser.add_argument("--no-cache", action="store_true", help="a full forward per token (no key/value cache)")
-    parser.add_argument("--device", default="auto")
-    args = parser.parse_args(argv)
-    try:
-        if args.max_tokens < 1 or args.num_samples < 1 or args.context < 0:
-            raise ValueError("--max-tokens and --num-samples must be >= 1, --context >= 0 (0: the run's bptt)")
-        sampling = Sampling(args.temperature, args.top_k, args.top_p, args.greedy)
-        prompt = _read_prompt(args)
-        device = resolve_device(args.device, "--device")
-        model, codec, cfg = load_model(args.checkpoint, args.data)
-        ids = codec.encode(prompt)
-        window = args.context or cfg.data.bptt
-        samples = generate(model.to(device), ids, args.max_tokens, sampling, args.seed, args.num_samples,
-                           window, not args.no_cache, codec.dictionary.eos if args.stop_at_eol else None)
-    except USER_ERRORS as e:
-        return fail(prog, e)
-    for i, continuation in enumerate(samples):
-        if args.num_samples > 1:
-            print(f"# sample {i + 1}")
-        print(codec.decode(ids + continuation))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

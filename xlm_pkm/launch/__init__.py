@@ -1,9 +1,9 @@
-"""Starting runs: the command lines of train.py and evaluate.py, and SLURM submission.
+"""Starting runs: the command lines of train.py, evaluate.py and generate.py, and SLURM submission.
 
-    cli.py          train_main, evaluate_main (console commands xlm-pkm-train, xlm-pkm-evaluate)
+    cli.py          train_main, evaluate_main, generate_main (console commands xlm-pkm-train, -evaluate, -generate)
     resume.py       the command that resumes a stopped run, as it was launched
     config_keys.py  train.py --keys: every config key, its default and its doc, read from config.py
     slurm.py        one process per GPU on SLURM through submitit, requeued on its time limit
 
-May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train.
+May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train, inference.
 """

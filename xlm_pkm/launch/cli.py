@@ -1,4 +1,4 @@
-"""Command lines of train.py and evaluate.py (exit statuses and one-line errors: xlm_pkm/errors.py)."""
+"""Command lines of train.py, evaluate.py and generate.py (exit statuses and one-line errors: xlm_pkm/errors.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,11 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import load_config
 from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, UserError, fail
+from xlm_pkm.inference.generation import generate
+from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.launch.config_keys import describe_keys
 from xlm_pkm.launch.resume import resume_command
 from xlm_pkm.runtime.distributed import CollectiveError, describe_failure, init_distributed, read_env, shutdown
@@ -110,9 +113,10 @@ def train_main(argv: list[str] | None = None) -> int:
 def evaluate_main(argv: list[str] | None = None) -> int:
     prog = program_name("evaluate.py")
     parser = argparse.ArgumentParser(prog=prog, description="Perplexity, memory usage and KL, speed.")
-    parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or best.pt of a run")
+    parser.add_argument("--checkpoint", required=True, help="checkpoint.pt or best.pt of a run, or an exported folder")
     parser.add_argument("--split", default="test", choices=["valid", "test"])
-    parser.add_argument("--data", help="processed data directory (default: the one the model was trained on)")
+    parser.add_argument("--data", help="processed data directory (default: the one the model was trained on, "
+                                       "data.path of its config)")
     parser.add_argument("--json", help="write the results to this JSON file")
     parser.add_argument("--batch-size", type=int, default=0, help="default: the run's eval batch size")
     parser.add_argument("--bptt", type=int, default=0, help="default: the run's bptt")
@@ -139,3 +143,62 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     finally:
         shutdown()
     return 0
+
+
+def _read_prompt(args) -> str:
+    if args.prompt is not None and args.prompt_file:
+        raise ValueError("give the prompt as an argument or with --prompt-file, not both")
+    if not args.prompt_file:
+        return args.prompt or ""
+    if args.prompt_file == "-":
+        return sys.stdin.read()
+    try:
+        with open(args.prompt_file, encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise FileNotFoundError(f"cannot read prompt file {args.prompt_file}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"prompt file {args.prompt_file} is not UTF-8 ({e.reason})") from None
+
+
+def generate_main(argv: list[str] | None = None) -> int:
+    prog = program_name("generate.py")
+    parser = argparse.ArgumentParser(prog=prog, description="Sample text from a trained model.")
+    parser.add_argument("prompt", nargs="?", help="text to continue (default: start a new document)")
+    parser.add_argument("--checkpoint", required=True, help="best.pt or checkpoint.pt of a run, or an exported folder")
+    parser.add_argument("--prompt-file", help="read the prompt from this file ('-': standard input)")
+    parser.add_argument("--data", help="processed data dir with codes and vocab (default: the run's, or the "
+                                       "exported folder's own)")
+    parser.add_argument("--max-tokens", type=int, default=100, help="BPE tokens to generate per sample")
+    parser.add_argument("--num-samples", type=int, default=1)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0, help="0: no top-k cut")
+    parser.add_argument("--top-p", type=float, default=1.0, help="1: no nucleus cut")
+    parser.add_argument("--greedy", action="store_true", help="the most likely token each time")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--stop-at-eol", action="store_true", help="end each sample at its first line end")
+    parser.add_argument("--context", type=int, default=0, help="context window in tokens (default: the run's bptt)")
+    parser.add_argument("--no-cache", action="store_true", help="a full forward per token (no key/value cache)")
+    parser.add_argument("--device", default="auto")
+    args = parser.parse_args(argv)
+    try:
+        if args.max_tokens < 1 or args.num_samples < 1 or args.context < 0:
+            raise ValueError("--max-tokens and --num-samples must be >= 1, --context >= 0 (0: the run's bptt)")
+        sampling = Sampling(args.temperature, args.top_k, args.top_p, args.greedy)
+        prompt = _read_prompt(args)
+        device = resolve_device(args.device, "--device")
+        own_text = Path(args.checkpoint).is_dir()  # an exported folder carries its vocab and codes
+        trained = load_trained(args.checkpoint, args.data or (args.checkpoint if own_text else None))
+        codec = trained.codec()
+        ids = codec.encode(prompt)
+        window = args.context or trained.cfg.data.bptt
+        samples = generate(trained.model.to(device), ids, args.max_tokens, sampling, args.seed, args.num_samples,
+                           window, not args.no_cache, codec.dictionary.eos if args.stop_at_eol else None)
+    except USER_ERRORS as e:
+        return fail(prog, e)
+    for i, continuation in enumerate(samples):
+        if args.num_samples > 1:
+            print(f"# sample {i + 1}")
+        print(codec.decode(ids + continuation))
+    return 0
+

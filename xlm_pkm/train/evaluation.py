@@ -89,9 +89,9 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
 def evaluate_checkpoint(path, split: str = "test", data_dir: str | None = None, batch_size: int = 0,
                         bptt: int = 0, device: torch.device = torch.device("cpu"), precision: str = "fp32",
                         max_batches: int = 0, env: DistEnv = DistEnv()) -> dict:
-    """Rebuilds the model saved in a checkpoint and evaluates it on `split` of its (or another) corpus,
-    which must have the vocabulary the model was trained with."""
-    model, cfg, state, data_dir = load_trained(path, data_dir, env)  # every rank agrees whether it loaded
-    stream = build_stream(cfg, split, env, data_dir, batch_size, bptt)
-    result = evaluate(model.to(device), stream, device, precision, max_batches, env)
-    return {"checkpoint": str(path), "split": split, "step": state["step"], **result}
+    """Evaluates the trained model of a run checkpoint or an exported folder (`path`) on `split` of its run's
+    corpus (or of `data_dir`), which must have the vocabulary the model was trained with."""
+    trained = load_trained(path, data_dir, env)  # every rank agrees whether it loaded
+    stream = build_stream(trained.cfg, split, env, trained.data_dir, batch_size, bptt)
+    result = evaluate(trained.model.to(device), stream, device, precision, max_batches, env)
+    return {"checkpoint": str(path), "split": split, "step": trained.step, **result}

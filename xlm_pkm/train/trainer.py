@@ -23,13 +23,13 @@ from contextlib import contextmanager, nullcontext
 
 import torch
 
-from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
+from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import Config, ConfigError, to_dict
 from xlm_pkm.data.fact_batches import PAD_TARGET
 from xlm_pkm.errors import UserError
 from xlm_pkm.finetune import lora
-from xlm_pkm.finetune.init_from import load_weights, summarize, trained_weights
+from xlm_pkm.finetune.init_from import load_weights, summarize
 from xlm_pkm.finetune.memory_finetune import SparseMemoryFinetuning
 from xlm_pkm.finetune.trainable import freeze
 from xlm_pkm.optim.optimizers import value_optimizer
@@ -84,7 +84,7 @@ class Trainer:
         self.checkpoints = RunCheckpoints(self.run_dir, self.model, self.env, self.device)
         self.ckpt_path, self.best_path = self.checkpoints.last_path, self.checkpoints.best_path
         self.resumed = self.ckpt_path.exists()
-        self.initialised = None  # (TrainedWeights, InitReport) when train.init_from loaded a trained model
+        self.initialised = None  # an InitReport when train.init_from loaded a trained model
         if cfg.train.init_from and not self.resumed:  # before anything wraps or freezes the weights
             self.initialise(cfg.train.init_from)
         self.lora = lora.uses_lora(cfg.optim)  # adapters on the loaded weights; best.pt gets them merged
@@ -218,18 +218,16 @@ class Trainer:
 
     def initialise(self, path: str) -> None:
         """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""
-        weights = trained_weights(path)
-        checkpoint.check_vocabulary({"vocab_fingerprint": weights.vocab_fingerprint}, self.vocab_fingerprint,
-                                    f"{self.cfg.data.path}/vocab", path)
-        self.initialised = weights, load_weights(self.model, weights, self.cfg.train.init_strict)
+        trained = load_trained(path, self.cfg.data.path)  # alone on each rank: whole value tables
+        self.initialised = load_weights(self.model, trained, self.cfg.train.init_strict)
 
     def _log_init(self) -> None:
         if self.resumed and self.cfg.train.init_from:
             self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: the run resumes from its own checkpoint")
         if self.initialised is None:
             return
-        weights, report = self.initialised
-        self.log.info(f"initialised from {weights.source} (step {weights.step} of its run): "
+        report = self.initialised
+        self.log.info(f"initialised from {report.source} (step {report.step} of its run): "
                       f"{len(report.loaded)} tensors loaded, {len(report.new)} new, {len(report.dropped)} dropped")
         for kind in ("loaded", "new", "dropped"):
             if getattr(report, kind):
