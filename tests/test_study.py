@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import TINY
 from xlm_pkm.config import Config
 from xlm_pkm.experiments import study as study_cli
-from xlm_pkm.experiments.reproduce import REPO, SCALES
+from xlm_pkm.experiments.reproduce import MATCHED, REPO, SCALES, plan
 from xlm_pkm.experiments.study import TEST, TRAIN, pending, run_study
 from xlm_pkm.experiments.study_plan import LR_KEYS, LR_RATIOS, StudyError, load_study
 from xlm_pkm.experiments.study_report import write_report
@@ -36,12 +36,18 @@ def write_study(tmp_path, data_dir=None, **changes) -> "Path":
 
 def test_the_variants_study_file_reads(tmp_path):
     study = load_study(REPO / "results/variants/study.yaml")
-    assert {"dense_params", "dense_flops", "pkm", "memory_plus", "peer", "ultramem", "engram_share25",
+    assert {"dense_params", "dense_flops", "pkm", "memory_plus", "peer", "ultramem_step5_value_lr_decay", "engram_share25",
             "engram_share50", "engram"} <= set(study.cells) and study.lr_grid == (0.5, 1.0, 2.0)
     for cell in study.cells:
         run = study.run(cell, 1.0, 0)
         assert run.steps * run.tokens_per_step >= 1_600_000, cell  # at least 4x the 400-step runs
     assert study.scale == "tiny" and study.results == REPO / "results/variants/runs"
+    # the matched sizes written there are reproduce's at the tiny scale
+    matched = [c for c in MATCHED if c in study.cells]
+    for run in plan("variants", SCALES["tiny"], tmp_path, only=matched)[0]:
+        assert run.overrides[-1] in study.cells[run.name][1], run.name
+    step5 = study.run("ultramem_step5_value_lr_decay", 1.0, 0)
+    assert load(step5).optim.values_lr_decay_steps == step5.steps  # the decay spans the longer run
 
 
 @pytest.mark.parametrize("change, message", [
