@@ -6,6 +6,7 @@ import json
 import re
 import shutil
 import signal
+from pathlib import Path
 
 import pytest
 import yaml
@@ -21,7 +22,7 @@ from xlm_pkm.experiments.study_report import write_report
 TIMING = {"time", "tokens_per_sec", "words_per_sec", "eta_s"}  # what differs between two runs of the same run
 
 
-def write_study(tmp_path, data_dir=None, **changes) -> "Path":
+def write_study(tmp_path, data_dir=None, **changes) -> Path:
     raw = {"name": "tiny", "tokens": 512, "eval_every_tokens": 128, "seeds": [0, 1], "lr_grid": [0.5, 2],
            "set": [*([f"data.path={data_dir}"] if data_dir else []), *TINY], "test_max_batches": 4,
            "dump": str(tmp_path / "dump"), "results": str(tmp_path / "results"),
@@ -36,8 +37,8 @@ def write_study(tmp_path, data_dir=None, **changes) -> "Path":
 
 def test_the_variants_study_file_reads(tmp_path):
     study = load_study(REPO / "results/variants/study.yaml")
-    assert {"dense_params", "dense_flops", "pkm", "memory_plus", "peer", "ultramem_step5_value_lr_decay", "engram_share25",
-            "engram_share50", "engram"} <= set(study.cells) and study.lr_grid == (0.5, 1.0, 2.0)
+    assert {"dense_params", "dense_flops", "pkm", "memory_plus", "peer", "ultramem_step5_value_lr_decay",
+            "engram_share25", "engram_share50", "engram"} <= set(study.cells) and study.lr_grid == (0.5, 1.0, 2.0)
     for cell in study.cells:
         run = study.run(cell, 1.0, 0)
         assert run.steps * run.tokens_per_step >= 1_600_000, cell  # at least 4x the 400-step runs
@@ -205,7 +206,8 @@ def test_the_command_runs_streams_of_processes_then_plans_and_reports(tmp_path, 
         (run,) = study.chosen_runs(cell)
         info = json.loads((run.results / "run.json").read_text())
         assert info["commands"]["train"].startswith("python train.py --config configs/default.yaml data.path=")
-        assert info["tokens"] == 512 and info["steps"] == 8 and json.loads((run.results / "test.json").read_text())["step"] == 8
+        assert info["tokens"] == 512 and info["steps"] == 8
+        assert json.loads((run.results / "test.json").read_text())["step"] == 8
         assert (study.dump / cell / "lr1-seed0.log").is_file()
     capsys.readouterr()
     assert study_cli.main(["plan", str(path)]) == 0

@@ -33,7 +33,8 @@ def test_the_t_distribution_is_its_closed_forms():
         assert t_quantile(level, 2) == pytest.approx(quantile_df2(level), rel=1e-10)
     for t in (0.3, 1.0, 4.303, 40.0):
         assert 1 - t_within(t, 2) == pytest.approx(p_df2(t), abs=1e-14)
-        assert t_within(t, 3) == pytest.approx(2 / math.pi * (math.atan(t / math.sqrt(3)) + math.sqrt(3) * t / (3 + t * t)))
+        theta = math.atan(t / math.sqrt(3))  # ν = 3: (2/π)(θ + sin θ cos θ)
+        assert t_within(t, 3) == pytest.approx(2 / math.pi * (theta + math.sin(theta) * math.cos(theta)))
 
 
 def test_the_t_distribution_matches_scipy_where_installed():
@@ -84,7 +85,10 @@ def test_holm_stops_at_the_first_comparison_it_keeps():
     """x's p (0.0200) misses its threshold 0.05/3: Holm rejects nothing, although y's p (0.0211) alone is under
     its rank's 0.05/2; y's interval then takes x's level, and contains 0."""
     se = 1 / math.sqrt(3)
-    t_for = lambda p: math.sqrt(2 * (1 - p) ** 2 / (1 - (1 - p) ** 2))  # inverts p_df2
+
+    def t_for(p):  # inverts p_df2
+        return math.sqrt(2 * (1 - p) ** 2 / (1 - (1 - p) ** 2))
+
     x, y, z = _three(-t_for(0.0200) * se), _three(-t_for(0.0211) * se), Paired((0, 1, 2), (1.0, -2.0, 4.0))
     assert (x.p, y.p) == pytest.approx((0.0200, 0.0211), rel=1e-9) and y.p < 0.05 / 2
     out = holm([x, y, z])

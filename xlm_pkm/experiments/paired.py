@@ -17,9 +17,9 @@ holds (interval below 0), reversed (above 0), inconclusive (contains 0).
 The t distribution needs no SciPy: for an integer ν its two-sided probability has a closed form
 (Abramowitz & Stegun 26.7.3-4), with θ = atan(|t| / √ν):
 
-    P(|T| ≤ |t|) = sin θ · Σ_{k=0}^{(ν−2)/2} c_k cos^{2k} θ,  c_0 = 1, c_{k+1} = c_k (2k + 1) / (2k + 2)   (ν even)
-    P(|T| ≤ |t|) = (2/π) (θ + sin θ · Σ_{k=0}^{(ν−3)/2} c_k cos^{2k+1} θ),  c_0 = 1, c_{k+1} = c_k (2k + 2) / (2k + 3)
-                                                                             (ν odd; the sum is empty for ν = 1)
+    ν even:  P(|T| ≤ |t|) = sin θ · Σ_{k=0}^{(ν−2)/2} c_k cos^{2k} θ,               c_{k+1} = c_k (2k + 1) / (2k + 2)
+    ν odd:   P(|T| ≤ |t|) = (2/π) (θ + sin θ · Σ_{k=0}^{(ν−3)/2} c_k cos^{2k+1} θ),  c_{k+1} = c_k (2k + 2) / (2k + 3)
+    (c_0 = 1; for ν = 1 the sum is empty)
 and its quantile is found by bisection on it (to 1e-12 relative).
 """
 
@@ -114,7 +114,7 @@ class Holm:
 
     @property
     def verdict(self) -> str:
-        """Of the claim a < b: holds / reversed / inconclusive as the adjusted interval lies below / above / across 0."""
+        """Of the claim a < b: holds / reversed / inconclusive as the adjusted interval is below / above / across 0."""
         lo, hi = self.interval
         return HOLDS if hi < 0 else REVERSED if lo > 0 else INCONCLUSIVE
 

@@ -212,8 +212,8 @@ def load_study(path: Path) -> Study:
     check(isinstance(raw["eval_every_tokens"], int) and raw["eval_every_tokens"] > 0, "eval_every_tokens",
           "a positive number of tokens")
     seeds, grid = raw["seeds"], raw["lr_grid"]
-    check(isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds) and len(set(seeds)) == len(seeds),
-          "seeds", "a list of distinct integers")
+    check(isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)
+          and len(set(seeds)) == len(seeds), "seeds", "a list of distinct integers")
     check(isinstance(grid, list) and grid and all(isinstance(f, (int, float)) and f > 0 for f in grid)
           and len(set(grid)) == len(grid), "lr_grid", "a list of distinct positive factors")
     check(raw.get("scale", "paper") in SCALES, "scale", f"one of {', '.join(SCALES)}")

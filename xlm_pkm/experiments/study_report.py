@@ -83,7 +83,8 @@ def choice_table(study: Study) -> str:
         choice = study.choice(cell)
         if choice is None:
             done = {r.factor: r.valid_ppl() for r in study.grid_runs(cell) if r.trained}
-            rows.append([f"`{cell}`", *(f"{done[f]:.1f}" if f in done else "·" for f in study.lr_grid), "·", "·", ""])
+            rows.append([f"`{cell}`", *(f"{done[f]:.1f}" if f in done else "·" for f in study.lr_grid), "·", "·",
+                         ""])
             continue
         lrs = json.loads((study.run(cell, choice.factor, study.seeds[0]).results / "run.json").read_text())["lr"]
         chosen = ", ".join(f"{k} {lrs[k]:.3g}" for k in LR_KEYS[:2])
@@ -128,8 +129,9 @@ def comparison_table(study: Study) -> str:
             continue
         lo, hi = pair.interval()
         (alo, ahi), level = adj.interval, adj.level
-        rows.append([c.claim, f"`{c.a}` − `{c.b}`", seeds, pair.signs(), f"{pair.mean:+.2f}", f"[{lo:+.2f}, {hi:+.2f}]",
-                     f"[{alo:+.2f}, {ahi:+.2f}] at {100 * level:.2f}%", f"{adj.p:.3g}", f"**{adj.verdict}**"])
+        rows.append([c.claim, f"`{c.a}` − `{c.b}`", seeds, pair.signs(), f"{pair.mean:+.2f}",
+                     f"[{lo:+.2f}, {hi:+.2f}]", f"[{alo:+.2f}, {ahi:+.2f}] at {100 * level:.2f}%", f"{adj.p:.3g}",
+                     f"**{adj.verdict}**"])
     return _md_table(["claim", "difference", "per seed", "signs", "mean", "95% interval", "Holm-adjusted interval",
                       "Holm p", "verdict"], rows)
 
@@ -141,10 +143,11 @@ def plot_curves(study: Study, path: Path) -> Path | None:
         return None
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(8, 5))
+    colours = plt.get_cmap("tab10" if len(chosen) <= 10 else "tab20")
     for i, (cell, runs) in enumerate((c, r) for c, r in chosen.items() if r):
         for j, run in enumerate(runs):
             tokens, ppl = zip(*curve(run))
-            ax.plot(tokens, ppl, color=f"C{i % 10}", linewidth=1, alpha=0.8,
+            ax.plot(tokens, ppl, color=colours(i), linewidth=1, alpha=0.8,
                     label=f"{cell} (×{run.factor:g})" if j == 0 else None)
     ax.set(xlabel="training tokens", ylabel="valid perplexity (each seed at the chosen lr)", yscale="log")
     ax.legend(fontsize=7, loc="upper right")
