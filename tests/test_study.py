@@ -129,10 +129,11 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     fake_trained(study.run("dense", 2, 4), [39.0], test=131.0)
     (study.run("pkm", 1, 3).results / "test.json").write_text(json.dumps({"ppl": 110.0}))
     (study.run("dense", 2, 3).results / "test.json").write_text(json.dumps({"ppl": 130.0}))
-    report = write_report(study).read_text()
+    report = write_report(study, [{"rows": [{"cell": "dense", "tokens_per_s": 12345.6}]}]).read_text()
     choices, cells = report.split("## Cells")
     rows = {line.split(" | ")[0]: line for line in cells.splitlines() if line.startswith("| `")}
     assert "| 115.0 ± 7.1 | 2/2 |" in rows["| `pkm`"] and "| 130.5 ± 0.7 | 2/2 |" in rows["| `dense`"]
+    assert "| · | 12,346 | 512 |" in rows["| `dense`"] and "| · | · | 512 |" in rows["| `pkm`"]  # logged, benchmark
     assert "| `pkm` | 30.0 | 20.0 | 25.0 | ×1 | lr 1, values_lr 1 |  |" in choices
     assert "| `dense` | 50.0 | 40.0 | 39.0 | ×2 | lr 2, values_lr 2 | **at the highest end of the grid** |" in choices
     assert "| 3: -20.00, 4: -11.00 | −− | -15.50 |" in report  # pkm − dense per seed

@@ -2,7 +2,7 @@
 
     python -m xlm_pkm.experiments.study run STUDY.yaml [--streams N]   runs what is missing
     python -m xlm_pkm.experiments.study plan STUDY.yaml                 every run, its state and command
-    python -m xlm_pkm.experiments.study report STUDY.yaml               writes the report (study_report.py)
+    python -m xlm_pkm.experiments.study report STUDY.yaml [--bench FILE] writes the report (study_report.py)
 
 The study file and its runs: study_plan.py. `run` trains, in N streams (processes side by side, one
 run each), the first seed of every cell at every factor of its grid; once a cell's grid is trained it
@@ -27,13 +27,14 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Callable
 
 from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, fail
 from xlm_pkm.experiments.reproduce import REPO, git_commit
-from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyRun, load_study
+from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyError, StudyRun, load_study
 from xlm_pkm.experiments.study_report import write_report
 from xlm_pkm.utils.atomic import write_text
 
@@ -150,11 +151,19 @@ def describe(study: Study) -> list[str]:
     return lines
 
 
+def read_bench(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise StudyError(f"--bench {path}: not a readable benchmark JSON ({e})") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.study", description=__doc__.split("\n")[0])
     parser.add_argument("command", choices=["run", "plan", "report"])
     parser.add_argument("study", help="the study's YAML file")
     parser.add_argument("--streams", type=int, default=1, help="runs side by side (run)")
+    parser.add_argument("--bench", nargs="*", default=[], help="speed benchmark JSON with rows per cell (report)")
     args = parser.parse_args(argv)
     try:
         study = load_study(args.study)
@@ -162,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(describe(study)))
             return 0
         if args.command == "report":
-            print(f"wrote {write_report(study)}")
+            benches = [read_bench(Path(b)) for b in args.bench]
+            print(f"wrote {write_report(study, benches)}")
             return 0
         return run_study(study, args.streams)
     except USER_ERRORS as e:

@@ -9,7 +9,8 @@ improvement of valid perplexity, (p(¾T) − p(T)) / p(¾T), with p(¾T) the las
 three quarters of the run's T steps, mean over the cell's seeds. Compute: total and active parameters
 and training FLOPs per token of the run's config.yaml (reproduce.model_size, on the meta device), and
 the median of the training tokens/s the runs logged (runs side by side share the machine: a rough
-speed, not a benchmark).
+speed, not a benchmark), and with `--bench FILE` the tokens/s of a benchmark's rows named after the
+cells (benchmarks/variants_speed.py: every cell timed alone, interleaved).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, hol
 from xlm_pkm.experiments.report import Measure, _md_table, _pyplot, _save
 from xlm_pkm.experiments.reproduce import _shown, model_size
 from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyRun
-from xlm_pkm.experiments.variants_report import _count
+from xlm_pkm.experiments.variants_report import _count, bench_rows
 from xlm_pkm.utils.atomic import write_text
 
 
@@ -94,12 +95,12 @@ def choice_table(study: Study) -> str:
     return _md_table(["cell", *(f"valid ppl ×{f:g}" for f in study.lr_grid), "chosen", "learning rates", "flag"], rows)
 
 
-def cell_table(study: Study) -> str:
+def cell_table(study: Study, speeds: dict[str, float]) -> str:
     rows = []
     for cell, (config, _) in study.cells.items():
         runs = [r for r in study.chosen_runs(cell) if r.trained]
         if not runs:
-            rows.append([f"`{cell}`", f"`{config}`", *["·"] * 9])
+            rows.append([f"`{cell}`", f"`{config}`", *["·"] * 10])
             continue
         cfg = load_config(runs[0].results / "config.yaml")
         size = model_size(cfg, cfg.data.bptt)
@@ -109,10 +110,12 @@ def cell_table(study: Study) -> str:
         rows.append([f"`{cell}`", f"`{config}`", Measure(tuple(test.values())).text() if test else "·",
                      f"{len(test)}/{len(study.seeds)}", _count(size["total"]), _count(size["active"]),
                      f"{size['flops'] / 1e6:.2f}M", f"{statistics.median(speed):,.0f}" if speed else "·",
+                     f"{speeds[cell]:,.0f}" if cell in speeds else "·",
                      f"{runs[0].steps * runs[0].tokens_per_step:,}",
                      f"{100 * statistics.mean(quarter):.1f}" if quarter else "·", str(len(runs))])
     return _md_table(["cell", "config", "test ppl (mean ± sd)", "seeds tested", "params", "active params",
-                      "train FLOPs/token", "logged train tokens/s", "tokens", "last-quarter improvement %",
+                      "train FLOPs/token", "logged train tokens/s", "benchmark tokens/s", "tokens",
+                      "last-quarter improvement %",
                       "runs"], rows)
 
 
@@ -154,7 +157,8 @@ def plot_curves(study: Study, path: Path) -> Path | None:
     return _save(fig, path)
 
 
-def write_report(study: Study) -> Path:
+def write_report(study: Study, benches: list[dict] = ()) -> Path:
+    """report.md and learning_curves.png at study.report; `benches`: benchmark JSON with rows {cell, tokens_per_s}."""
     out = study.report
     out.parent.mkdir(parents=True, exist_ok=True)
     figure = plot_curves(study, out.parent / "learning_curves.png")
@@ -164,7 +168,7 @@ def write_report(study: Study) -> Path:
         "## Learning rates chosen on validation\n\n"
         f"Valid perplexity of seed {study.seeds[0]} at each factor of the grid (· not trained yet).\n\n"
         + choice_table(study),
-        "## Cells at their chosen learning rates\n\n" + cell_table(study),
+        "## Cells at their chosen learning rates\n\n" + cell_table(study, bench_rows(benches)),
         *([f"![learning curves]({figure.name})"] if figure else []),
         *(["## Comparisons\n\n" + comparison_table(study)] if study.comparisons else []),
         *([f"Not finished yet: {', '.join(f'`{c}`' for c in missing)}."] if missing else []),
