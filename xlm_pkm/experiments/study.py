@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -36,7 +35,7 @@ from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, fail
 from xlm_pkm.experiments.reproduce import REPO, git_commit
 from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyError, StudyRun, load_study
 from xlm_pkm.experiments.study_report import write_report
-from xlm_pkm.utils.atomic import write_text
+from xlm_pkm.utils.atomic import write_bytes, write_text
 
 TRAIN, TEST = "train", "test"
 
@@ -72,18 +71,17 @@ def launch_process(job: Job) -> int:
 
 
 def collect(job: Job) -> None:
-    """Copies a finished job's small files to the results folder; run.json last: the run is trained."""
+    """Copies a finished job's small files to the results folder, each written whole (utils/atomic.py);
+    run.json last: the run is trained."""
     run, source = job.run, job.run.run.run_dir
     run.results.mkdir(parents=True, exist_ok=True)
+    for name in ("test.json",) if job.kind == TEST else ("config.yaml", "metrics.jsonl"):
+        write_bytes(run.results / name, (source / name).read_bytes())
     if job.kind == TEST:
-        shutil.copyfile(source / "test.json", run.results / "test.json")
         return
-    for name in ("config.yaml", "metrics.jsonl"):
-        shutil.copyfile(source / name, run.results / name)
-    cfg = job.run.run
-    info = {"cell": run.cell, "config": cfg.config, "lr_factor": run.factor, "seed": run.seed, "steps": run.steps,
-            "tokens_per_step": run.tokens_per_step, "tokens": run.steps * run.tokens_per_step,
-            "lr": {k: float(o.split("=", 1)[1]) for k in LR_KEYS for o in cfg.overrides if o.startswith(f"optim.{k}=")},
+    lrs = {k: float(o.split("=", 1)[1]) for o in run.run.overrides for k in LR_KEYS if o.startswith(f"optim.{k}=")}
+    info = {"cell": run.cell, "config": run.run.config, "lr_factor": run.factor, "seed": run.seed, "steps": run.steps,
+            "tokens_per_step": run.tokens_per_step, "tokens": run.steps * run.tokens_per_step, "lr": lrs,
             "commit": git_commit(),
             "commands": {"train": shlex.join(run.train_command()), "test": shlex.join(run.evaluate_command())}}
     write_text(run.results / "run.json", json.dumps(info, indent=2) + "\n")
