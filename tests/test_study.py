@@ -126,7 +126,7 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
                     (TRAIN, "dense", "lr2-seed4")]
     # the report reads test perplexity at the chosen factor only, and flags the edge
     fake_trained(study.run("pkm", 1, 4), [22.0, 21.0, 20.5], test=120.0)
-    fake_trained(study.run("dense", 2, 4), [39.0], test=131.0)
+    fake_trained(study.run("dense", 2, 4), [50.0, 45.0, 40.0, 38.0], test=131.0)  # at steps 2, 4, 6, 8 of 8
     (study.run("pkm", 1, 3).results / "test.json").write_text(json.dumps({"ppl": 110.0}))
     (study.run("dense", 2, 3).results / "test.json").write_text(json.dumps({"ppl": 130.0}))
     report = write_report(study, [{"rows": [{"cell": "dense", "tokens_per_s": 12345.6}]}]).read_text()
@@ -134,6 +134,8 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     rows = {line.split(" | ")[0]: line for line in cells.splitlines() if line.startswith("| `")}
     assert "| 115.0 ± 7.1 | 2/2 |" in rows["| `pkm`"] and "| 130.5 ± 0.7 | 2/2 |" in rows["| `dense`"]
     assert "| · | 12,346 | 512 |" in rows["| `dense`"] and "| · | · | 512 |" in rows["| `pkm`"]  # logged, benchmark
+    # the last quarter: (p(6) − p(8)) / p(6) = (40 − 38) / 40 on seed 4; seed 3 has no evaluation by step 6
+    assert rows["| `dense`"].endswith("| 512 | 5.0 | 2 |") and rows["| `pkm`"].endswith("| 512 | · | 2 |")
     assert "| `pkm` | 30.0 | 20.0 | 25.0 | ×1 | lr 1, values_lr 1 |  |" in choices
     assert "| `dense` | 50.0 | 40.0 | 39.0 | ×2 | lr 2, values_lr 2 | **at the highest end of the grid** |" in choices
     assert "| 3: -20.00, 4: -11.00 | −− | -15.50 |" in report  # pkm − dense per seed

@@ -47,7 +47,7 @@ def last_quarter(run: StudyRun) -> float | None:
     return (valid[max(early)] - valid[run.steps]) / valid[max(early)]
 
 
-def test_ppl(study: Study, cell: str) -> dict[int, float]:
+def tested_ppl(study: Study, cell: str) -> dict[int, float]:
     """{seed: test perplexity} of the cell's runs at its chosen factor that are evaluated (and only those)."""
     return {r.seed: json.loads((r.results / "test.json").read_text())["ppl"]
             for r in study.chosen_runs(cell) if r.tested}
@@ -104,7 +104,7 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
             continue
         cfg = load_config(runs[0].results / "config.yaml")
         size = model_size(cfg, cfg.data.bptt)
-        test = test_ppl(study, cell)
+        test = tested_ppl(study, cell)
         quarter = [q for q in map(last_quarter, runs) if q is not None]
         speed = [e["tokens_per_sec"] for r in runs for e in events(r, "train") if e["step"] > 1]
         rows.append([f"`{cell}`", f"`{config}`", Measure(tuple(test.values())).text() if test else "·",
@@ -120,7 +120,7 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
 
 
 def comparison_table(study: Study) -> str:
-    tests = {cell: test_ppl(study, cell) for cell in study.cells}
+    tests = {cell: tested_ppl(study, cell) for cell in study.cells}
     pairs = [paired(tests[c.a], tests[c.b]) for c in study.comparisons]
     adjusted = holm(pairs)
     rows = []
@@ -162,7 +162,7 @@ def write_report(study: Study, benches: list[dict] = ()) -> Path:
     out = study.report
     out.parent.mkdir(parents=True, exist_ok=True)
     figure = plot_curves(study, out.parent / "learning_curves.png")
-    missing = [cell for cell in study.cells if len(test_ppl(study, cell)) < len(study.seeds)]
+    missing = [cell for cell in study.cells if len(tested_ppl(study, cell)) < len(study.seeds)]
     parts = [
         header(study, len(study.comparisons)),
         "## Learning rates chosen on validation\n\n"
