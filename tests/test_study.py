@@ -109,6 +109,9 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     study = load_study(write_study(tmp_path, lr_grid=[0.5, 1, 2], seeds=[3, 4]))
     assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)][:3] == [
         (TRAIN, "pkm", "lr0.5-seed3"), (TRAIN, "pkm", "lr1-seed3"), (TRAIN, "pkm", "lr2-seed3")]
+    assert [j.run.cell for j in pending(study.only(["dense"]))] == ["dense"] * 3  # a part of the study: its grid
+    with pytest.raises(StudyError, match="no cell peer"):
+        study.only(["peer"])
     # pkm: best valid at x1 (the lowest of each run counts: best.pt); dense: best at x2, the grid's end
     for factor, valid in {0.5: [50.0, 30.0], 1: [40.0, 20.0, 21.0], 2: [45.0, 25.0]}.items():
         fake_trained(study.run("pkm", factor, 3), valid)

@@ -1,7 +1,7 @@
 """Run a study (cells × seeds × a learning-rate grid, each run on a budget of tokens), then report it.
 
-    python -m xlm_pkm.experiments.study run STUDY.yaml [--streams N]   runs what is missing
-    python -m xlm_pkm.experiments.study plan STUDY.yaml                 every run, its state and command
+    python -m xlm_pkm.experiments.study run STUDY.yaml [--streams N] [--only CELL...]   runs what is missing
+    python -m xlm_pkm.experiments.study plan STUDY.yaml [--only CELL...]   every run, its state and command
     python -m xlm_pkm.experiments.study report STUDY.yaml [--bench FILE] writes the report (study_report.py)
 
 The study file and its runs: study_plan.py. `run` trains, in N streams (processes side by side, one
@@ -161,10 +161,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["run", "plan", "report"])
     parser.add_argument("study", help="the study's YAML file")
     parser.add_argument("--streams", type=int, default=1, help="runs side by side (run)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="CELL", help="these cells only (run, plan)")
     parser.add_argument("--bench", nargs="*", default=[], help="speed benchmark JSON with rows per cell (report)")
     args = parser.parse_args(argv)
     try:
         study = load_study(args.study)
+        if args.only and args.command != "report":
+            study = study.only(args.only)
         if args.command == "plan":
             print("\n".join(describe(study)))
             return 0

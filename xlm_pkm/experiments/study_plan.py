@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
@@ -162,6 +162,14 @@ class Study:
         name = run_id(factor, seed)
         run = Run(cell, self.cells[cell][0], overrides, self.dump / cell / name, test_max_batches=self.test_max_batches)
         return StudyRun(cell, factor, seed, run, self.results / cell / name, steps, per_step, self.world_size)
+
+    def only(self, cells: list[str]) -> Study:
+        """The study restricted to `cells` (and the comparisons between them): to run a part of it."""
+        unknown = sorted(set(cells) - set(self.cells))
+        if unknown:
+            raise StudyError(f"{self.path}: no cell {', '.join(unknown)} (its cells: {', '.join(self.cells)})")
+        return replace(self, cells={c: v for c, v in self.cells.items() if c in cells},
+                       comparisons=tuple(c for c in self.comparisons if {c.a, c.b} <= set(cells)))
 
     def grid_runs(self, cell: str) -> list[StudyRun]:
         """The first seed's runs at every factor of the grid: the learning rate is chosen on them."""
