@@ -56,6 +56,7 @@ def test_the_variants_study_file_reads(tmp_path):
     ({"tokens": -5}, "tokens: a positive number of tokens, not -5"),
     ({"seeds": [0, 0]}, "seeds: a list of distinct integers"),
     ({"lr_grid": []}, "lr_grid: a list of distinct positive factors"),
+    ({"test_max_batches": "all"}, "test_max_batches: a number of batches"),
     ({"cells": {"x": {"config": "configs/nope.yaml"}}}, "cells.x.config: no such file configs/nope.yaml"),
     ({"comparisons": [{"a": "pkm", "b": "peer"}]}, "comparisons[0]: {a: CELL, b: CELL, claim: TEXT} with cells"),
 ])
@@ -66,6 +67,13 @@ def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, capsys, change, m
     assert study_cli.main(["plan", str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"study: error: {path}: ") and err.count("\n") == 1
+
+
+def test_a_study_with_no_run_has_no_report(tmp_path, capsys):
+    path = write_study(tmp_path)
+    assert study_cli.main(["report", str(path)]) == 2
+    assert "no run of the study is trained yet" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # a report already there stays as it is
 
 
 def test_the_budget_is_in_tokens_and_the_grid_scales_every_learning_rate_together(tmp_path):

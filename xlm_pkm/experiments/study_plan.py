@@ -228,6 +228,8 @@ def load_study(path: Path) -> Study:
     check(isinstance(raw.get("set", []), list), "set", "a list of key=value overrides")
     check(isinstance(raw.get("world_size", 1), int) and raw.get("world_size", 1) >= 1, "world_size",
           "a positive number of processes")
+    check(isinstance(raw.get("test_max_batches", 0), int) and raw.get("test_max_batches", 0) >= 0, "test_max_batches",
+          "a number of batches (0: the whole test split)")
     check(isinstance(raw["cells"], dict) and raw["cells"], "cells", "a mapping name: {config: FILE, set: [...]}")
     cells = {}
     for name, cell in raw["cells"].items():
@@ -249,4 +251,4 @@ def load_study(path: Path) -> Study:
                  raw["eval_every_tokens"], _path(raw.get("dump"), REPO / "dumped" / "study" / str(raw["name"])),
                  _path(raw.get("results"), here / "runs"), _path(raw.get("report"), here / "report.md"),
                  str(raw.get("scale", "paper")), tuple(map(str, raw.get("set", []))), raw.get("world_size", 1),
-                 int(raw.get("test_max_batches", 0)), tuple(comparisons))
+                 raw.get("test_max_batches", 0), tuple(comparisons))

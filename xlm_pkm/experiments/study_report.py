@@ -23,7 +23,7 @@ from xlm_pkm.config import load_config
 from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, holm, paired
 from xlm_pkm.experiments.report import Measure, _md_table, _pyplot, _save
 from xlm_pkm.experiments.reproduce import _shown, model_size
-from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyRun
+from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyError, StudyRun
 from xlm_pkm.experiments.variants_report import _count, bench_rows
 from xlm_pkm.utils.atomic import write_text
 
@@ -159,6 +159,8 @@ def plot_curves(study: Study, path: Path) -> Path | None:
 
 def write_report(study: Study, benches: list[dict] = ()) -> Path:
     """report.md and learning_curves.png at study.report; `benches`: benchmark JSON with rows {cell, tokens_per_s}."""
+    if not any(r.trained for cell in study.cells for r in study.grid_runs(cell)):
+        raise StudyError(f"{study.path}: no run of the study is trained yet in {study.results}: nothing to report")
     out = study.report
     out.parent.mkdir(parents=True, exist_ok=True)
     figure = plot_curves(study, out.parent / "learning_curves.png")
