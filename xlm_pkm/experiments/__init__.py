@@ -9,6 +9,10 @@
     continual.py        learning those facts against forgetting the pretraining corpus
     harness.py          lm-evaluation-harness on a run or an exported folder; local cloze and facts QA tasks
     ngram_gain.py       where a model's gain lies: test loss on tokens with a frequent training N-gram vs the rest
+    study.py            a study (cells × seeds × an lr grid on a token budget): runs what is missing in N streams
+    study_plan.py       a study file, the runs it asks for, each cell's lr chosen on validation
+    study_report.py     a study's report: lr choices, learning curves, compute, paired comparisons
+    paired.py           paired differences over seeds: t interval, Holm's correction, verdict words
 
 May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train,
 inference, launch.

@@ -1,0 +1,230 @@
+"""The study harness (xlm_pkm/experiments/study*.py): the study file, the budget in tokens and the learning-rate
+grid, the choice on validation only, a study cut anywhere and run again, the report."""
+
+import dataclasses
+import json
+import re
+import shutil
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import TINY
+from xlm_pkm.config import Config
+from xlm_pkm.experiments import study as study_cli
+from xlm_pkm.experiments.reproduce import MATCHED, REPO, SCALES, plan
+from xlm_pkm.experiments.study import TEST, TRAIN, pending, run_study
+from xlm_pkm.experiments.study_plan import LR_KEYS, LR_RATIOS, StudyError, load_study
+from xlm_pkm.experiments.study_report import write_report
+
+TIMING = {"time", "tokens_per_sec", "words_per_sec", "eta_s"}  # what differs between two runs of the same run
+
+
+def write_study(tmp_path, data_dir=None, **changes) -> Path:
+    raw = {"name": "tiny", "tokens": 512, "eval_every_tokens": 128, "seeds": [0, 1], "lr_grid": [0.5, 2],
+           "set": [*([f"data.path={data_dir}"] if data_dir else []), *TINY], "test_max_batches": 4,
+           "dump": str(tmp_path / "dump"), "results": str(tmp_path / "results"),
+           "report": str(tmp_path / "out" / "report.md"),
+           "cells": {"pkm": {"config": "configs/default.yaml"},
+                     "dense": {"config": "configs/default.yaml", "set": ["model.n_memories=0", "model.mem_layers=[]"]}},
+           "comparisons": [{"a": "pkm", "b": "dense", "claim": "the memory lowers perplexity"}], **changes}
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def test_the_variants_study_file_reads(tmp_path):
+    study = load_study(REPO / "results/variants/study.yaml")
+    assert {"dense_params", "dense_flops", "pkm", "memory_plus", "peer", "ultramem_step5_value_lr_decay",
+            "engram_share25", "engram_share50", "engram"} <= set(study.cells) and study.lr_grid == (0.5, 1.0, 2.0)
+    for cell in study.cells:
+        run = study.run(cell, 1.0, 0)
+        assert run.steps * run.tokens_per_step >= 1_600_000, cell  # at least 4x the 400-step runs
+    assert study.scale == "tiny" and study.results == REPO / "results/variants/runs"
+    # the matched sizes written there are reproduce's at the tiny scale
+    matched = [c for c in MATCHED if c in study.cells]
+    for run in plan("variants", SCALES["tiny"], tmp_path, only=matched)[0]:
+        assert run.overrides[-1] in study.cells[run.name][1], run.name
+    step5 = study.run("ultramem_step5_value_lr_decay", 1.0, 0)
+    assert load(step5).optim.values_lr_decay_steps == step5.steps  # the decay spans the longer run
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"colour": 1}, "unknown key(s) colour"),
+    ({"tokens": -5}, "tokens: a positive number of tokens, not -5"),
+    ({"seeds": [0, 0]}, "seeds: a list of distinct integers"),
+    ({"lr_grid": []}, "lr_grid: a list of distinct positive factors"),
+    ({"test_max_batches": "all"}, "test_max_batches: a number of batches"),
+    ({"cells": {"x": {"config": "configs/nope.yaml"}}}, "cells.x.config: no such file configs/nope.yaml"),
+    ({"comparisons": [{"a": "pkm", "b": "peer"}]}, "comparisons[0]: {a: CELL, b: CELL, claim: TEXT} with cells"),
+])
+def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, capsys, change, message):
+    path = write_study(tmp_path, **change)
+    with pytest.raises(StudyError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
+        load_study(path)
+    assert study_cli.main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"study: error: {path}: ") and err.count("\n") == 1
+
+
+def test_a_study_with_no_run_has_no_report(tmp_path, capsys):
+    path = write_study(tmp_path)
+    assert study_cli.main(["report", str(path)]) == 2
+    assert "no run of the study is trained yet" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # a report already there stays as it is
+
+
+def test_the_budget_is_in_tokens_and_the_grid_scales_every_learning_rate_together(tmp_path):
+    study = load_study(write_study(tmp_path, tokens=1000, eval_every_tokens=256, lr_grid=[0.25, 1],
+                                   set=[*TINY, "optim.accumulate=2", "optim.engram_lr_scale=3"], world_size=2))
+    low, one = study.run("pkm", 0.25, 1), study.run("pkm", 1.0, 1)
+    assert low.tokens_per_step == 4 * 16 * 2 * 2 and low.steps == 4  # ⌈1000 / 256⌉
+    cfg_low, cfg_one = load(low), load(one)
+    assert cfg_low.train.max_steps == 4 and cfg_low.train.eval_every == 1 and cfg_low.train.seed == 1
+    for key in LR_KEYS:
+        assert getattr(cfg_low.optim, key) == pytest.approx(0.25 * getattr(cfg_one.optim, key))
+    assert cfg_one.optim.lr == 3e-3 and cfg_one.optim.values_lr == 1e-2
+    assert cfg_low.optim.engram_lr_scale == cfg_one.optim.engram_lr_scale == 3  # a ratio to optim.lr: follows it
+    assert low.run.run_dir == tmp_path / "dump" / "pkm" / "lr0.25-seed1" and low.train_command()[:3] == [
+        "torchrun", "--nproc_per_node=2", "train.py"]
+    # every learning rate of the optimizer settings is scaled or follows optim.lr: a new one must join a list
+    lr_fields = {f.name for f in dataclasses.fields(Config().optim) if "lr" in f.name and not f.name.endswith("_steps")}
+    assert lr_fields == set(LR_KEYS) | set(LR_RATIOS)
+
+
+def load(run):
+    from xlm_pkm.config import load_config
+
+    return load_config(REPO / run.run.config, run.run.overrides)
+
+
+def fake_trained(run, valid: list[float], test: float | None = None) -> None:
+    """A run's small files as the harness leaves them, without training it."""
+    run.results.mkdir(parents=True, exist_ok=True)
+    step = run.steps // len(valid)
+    lines = [{"event": "train", "step": 1, "loss": 9.0, "tokens_per_sec": 1000.0}]
+    lines += [{"event": "valid", "step": step * (i + 1), "ppl": p} for i, p in enumerate(valid)]
+    (run.results / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
+    shutil.copyfile(REPO / "configs/default.yaml", run.results / "config.yaml")
+    (run.results / "run.json").write_text(json.dumps({"lr": {"lr": run.factor, "values_lr": run.factor}}))
+    if test is not None:
+        (run.results / "test.json").write_text(json.dumps({"ppl": test}))
+
+
+def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids_edge(tmp_path):
+    study = load_study(write_study(tmp_path, lr_grid=[0.5, 1, 2], seeds=[3, 4]))
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)][:3] == [
+        (TRAIN, "pkm", "lr0.5-seed3"), (TRAIN, "pkm", "lr1-seed3"), (TRAIN, "pkm", "lr2-seed3")]
+    assert [j.run.cell for j in pending(study.only(["dense"]))] == ["dense"] * 3  # a part of the study: its grid
+    with pytest.raises(StudyError, match="no cell peer"):
+        study.only(["peer"])
+    # pkm: best valid at x1 (the lowest of each run counts: best.pt); dense: best at x2, the grid's end
+    for factor, valid in {0.5: [50.0, 30.0], 1: [40.0, 20.0, 21.0], 2: [45.0, 25.0]}.items():
+        fake_trained(study.run("pkm", factor, 3), valid)
+    for factor, valid in {0.5: [50.0], 1: [40.0], 2: [39.0]}.items():
+        fake_trained(study.run("dense", factor, 3), valid)
+    pkm, dense = study.choice("pkm"), study.choice("dense")
+    assert (pkm.factor, pkm.edge, pkm.valid) == (1, "", {0.5: 30.0, 1: 20.0, 2: 25.0})
+    assert (dense.factor, dense.edge) == (2, "highest")
+    # a test result planted (wrong) in runs at other factors changes neither the choice nor what is left to do
+    fake_trained(study.run("pkm", 0.5, 4), [10.0], test=1.0)
+    (study.run("pkm", 2, 3).results / "test.json").write_text(json.dumps({"ppl": 1.0}))
+    assert study.choice("pkm") == pkm
+    todo = [(j.kind, j.run.cell, j.run.id) for j in pending(study)]
+    assert todo == [(TEST, "pkm", "lr1-seed3"), (TRAIN, "pkm", "lr1-seed4"), (TEST, "dense", "lr2-seed3"),
+                    (TRAIN, "dense", "lr2-seed4")]
+    # the report reads test perplexity at the chosen factor only, and flags the edge
+    fake_trained(study.run("pkm", 1, 4), [22.0, 21.0, 20.5], test=120.0)
+    fake_trained(study.run("dense", 2, 4), [50.0, 45.0, 40.0, 38.0], test=131.0)  # at steps 2, 4, 6, 8 of 8
+    (study.run("pkm", 1, 3).results / "test.json").write_text(json.dumps({"ppl": 110.0}))
+    (study.run("dense", 2, 3).results / "test.json").write_text(json.dumps({"ppl": 130.0}))
+    report = write_report(study, [{"rows": [{"cell": "dense", "tokens_per_s": 12345.6}]}]).read_text()
+    choices, cells = report.split("## Cells")
+    rows = {line.split(" | ")[0]: line for line in cells.splitlines() if line.startswith("| `")}
+    assert "| 115.0 ± 7.1 | 2/2 |" in rows["| `pkm`"] and "| 130.5 ± 0.7 | 2/2 |" in rows["| `dense`"]
+    assert "| · | 12,346 | 512 |" in rows["| `dense`"] and "| · | · | 512 |" in rows["| `pkm`"]  # logged, benchmark
+    # the last quarter: (p(6) − p(8)) / p(6) = (40 − 38) / 40 on seed 4; seed 3 has no evaluation by step 6
+    assert rows["| `dense`"].endswith("| 512 | 5.0 | 2 |") and rows["| `pkm`"].endswith("| 512 | · | 2 |")
+    assert "| `pkm` | 30.0 | 20.0 | 25.0 | ×1 | lr 1, values_lr 1 |  |" in choices
+    assert "| `dense` | 50.0 | 40.0 | 39.0 | ×2 | lr 2, values_lr 2 | **at the highest end of the grid** |" in choices
+    assert "| 3: -20.00, 4: -11.00 | −− | -15.50 |" in report  # pkm − dense per seed
+    assert not pending(study)
+
+
+def trained_in_process(job) -> int:
+    """Runs a job here (the tests' way: no new interpreter per run)."""
+    from xlm_pkm.launch.cli import evaluate_main, train_main
+
+    run = job.run.run
+    return train_main(run.train_argv(absolute=True)) if job.kind == TRAIN else \
+        evaluate_main(run.evaluate_argv(absolute=True))
+
+
+def snapshot(root) -> dict:
+    """Every file under root, JSON and JSON lines without their timings."""
+    files = {}
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        text = path.read_text()
+        if path.suffix in (".json", ".jsonl"):
+            rows = [json.loads(line) for line in text.splitlines()] if path.suffix == ".jsonl" else [json.loads(text)]
+            text = [{k: v for k, v in row.items() if k not in TIMING} for row in rows]
+        files[str(path.relative_to(root))] = text
+    return files
+
+
+def untimed(report: str) -> str:
+    """The report without its logged tokens/s (the column after the FLOPs per token, in millions)."""
+    return re.sub(r"(M \| )[\d,]+( \| )", r"\1\2", report)
+
+
+def test_a_study_cut_anywhere_and_run_again_gives_the_files_of_an_uninterrupted_one(tmp_path, tiny_data_dir,
+                                                                                    signal_at_step, capsys):
+    path = write_study(tmp_path, tiny_data_dir)
+    study = load_study(path)
+    assert run_study(study, 1, trained_in_process) == 0
+    reference = snapshot(study.results)
+    chosen = {(c, r.id) for c in study.cells for r in study.chosen_runs(c)}
+    assert len(reference) == 6 * 3 + 4  # 6 runs trained (config, metrics, run.json), 4 tested
+    tested = {(p.parent.parent.name, p.parent.name) for p in study.dump.rglob("test.json")}
+    assert tested == chosen == {(p.parent.parent.name, p.parent.name) for p in study.results.rglob("test.json")}
+    report = untimed(write_report(study).read_text())
+    shutil.rmtree(study.dump), shutil.rmtree(study.results)
+
+    signal_at_step(3, signal.SIGTERM)  # the first run is stopped at step 3, with its checkpoint
+    assert run_study(study, 1, trained_in_process) == 75
+    first = study.run("pkm", 0.5, 0)
+    assert (first.run.run_dir / "checkpoint.pt").is_file() and not first.results.exists()
+    signal_at_step(10 ** 6)
+    launched = []
+
+    def killed_after_three(job):  # then the command is killed: the fourth job never runs
+        launched.append(job)
+        return trained_in_process(job) if len(launched) <= 3 else 130
+
+    assert run_study(study, 1, killed_after_three) == 75 and len(launched) == 4
+    assert "resumed at step 3" in (first.run.run_dir / "train.log").read_text()
+    assert run_study(study, 1, trained_in_process) == 0
+    assert snapshot(study.results) == reference
+    assert untimed(write_report(study).read_text()) == report
+    assert run_study(study, 1, lambda job: pytest.fail(f"{job.name} ran again")) == 0  # all done: nothing runs
+    assert "every run is done" in capsys.readouterr().out
+
+
+def test_the_command_runs_streams_of_processes_then_plans_and_reports(tmp_path, tiny_data_dir, capsys):
+    path = write_study(tmp_path, tiny_data_dir, lr_grid=[1], seeds=[0], comparisons=[])
+    assert study_cli.main(["run", str(path), "--streams", "2"]) == 0
+    study = load_study(path)
+    for cell in study.cells:
+        (run,) = study.chosen_runs(cell)
+        info = json.loads((run.results / "run.json").read_text())
+        assert info["commands"]["train"].startswith("python train.py --config configs/default.yaml data.path=")
+        assert info["tokens"] == 512 and info["steps"] == 8
+        assert json.loads((run.results / "test.json").read_text())["step"] == 8
+        assert (study.dump / cell / "lr1-seed0.log").is_file()
+    capsys.readouterr()
+    assert study_cli.main(["plan", str(path)]) == 0
+    assert "pkm: lr ×1 chosen\n  lr1-seed0 [tested] 8 steps × 64 tokens: python train.py" in capsys.readouterr().out
+    assert study_cli.main(["report", str(path)]) == 0
+    assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 1000

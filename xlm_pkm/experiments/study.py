@@ -1,0 +1,187 @@
+"""Run a study (cells × seeds × a learning-rate grid, each run on a budget of tokens), then report it.
+
+    python -m xlm_pkm.experiments.study run STUDY.yaml [--streams N] [--only CELL...]   runs what is missing
+    python -m xlm_pkm.experiments.study plan STUDY.yaml [--only CELL...]   every run, its state and command
+    python -m xlm_pkm.experiments.study report STUDY.yaml [--bench FILE] writes the report (study_report.py)
+
+The study file and its runs: study_plan.py. `run` trains, in N streams (processes side by side, one
+run each), the first seed of every cell at every factor of its grid; once a cell's grid is trained it
+chooses the cell's factor on valid perplexity, then trains the other seeds at that factor and evaluates
+the chosen runs on the test split (those only). A run already trained (run.json in the results) is
+skipped, a test already evaluated (test.json) too; a run that was cut resumes from its checkpoint.pt
+(train.py, same exp_id). So the same command, run again, finishes a study cut anywhere, and gives the
+files an uninterrupted one gives. Each run's small files are copied to the results folder as it
+finishes (config.yaml and metrics.jsonl, then run.json with its commands, then test.json), ready to be
+committed; checkpoints stay in the dump directory. Each job's console goes to DUMP/<cell>/<run>.log.
+A run that fails is reported and the others go on; a run stopped by a signal (exit 75 or 130) stops
+the study (no new run starts; rerun to resume). Exit status: 0 when nothing is left to run, 1 when a
+run failed, 75 when stopped, 2 on a bad study file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, fail
+from xlm_pkm.experiments.reproduce import REPO, git_commit
+from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyError, StudyRun, load_study
+from xlm_pkm.experiments.study_report import write_report
+from xlm_pkm.utils.atomic import write_bytes, write_text
+
+TRAIN, TEST = "train", "test"
+
+
+@dataclass(frozen=True)
+class Job:
+    kind: str  # TRAIN or TEST
+    run: StudyRun
+
+    @property
+    def name(self) -> str:
+        return f"{self.run.cell}/{self.run.id} {self.kind}"
+
+
+def pending(study: Study) -> list[Job]:
+    """What is left to do now, first things first: the grids' runs, then the chosen factors' other seeds and
+    tests (a cell's choice exists once its grid is trained)."""
+    jobs = [Job(TRAIN, r) for cell in study.cells for r in study.grid_runs(cell) if not r.trained]
+    for cell in study.cells:
+        jobs += [Job(TEST if r.trained else TRAIN, r) for r in study.chosen_runs(cell) if not r.tested]
+    return jobs
+
+
+def launch_process(job: Job) -> int:
+    """Runs the job's command as a process from the repository root, its console to DUMP/<cell>/<run>.log."""
+    run = job.run
+    argv = run.train_command() if job.kind == TRAIN else run.evaluate_command()
+    argv = [sys.executable, *(["-m", "torch.distributed.run"] if argv[0] == "torchrun" else []), *argv[1:]]
+    log = run.run.run_dir.parent / f"{run.id}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "a") as out:
+        return subprocess.run(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def collect(job: Job) -> None:
+    """Copies a finished job's small files to the results folder, each written whole (utils/atomic.py);
+    run.json last: the run is trained."""
+    run, source = job.run, job.run.run.run_dir
+    run.results.mkdir(parents=True, exist_ok=True)
+    for name in ("test.json",) if job.kind == TEST else ("config.yaml", "metrics.jsonl"):
+        write_bytes(run.results / name, (source / name).read_bytes())
+    if job.kind == TEST:
+        return
+    lrs = {k: float(o.split("=", 1)[1]) for o in run.run.overrides for k in LR_KEYS if o.startswith(f"optim.{k}=")}
+    info = {"cell": run.cell, "config": run.run.config, "lr_factor": run.factor, "seed": run.seed, "steps": run.steps,
+            "tokens_per_step": run.tokens_per_step, "tokens": run.steps * run.tokens_per_step, "lr": lrs,
+            "commit": git_commit(),
+            "commands": {"train": shlex.join(run.train_command()), "test": shlex.join(run.evaluate_command())}}
+    write_text(run.results / "run.json", json.dumps(info, indent=2) + "\n")
+
+
+def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = launch_process) -> int:
+    """Runs every pending job, `streams` at a time (one: here, in this thread); see the module docstring."""
+    failed, stopped, running = set(), False, {}
+
+    def execute(job: Job) -> int:
+        start = time.time()
+        status = launch(job)
+        if status == 0:
+            collect(job)
+        print(f"{job.name}: {'done' if status == 0 else f'exit {status}'} ({(time.time() - start) / 60:.1f} min)",
+              flush=True)
+        return status
+
+    with ThreadPoolExecutor(max(1, streams)) as pool:
+        while True:
+            if not stopped:
+                for job in pending(study):
+                    if len(running) >= streams:
+                        break
+                    if job.name in failed or job.name in running:
+                        continue
+                    print(f"{job.name}: started", flush=True)
+                    if streams == 1:
+                        running[job.name] = Future()
+                        running[job.name].set_result(execute(job))
+                    else:
+                        running[job.name] = pool.submit(execute, job)
+            if not running:
+                break
+            done, _ = wait(running.values(), return_when=FIRST_COMPLETED)
+            for name in [n for n, f in running.items() if f in done]:
+                status = running.pop(name).result()
+                stopped |= status in (EXIT_STOPPED, EXIT_INTERRUPTED)
+                if status and status not in (EXIT_STOPPED, EXIT_INTERRUPTED):
+                    failed.add(name)
+    if stopped:
+        print(f"study {study.name}: stopped; run the same command again to resume", flush=True)
+        return EXIT_STOPPED
+    if failed:
+        print(f"study {study.name}: {len(failed)} job(s) failed: {', '.join(sorted(failed))}", file=sys.stderr)
+        return 1
+    print(f"study {study.name}: every run is done", flush=True)
+    return 0
+
+
+def describe(study: Study) -> list[str]:
+    """One line per run known now (grids, then the chosen factors' seeds): cell, run, state, steps, command."""
+    lines = []
+    for cell in study.cells:
+        runs = {r.id: r for r in [*study.grid_runs(cell), *study.chosen_runs(cell)]}
+        choice = study.choice(cell)
+        lines.append(f"{cell}: " + (f"lr ×{choice.factor:g} chosen" + (f" (at the {choice.edge} end of the grid)"
+                                                                       if choice.edge else "")
+                                    if choice else "lr not chosen yet (the first seed's grid is not trained)"))
+        for r in runs.values():
+            state = "tested" if r.tested else "trained" if r.trained else \
+                "partial" if (r.run.run_dir / "checkpoint.pt").exists() else "new"
+            lines.append(f"  {r.id} [{state}] {r.steps} steps × {r.tokens_per_step} tokens: "
+                         f"{shlex.join(r.train_command())}")
+    return lines
+
+
+def read_bench(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise StudyError(f"--bench {path}: not a readable benchmark JSON ({e})") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.study", description=__doc__.split("\n")[0])
+    parser.add_argument("command", choices=["run", "plan", "report"])
+    parser.add_argument("study", help="the study's YAML file")
+    parser.add_argument("--streams", type=int, default=1, help="runs side by side (run)")
+    parser.add_argument("--only", nargs="+", default=[], metavar="CELL", help="these cells only (run, plan)")
+    parser.add_argument("--bench", nargs="*", default=[], help="speed benchmark JSON with rows per cell (report)")
+    args = parser.parse_args(argv)
+    try:
+        study = load_study(args.study)
+        if args.only and args.command != "report":
+            study = study.only(args.only)
+        if args.command == "plan":
+            print("\n".join(describe(study)))
+            return 0
+        if args.command == "report":
+            benches = [read_bench(Path(b)) for b in args.bench]
+            print(f"wrote {write_report(study, benches)}")
+            return 0
+        return run_study(study, args.streams)
+    except USER_ERRORS as e:
+        return fail("study", e)
+    except KeyboardInterrupt:  # the runs got the Ctrl-C too: each saved a checkpoint and stopped
+        print("study: interrupted; run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

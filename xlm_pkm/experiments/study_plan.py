@@ -1,0 +1,254 @@
+"""A study file, the runs it asks for, and each cell's learning rate chosen on validation data.
+
+A study is cells × seeds × a grid of learning-rate factors, every run trained on the same number of
+tokens. Its file (YAML; relative paths are from the repository root):
+
+    name: variants
+    scale: tiny                  # optional: reproduce.py's scale applied to each cell's config first
+    tokens: 1638400              # training tokens per run
+    eval_every_tokens: 102400    # validation cadence
+    seeds: [0, 1, 2]             # the first one also picks the learning rate
+    lr_grid: [0.5, 1, 2]         # factors on every learning rate of a cell together
+    set: [train.num_threads=1]   # optional: overrides for every run (a cell's own come after them)
+    world_size: 1                # optional: processes per run (torchrun beyond 1)
+    test_max_batches: 0          # optional: test batches evaluated (0: the whole split)
+    dump: dumped/study/variants  # optional: run directories, checkpoints included
+    results: results/variants/runs      # optional (default: beside the study file, runs/): small files
+    report: results/variants/report.md  # optional (default: beside the study file, report.md)
+    cells:                       # name: {config: FILE, set: [key=value, ...]}, in the report's order
+      pkm: {config: configs/variants/paper/pkm.yaml}
+      dense: {config: configs/variants/paper/dense_params.yaml, set: [model.ffn_dim=595]}
+    comparisons:                 # the claims "a has a lower test perplexity than b", paired by seed
+      - {a: pkm, b: dense, claim: "PKM beats a dense model of its parameters"}
+
+A run's overrides, in order: the scale's, the study's `set`, the cell's `set`, then the budget
+(train.max_steps = ⌈tokens / (data.batch_size × data.bptt × optim.accumulate × world_size)⌉,
+train.eval_every from eval_every_tokens likewise, train.log_every a quarter of it), the learning
+rates (each of LR_KEYS times the factor, so their ratios stay), and train.seed. Learning rates given
+as a ratio to optim.lr (optim.engram_lr_scale, optim.values_lr_start_factor) follow optim.lr.
+
+Learning rates are chosen on validation data only: the first seed runs at every factor of the grid;
+a cell's factor is the one whose run has the lowest valid perplexity (that of best.pt, the checkpoint
+that the test evaluates: the minimum over the run's evaluations; ties: the smaller factor); every
+other seed then runs at that factor, and only the runs at the chosen factor are evaluated on the test
+split. A choice at either end of the grid is flagged (the optimum may lie beyond it).
+
+Run `<cell>`, factor f, seed s is the run directory DUMP/<cell>/lr<f>-seed<s> (train.py's exp_name and
+exp_id, so that the same command resumes it) and the results folder RESULTS/<cell>/lr<f>-seed<s>:
+config.yaml, metrics.jsonl and run.json (the exact commands; written last: the run is trained) once
+trained, test.json once evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+from xlm_pkm.config import Config
+from xlm_pkm.errors import UserError
+from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scale_overrides
+
+# The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to optim.lr follow it).
+LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
+LR_RATIOS = ("engram_lr_scale", "values_lr_start_factor")
+KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "set", "world_size", "test_max_batches",
+        "dump", "results", "report", "cells", "comparisons"}
+
+
+class StudyError(UserError, ValueError):
+    """A study file that cannot be run as written."""
+
+
+@dataclass(frozen=True)
+class Comparison:
+    a: str
+    b: str
+    claim: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A cell's learning-rate factor, chosen on the first seed's valid perplexity at each factor of the grid."""
+
+    cell: str
+    valid: dict[float, float]  # factor -> valid perplexity of best.pt
+    factor: float
+    edge: str  # "" inside the grid; "lowest" or "highest": at that end of it
+
+
+@dataclass(frozen=True)
+class StudyRun:
+    """One run of a study: where it trains (run.run_dir), where its small files go, how long it trains."""
+
+    cell: str
+    factor: float
+    seed: int
+    run: Run  # reproduce.Run: config, overrides, run directory, the train and evaluate arguments
+    results: Path
+    steps: int
+    tokens_per_step: int
+    world_size: int = 1
+
+    @property
+    def id(self) -> str:
+        return run_id(self.factor, self.seed)
+
+    @property
+    def trained(self) -> bool:
+        return (self.results / "run.json").is_file()
+
+    @property
+    def tested(self) -> bool:
+        return (self.results / "test.json").is_file()
+
+    def train_command(self) -> list[str]:
+        """From the repository root: python train.py ... (torchrun beyond one process)."""
+        launcher = ["python"] if self.world_size == 1 else ["torchrun", f"--nproc_per_node={self.world_size}"]
+        return [*launcher, "train.py", *self.run.train_argv()]
+
+    def evaluate_command(self) -> list[str]:
+        return ["python", "evaluate.py", *self.run.evaluate_argv()]
+
+    def valid_ppl(self) -> float:
+        """The lowest valid perplexity of the trained run (the one of best.pt), from its metrics.jsonl."""
+        events = [json.loads(line) for line in (self.results / "metrics.jsonl").read_text().splitlines() if line]
+        ppl = [e["ppl"] for e in events if e["event"] == "valid"]
+        if not ppl:
+            raise StudyError(f"{self.results / 'metrics.jsonl'}: no valid evaluation to choose a learning rate on")
+        return min(ppl)
+
+
+def run_id(factor: float, seed: int) -> str:
+    return f"lr{factor:g}-seed{seed}"
+
+
+@dataclass(frozen=True)
+class Study:
+    path: Path
+    name: str
+    cells: dict[str, tuple[str, tuple[str, ...]]]  # name -> (config file, its overrides)
+    seeds: tuple[int, ...]
+    lr_grid: tuple[float, ...]
+    tokens: int
+    eval_every_tokens: int
+    dump: Path
+    results: Path
+    report: Path
+    scale: str = "paper"
+    set: tuple[str, ...] = ()
+    world_size: int = 1
+    test_max_batches: int = 0
+    comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
+
+    def base_overrides(self, cell: str) -> list[str]:
+        """The overrides of `cell` before the budget, the learning rate and the seed."""
+        config, own = self.cells[cell]
+        return [*scale_overrides(Cell("study", cell, config, ()), SCALES[self.scale]), *self.set, *own]
+
+    def base_config(self, cell: str) -> Config:
+        return _config(self.cells[cell][0], tuple(self.base_overrides(cell)))
+
+    def run(self, cell: str, factor: float, seed: int) -> StudyRun:
+        cfg = self.base_config(cell)
+        per_step = cfg.data.batch_size * cfg.data.bptt * cfg.optim.accumulate * self.world_size
+        steps, eval_every = math.ceil(self.tokens / per_step), max(1, round(self.eval_every_tokens / per_step))
+        overrides = [*self.base_overrides(cell), f"train.max_steps={steps}", f"train.eval_every={eval_every}",
+                     f"train.log_every={max(1, eval_every // 4)}",
+                     *(f"optim.{k}={factor * getattr(cfg.optim, k):.6g}" for k in LR_KEYS), f"train.seed={seed}"]
+        name = run_id(factor, seed)
+        run = Run(cell, self.cells[cell][0], overrides, self.dump / cell / name, test_max_batches=self.test_max_batches)
+        return StudyRun(cell, factor, seed, run, self.results / cell / name, steps, per_step, self.world_size)
+
+    def only(self, cells: list[str]) -> Study:
+        """The study restricted to `cells` (and the comparisons between them): to run a part of it."""
+        unknown = sorted(set(cells) - set(self.cells))
+        if unknown:
+            raise StudyError(f"{self.path}: no cell {', '.join(unknown)} (its cells: {', '.join(self.cells)})")
+        return replace(self, cells={c: v for c, v in self.cells.items() if c in cells},
+                       comparisons=tuple(c for c in self.comparisons if {c.a, c.b} <= set(cells)))
+
+    def grid_runs(self, cell: str) -> list[StudyRun]:
+        """The first seed's runs at every factor of the grid: the learning rate is chosen on them."""
+        return [self.run(cell, f, self.seeds[0]) for f in self.lr_grid]
+
+    def choice(self, cell: str) -> Choice | None:
+        """The cell's factor, once every run of grid_runs is trained (None before); reads valid metrics only."""
+        runs = self.grid_runs(cell)
+        if not all(r.trained for r in runs):
+            return None
+        valid = {r.factor: r.valid_ppl() for r in runs}
+        best = min(self.lr_grid, key=lambda f: (valid[f], f))
+        edge = "" if len(self.lr_grid) < 2 else "lowest" if best == min(self.lr_grid) else \
+            "highest" if best == max(self.lr_grid) else ""
+        return Choice(cell, valid, best, edge)
+
+    def chosen_runs(self, cell: str) -> list[StudyRun]:
+        """Every seed's run at the chosen factor ([] before the choice): the runs evaluated on test."""
+        choice = self.choice(cell)
+        return [] if choice is None else [self.run(cell, choice.factor, s) for s in self.seeds]
+
+
+def _path(raw, default: Path) -> Path:
+    return default if raw is None else (REPO / str(raw)).resolve()
+
+
+def load_study(path: Path) -> Study:
+    """The study of a YAML file (see the module docstring); a one-line StudyError names the key at fault."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise StudyError(f"{path}: not a readable study file ({e})".replace("\n", " ")) from None
+    if not isinstance(raw, dict):
+        raise StudyError(f"{path}: a study file is a mapping of keys (name, tokens, seeds, lr_grid, cells...)")
+    unknown = sorted(set(raw) - KEYS)
+    missing = sorted({"name", "tokens", "eval_every_tokens", "seeds", "lr_grid", "cells"} - set(raw))
+    if unknown or missing:
+        raise StudyError(f"{path}: " + "; ".join(
+            ([f"unknown key(s) {', '.join(unknown)}"] if unknown else []) +
+            ([f"missing key(s) {', '.join(missing)}"] if missing else [])) + f" (keys: {', '.join(sorted(KEYS))})")
+
+    def check(ok: bool, key: str, what: str) -> None:
+        if not ok:
+            raise StudyError(f"{path}: {key}: {what}, not {raw.get(key)!r}")
+
+    check(isinstance(raw["tokens"], int) and raw["tokens"] > 0, "tokens", "a positive number of tokens")
+    check(isinstance(raw["eval_every_tokens"], int) and raw["eval_every_tokens"] > 0, "eval_every_tokens",
+          "a positive number of tokens")
+    seeds, grid = raw["seeds"], raw["lr_grid"]
+    check(isinstance(seeds, list) and seeds and all(isinstance(s, int) for s in seeds)
+          and len(set(seeds)) == len(seeds), "seeds", "a list of distinct integers")
+    check(isinstance(grid, list) and grid and all(isinstance(f, (int, float)) and f > 0 for f in grid)
+          and len(set(grid)) == len(grid), "lr_grid", "a list of distinct positive factors")
+    check(raw.get("scale", "paper") in SCALES, "scale", f"one of {', '.join(SCALES)}")
+    check(isinstance(raw.get("set", []), list), "set", "a list of key=value overrides")
+    check(isinstance(raw.get("world_size", 1), int) and raw.get("world_size", 1) >= 1, "world_size",
+          "a positive number of processes")
+    check(isinstance(raw.get("test_max_batches", 0), int) and raw.get("test_max_batches", 0) >= 0, "test_max_batches",
+          "a number of batches (0: the whole test split)")
+    check(isinstance(raw["cells"], dict) and raw["cells"], "cells", "a mapping name: {config: FILE, set: [...]}")
+    cells = {}
+    for name, cell in raw["cells"].items():
+        if not isinstance(cell, dict) or "config" not in cell or set(cell) - {"config", "set"} \
+                or not isinstance(cell.get("set", []), list):
+            raise StudyError(f"{path}: cells.{name}: {{config: FILE, set: [key=value, ...]}}, not {cell!r}")
+        if not (REPO / cell["config"]).is_file():
+            raise StudyError(f"{path}: cells.{name}.config: no such file {cell['config']} (from the repository root)")
+        cells[str(name)] = (str(cell["config"]), tuple(map(str, cell.get("set", []))))
+    comparisons = []
+    for i, c in enumerate(raw.get("comparisons") or []):
+        if not isinstance(c, dict) or set(c) - {"a", "b", "claim"} or not {"a", "b"} <= set(c) \
+                or not {c["a"], c["b"]} <= set(cells):
+            raise StudyError(f"{path}: comparisons[{i}]: {{a: CELL, b: CELL, claim: TEXT}} with cells of `cells`, "
+                             f"not {c!r}")
+        comparisons.append(Comparison(str(c["a"]), str(c["b"]), str(c.get("claim", f"{c['a']} < {c['b']}"))))
+    here = path.resolve().parent
+    return Study(path, str(raw["name"]), cells, tuple(seeds), tuple(sorted(float(f) for f in grid)), raw["tokens"],
+                 raw["eval_every_tokens"], _path(raw.get("dump"), REPO / "dumped" / "study" / str(raw["name"])),
+                 _path(raw.get("results"), here / "runs"), _path(raw.get("report"), here / "report.md"),
+                 str(raw.get("scale", "paper")), tuple(map(str, raw.get("set", []))), raw.get("world_size", 1),
+                 raw.get("test_max_batches", 0), tuple(comparisons))
