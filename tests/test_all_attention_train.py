@@ -10,10 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from xlm_pkm.checkpoint import files as checkpoint
-from xlm_pkm.config import ConfigError, load_config, load_config_dict
+from xlm_pkm.config import load_config, load_config_dict
 from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.text_codec import ByteCodec
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.inference.export import export, load_model
 from xlm_pkm.inference.generation import main as generate_main
 from xlm_pkm.launch.cli import evaluate_main

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from xlm_pkm.config import Config, ConfigError, load_config, to_dict
+from xlm_pkm.config import Config, load_config, to_dict
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.launch.cli import train_main
 from xlm_pkm.launch.config_keys import describe_keys, keys
 

@@ -11,7 +11,8 @@ import json
 import textwrap
 import tokenize
 
-from xlm_pkm.config import Config, ConfigError
+from xlm_pkm.config import Config
+from xlm_pkm.errors import ConfigError
 
 
 def field_docs(cls) -> dict[str, str]:
