@@ -22,7 +22,7 @@ memory. A new memory design goes here.
     stats.py              usage and KL of the slot weights (§4.2)
     dtypes.py             search, softmax and sums in at least float32
 
-    from xlm_pkm.model.memory import ProductKeyMemory   # the layer alone: needs only torch
+    from xlm_pkm.model.memory import MemoryConfig, ProductKeyMemory   # the layer alone: needs only torch
 
 A variant is one module here: its settings dataclass (a section of MemoryConfig, which pkm.py imports:
 so importing the layer registers the variant's parts), its registered parts, and a test.
@@ -30,6 +30,6 @@ so importing the layer registers the variant's parts), its registered parts, and
 May import: errors, settings, registry (never the rest of model/: the transformer imports the memory).
 """
 
-from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
 
-__all__ = ["ProductKeyMemory"]
+__all__ = ["MemoryConfig", "ProductKeyMemory"]
