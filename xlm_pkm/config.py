@@ -42,10 +42,6 @@ from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
 from xlm_pkm.settings import check, non_negative, positive
 
-__all__ = ["Config", "ConfigError", "TrainConfig", "WandbConfig", "load_config", "load_config_dict", "migrate",
-           "save_config", "to_dict", "validate"]
-
-
 @dataclass
 class WandbConfig:
     """Weights & Biases (train/wandb_log.py), beside TensorBoard: the run's scalars and config. Needs the wandb

@@ -26,7 +26,7 @@ from torch import nn
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.checkpoint.trained import read_exported
-from xlm_pkm.config import ConfigError
+from xlm_pkm.errors import ConfigError
 
 
 @dataclass

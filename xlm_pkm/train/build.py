@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from xlm_pkm.config import Config, ConfigError
+from xlm_pkm.config import Config
 from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
