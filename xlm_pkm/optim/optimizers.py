@@ -146,7 +146,7 @@ class OptimConfig:
     trainable: list[str] = field(default_factory=lambda: ["all"])
     memory_finetune: MemoryFinetuneConfig = field(default_factory=MemoryFinetuneConfig)
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
-    # betas are torch's defaults). The optimizer decides whether value gradients are sparse (optim/optimizers.py).
+    # betas are torch's defaults). The optimizer decides whether value gradients are sparse (ValueOptimizer.sparse).
     values_optimizer: str = field(default="adam", metadata=one_of(VALUE_OPTIMIZERS))
     values_lr: float = field(default=1e-3, metadata=positive())  # constant learning rate of the memory values
     values_beta1: float = field(default=0.9, metadata=probability())  # adam / lazy_adam
