@@ -28,9 +28,11 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from machine import machine_info, write_result  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
-from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig  # noqa: E402
-from xlm_pkm.model.memory.pkm import ProductKeyMemory  # noqa: E402
+from xlm_pkm.config import Config  # noqa: E402
+from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory  # noqa: E402
+from xlm_pkm.model.transformer import ModelConfig  # noqa: E402
 from xlm_pkm.optim.lazy_adam import LazyAdam  # noqa: E402
+from xlm_pkm.optim.optimizers import OptimConfig  # noqa: E402
 from xlm_pkm.runtime.precision import grad_scaler  # noqa: E402
 from xlm_pkm.train.build import build_model, build_optimizers  # noqa: E402
 from xlm_pkm.train.step import loss_backward, optimizer_update  # noqa: E402

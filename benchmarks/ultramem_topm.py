@@ -7,7 +7,7 @@ vectors of the summed core, its rank-1 approximation) and scores those m² candi
 (model/memory/ultramem.py). Per query and head, this measures the fraction of the exact top-knn of all
 n_keys² slots (TuckerKeys.all_scores) that the search returns (recall), and the fraction of queries and heads
 for which it returns all of them; for the paper's candidates (the top-m rows and columns) and with
-memory.tucker_both_signs (also the bottom-m: two negatives make a high score too). For each n_keys and m,
+memory.tucker.both_signs (also the bottom-m: two negatives make a high score too). For each n_keys and m,
 on random N(0, 1) queries (what a BatchNorm'd query looks like at initialisation): for a layer at
 initialisation (cores uniform in [0, 1), as built), for the same layer after its cores were trained on the
 aux loss alone until every non-leading singular value is within the margin τ (the core pushed toward rank 1,
@@ -29,9 +29,9 @@ import torch
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info, write_result
 
-from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
-from xlm_pkm.model.memory.ultramem import TuckerKeys
+from xlm_pkm.model.memory.pkm import MemoryConfig
+from xlm_pkm.model.memory.ultramem import TuckerConfig, TuckerKeys
 
 
 @torch.no_grad()
@@ -82,7 +82,7 @@ def synthetic(args) -> list[dict]:
     for n_keys in args.n_keys:
         for topm in args.topm:
             cfg = MemoryConfig(key_type="tucker", n_keys=n_keys, k_dim=args.k_dim, heads=args.heads, knn=args.knn,
-                               tucker_rank=args.rank, tucker_cores=args.cores, tucker_topm=min(topm, n_keys),
+                               tucker=TuckerConfig(rank=args.rank, cores=args.cores, topm=min(topm, n_keys)),
                                values="expanded")
             torch.manual_seed(args.seed)
             keys = KEY_SEARCHES["tucker"](cfg).to(args.device)

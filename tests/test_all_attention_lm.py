@@ -8,8 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from xlm_pkm.config import ConfigError, MemoryConfig, ModelConfig, SpanConfig, load_config
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.config import load_config
+from xlm_pkm.errors import ConfigError
+from xlm_pkm.model.adaptive_span import SpanConfig
+from xlm_pkm.model.memory.pkm import MemoryConfig
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs" / "all_attention"
 ENWIK8_VOCAB = 205  # the authors': 204 non-newline bytes of enwik8's train split + <eos>

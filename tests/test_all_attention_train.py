@@ -11,10 +11,11 @@ import torch.nn.functional as F
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.trained import load_trained
-from xlm_pkm.config import ConfigError, load_config, load_config_dict
+from xlm_pkm.config import load_config, load_config_dict
 from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.text_codec import ByteCodec
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.inference.export import export
 from xlm_pkm.launch.cli import evaluate_main, generate_main
 from xlm_pkm.model.transformer import TransformerLM

@@ -1,10 +1,15 @@
-"""train.py --keys: every config key, its default and its doc, read from config.py so it cannot go stale."""
+"""train.py --keys: every config key, its default and its doc, read from the settings dataclasses (each beside its
+component) so it cannot go stale; the keys of earlier versions; every config of the repository loads."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 
-from xlm_pkm.config import Config, ConfigError, load_config, to_dict
+from xlm_pkm.config import Config, load_config, load_config_dict, to_dict
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.launch.cli import train_main
 from xlm_pkm.launch.config_keys import describe_keys, keys
 
@@ -17,7 +22,7 @@ def _leaves(tree: dict, prefix: str = "") -> set[str]:
 def test_every_key_of_the_config_is_listed_once_with_a_doc():
     listed = [k for k, _, _ in keys()]
     assert sorted(listed) == sorted(_leaves(to_dict(Config())))
-    assert [k for k, _, doc in keys() if not doc] == []  # a new field needs its comment in config.py
+    assert [k for k, _, doc in keys() if not doc] == []  # a new field needs its comment beside it
 
 
 def test_the_listed_defaults_are_the_defaults_as_overrides_read_them():
@@ -43,3 +48,60 @@ def test_help_points_to_the_keys(capsys):
         train_main(["--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps the lines
     assert "Config keys, their defaults and what they do: --keys (every section) or --keys SECTION" in text
+
+
+REPO = Path(__file__).resolve().parent.parent
+OLD_VARIANT_KEYS = {  # keys of earlier versions (flat in model.memory) -> their sections beside the variants' code
+    "model.memory.peer_activation": ("model.memory.peer.activation", "relu"),
+    "model.memory.tucker_rank": ("model.memory.tucker.rank", 3),
+    "model.memory.tucker_cores": ("model.memory.tucker.cores", 2),
+    "model.memory.tucker_topm": ("model.memory.tucker.topm", 40),
+    "model.memory.tucker_both_signs": ("model.memory.tucker.both_signs", True),
+    "model.memory.tucker_aux_coeff": ("model.memory.tucker.aux_coeff", 0.5),
+    "model.memory.tucker_aux_margin": ("model.memory.tucker.aux_margin", 0.25),
+    "model.memory.value_expansion": ("model.memory.expanded.expansion", 4),
+    "model.memory.value_dim": ("model.memory.expanded.value_dim", 64),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_VARIANT_KEYS))
+def test_a_renamed_key_in_a_users_config_names_its_new_key(old):
+    new, value = OLD_VARIANT_KEYS[old]
+    with pytest.raises(ConfigError, match=rf"^config key {re.escape(old)} was renamed to {re.escape(new)}$"):
+        load_config(None, [f"{old}={json.dumps(value)}"])
+
+
+def test_a_stored_config_of_an_earlier_version_is_migrated():
+    """A checkpoint's or a run's config.yaml with the variants' flat keys loads with their values moved."""
+    stored = to_dict(Config())
+    memory = stored["model"]["memory"]
+    for section in ("peer", "tucker", "expanded"):
+        del memory[section]
+    for old, (new, value) in OLD_VARIANT_KEYS.items():
+        memory[old.rsplit(".", 1)[1]] = value
+    cfg = load_config_dict(stored)
+    assert cfg == load_config(None, [f"{new}={json.dumps(value)}" for new, value in OLD_VARIANT_KEYS.values()])
+    assert cfg.model.memory.tucker.rank == 3 and cfg.model.memory.expanded.value_dim == 64
+
+
+def test_every_config_of_the_repository_loads():
+    """configs/ and the studies' own config files load (a study file, study.yaml, through the study loader, its
+    cells' configs too); the configs the study runs recorded (results/**/config.yaml, some of an earlier version)
+    load as stored configs."""
+    from xlm_pkm.experiments.study_plan import load_study
+
+    files = [*sorted((REPO / "configs").rglob("*.yaml")),
+             *sorted(p for p in (REPO / "results").rglob("*.yaml") if p.name not in ("config.yaml", "study.yaml"))]
+    assert len(files) > 30
+    for path in files:
+        load_config(path)
+    studies = sorted((REPO / "results").rglob("study.yaml"))
+    assert studies
+    for path in studies:
+        study = load_study(path)
+        for cell in study.cells:
+            study.grid_runs(cell)  # each cell's config with its overrides, checked
+    recorded = sorted((REPO / "results").rglob("config.yaml"))
+    assert recorded
+    for path in recorded:
+        load_config_dict(yaml.safe_load(path.read_text()), source=str(path))

@@ -10,10 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from xlm_pkm.config import ConfigError, EngramConfig, load_config
+from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.stream import TokenStream
-from xlm_pkm.model.memory.engram import Engram
+from xlm_pkm.errors import ConfigError
+from xlm_pkm.model.memory.engram import Engram, EngramConfig
 from xlm_pkm.model.memory.ngram_hash import NgramHash
 from xlm_pkm.model.memory.token_compression import canonical_form, compress_vocabulary
 from xlm_pkm.model.transformer import TransformerLM

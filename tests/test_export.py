@@ -23,8 +23,8 @@ SHARED = ["model.dim=32", "model.n_layers=3", "model.n_heads=2", "model.max_len=
 VARIANTS = {  # random models of each memory variant (docs/variants.md), PEER's tables shared by two memories
     "shared values": SHARED,
     "peer": [*SHARED, "model.memory.values=peer", "model.memory.share_keys=true"],
-    "ultramem": [*SHARED[:-1], "model.memory.key_type=tucker", "model.memory.tucker_cores=2",
-                 "model.memory.values=expanded", "model.memory.value_expansion=2", "model.memory.score=identity"],
+    "ultramem": [*SHARED[:-1], "model.memory.key_type=tucker", "model.memory.tucker.cores=2",
+                 "model.memory.values=expanded", "model.memory.expanded.expansion=2", "model.memory.score=identity"],
     "engram": [*SHARED, "model.engram.layers=[2]", "model.engram.heads=2", "model.engram.table_size=50",
                "model.engram.ngram_dim=8"],
 }

@@ -9,9 +9,10 @@ import pytest
 import torch
 from conftest import TINY_VALUES, brute_force_top_slots, read_events, train_recording_steps
 
-from xlm_pkm.config import ConfigError, load_config
+from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.fact_batches import PAD_TARGET, FactBatches, write_fact_batches
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.finetune.memory_finetune import Background
 from xlm_pkm.finetune.slot_counts import main as slot_counts_main
 from xlm_pkm.model.memory.pkm import ProductKeyMemory

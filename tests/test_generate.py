@@ -10,7 +10,6 @@ import pytest
 import torch
 from sacremoses import MosesDetokenizer
 
-from xlm_pkm.config import EngramConfig, MemoryConfig, ModelConfig, SpanConfig
 from xlm_pkm.data.bytes import preprocess_bytes
 from xlm_pkm.data.moses import tokenize_line
 from xlm_pkm.data.text_codec import ByteCodec, TextCodec, WordCodec, data_unit, text_codec
@@ -18,7 +17,11 @@ from xlm_pkm.data.words import preprocess_words
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling, allowed_probs, sample
 from xlm_pkm.launch.cli import generate_main
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model.adaptive_span import SpanConfig
+from xlm_pkm.model.memory.engram import EngramConfig
+from xlm_pkm.model.memory.pkm import MemoryConfig
+from xlm_pkm.model.memory.ultramem import ExpandedConfig, TuckerConfig
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = {  # name -> model config overrides
@@ -29,8 +32,8 @@ MODELS = {  # name -> model config overrides
                                                                  share_values=True)),
     "peer": dict(n_memories=1, memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4, values="peer", share_keys=True)),
     "ultramem": dict(n_memories=1, memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4, key_type="tucker",
-                                                       tucker_cores=2, values="expanded", value_expansion=2,
-                                                       score="identity")),
+                                                       tucker=TuckerConfig(cores=2), values="expanded",
+                                                       expanded=ExpandedConfig(expansion=2), score="identity")),
     "no_memory": dict(n_memories=0),
     "engram": dict(n_memories=1, memory=MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4),
                    engram=EngramConfig(layers=[1, 3], heads=2, table_size=50, ngram_dim=8)),

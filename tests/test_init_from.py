@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from xlm_pkm.checkpoint import files as checkpoint
-from xlm_pkm.config import ConfigError
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.inference.export import export
 from xlm_pkm.launch.cli import train_main
 

@@ -4,21 +4,39 @@ lists its files and says which layers it may import ("May import: ..."), or sing
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "xlm_pkm"
-# The top-level modules (no __init__.py of their own to say it): what each may import.
-TOP_LEVEL = {"errors": set(), "registry": set(), "config": {"errors", "utils"}}
+# The top-level modules (no __init__.py of their own to say it): what each may import. The layers, bottom up:
+# errors, settings, registry, utils, model.memory, model, data, optim, runtime, config, checkpoint, finetune,
+# train, inference, launch, experiments. Each component's settings dataclass sits beside its code (model/,
+# data/, optim/; finetune's two in optim/: finetune/ loads checkpoints, which read configs), so config.py,
+# which composes them, sits above those layers and below the ones that load or run a config.
+TOP_LEVEL = {"errors": set(), "settings": {"errors"}, "registry": set(),
+             "config": {"errors", "settings", "utils", "model", "data", "optim", "runtime"}}
 SUBPACKAGES = sorted(p.parent for p in PACKAGE.rglob("__init__.py") if p.parent != PACKAGE)
 
 
-def _imports(path: Path, package: str) -> set[str]:
-    """The xlm_pkm modules that the module at `path` (in `package`) imports, wherever in it."""
+def _type_checking_only(tree: ast.AST) -> set[ast.AST]:
+    """The nodes inside `if TYPE_CHECKING:` blocks: imports for annotations only, never run."""
+    return {inner for node in ast.walk(tree) if isinstance(node, ast.If) and ast.unparse(node.test) in
+            ("TYPE_CHECKING", "typing.TYPE_CHECKING") for stmt in node.body for inner in ast.walk(stmt)}
+
+
+def _imports(path: Path, package: str, annotations: bool = True) -> set[str]:
+    """The xlm_pkm modules that the module at `path` (in `package`) imports, wherever in it; without
+    `annotations`, not those imported for annotations only (under `if TYPE_CHECKING:`)."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    skip = set() if annotations else _type_checking_only(tree)
+    for node in ast.walk(tree):
+        if node in skip:
+            continue
         if isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from the package, one level up per extra dot
@@ -32,9 +50,11 @@ def _imports(path: Path, package: str) -> set[str]:
 
 
 def test_no_import_cycle_between_the_package_modules():
+    """Between the imports that run: a module may name, for its annotations only, a class of a module that
+    imports it (keys.py's MemoryConfig, of pkm.py); the layers below hold those too."""
     files = {".".join(p.relative_to(ROOT).with_suffix("").parts): p for p in (ROOT / "xlm_pkm").rglob("*.py")}
     modules = {name.removesuffix(".__init__"): path for name, path in files.items()}
-    graph = {name: {m for m in _imports(path, name if path.name == "__init__.py" else name.rsplit(".", 1)[0])
+    graph = {name: {m for m in _imports(path, name if path.name == "__init__.py" else name.rsplit(".", 1)[0], False)
                     if m in modules and m != name and not name.startswith(m + ".")}  # not a package's own __init__
              for name, path in modules.items()}
     state = {}  # name -> "open" while on the path, "done" after
@@ -121,3 +141,26 @@ def test_every_module_has_a_place_and_is_listed_by_its_package():
         for sub in package.iterdir():
             if (sub / "__init__.py").is_file():
                 assert f"{sub.name}/" in doc, f"{package}/__init__.py does not list {sub.name}/"
+
+
+def test_no_registry_is_imported_by_a_module_name_string():
+    """A settings field holds its registry itself (settings.one_of(KEY_SEARCHES)), never "module:NAME" looked up
+    with importlib: an exported folder carries copies of these modules under other names, and the import
+    graph above stays the whole truth. (A config's `plugins` are the user's own modules, imported by name.)"""
+    spec = re.compile(r"""import_module\(\s*f?["']xlm_pkm|["']xlm_pkm(\.\w+)+:\w+["']|__import__\(\s*f?["']xlm_pkm""")
+    found = [f"{p.relative_to(ROOT)}: {m.group(0)}" for p in sorted(PACKAGE.rglob("*.py"))
+             for m in spec.finditer(p.read_text())]
+    assert not found, found
+    check = ("import importlib, sys\n"
+             "real = importlib.import_module\n"
+             "def spy(name, *args, **kwargs):\n"
+             "    assert not name.startswith('xlm_pkm'), name\n"
+             "    return real(name, *args, **kwargs)\n"
+             "importlib.import_module = spy\n"
+             "import xlm_pkm.config, xlm_pkm.model.memory\n"
+             "cfg = xlm_pkm.config.load_config(ROOT + '/configs/variants/ultramem.yaml')\n"
+             "xlm_pkm.config.load_config_dict(xlm_pkm.config.to_dict(cfg))\n"
+             "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", f"ROOT = {str(ROOT)!r}\n" + check], capture_output=True, text=True,
+                         cwd=ROOT, timeout=120)
+    assert out.stdout == "ok\n", out.stderr

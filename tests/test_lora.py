@@ -8,7 +8,7 @@ from conftest import logged_losses
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.trained import load_trained
-from xlm_pkm.config import ConfigError
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.finetune.lora import MISSING_PEFT
 from xlm_pkm.launch.cli import evaluate_main
 

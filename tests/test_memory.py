@@ -6,9 +6,10 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from xlm_pkm.config import ConfigError, MemoryConfig
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
-from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
+from xlm_pkm.model.memory.ultramem import TuckerConfig
 from xlm_pkm.model.memory.value_stores import TableValues
 
 
@@ -56,7 +57,8 @@ def test_every_key_type_has_search_cases():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_search_equals_brute_force(key_type, n_keys, k_dim, heads, knn, dtype):
     torch.manual_seed(0)
-    cfg = MemoryConfig(key_type=key_type, n_keys=n_keys, k_dim=k_dim, heads=heads, knn=knn, tucker_topm=n_keys)
+    cfg = MemoryConfig(key_type=key_type, n_keys=n_keys, k_dim=k_dim, heads=heads, knn=knn,
+                       tucker=TuckerConfig(topm=n_keys))
     keys = KEY_SEARCHES[key_type](cfg)
     assert keys.n_slots == KEY_SEARCHES[key_type].slots(cfg)  # what sizes a shared value table
     assert_exact_topk(keys, torch.randn(64, heads, k_dim).to(dtype))

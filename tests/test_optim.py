@@ -4,9 +4,10 @@ torch's own implementations."""
 import pytest
 import torch
 
-from xlm_pkm.config import ConfigError, OptimConfig, load_config
+from xlm_pkm.config import load_config
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.optim.adagrad import ClippedAdagrad
-from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, Optimizers
+from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, OptimConfig, Optimizers
 from xlm_pkm.optim.schedule import scheduled_lr
 
 
@@ -85,3 +86,30 @@ def test_optimizers_by_name_and_their_checks():
         Optimizers(TwoGroups(), OptimConfig(clip_per_tensor=0.03))
     with pytest.raises(ConfigError, match="optim.values_weight_decay: sgd"):
         Optimizers(TwoGroups(), OptimConfig(values_optimizer="sgd", values_weight_decay=0.1))
+
+
+def test_a_plugin_optimizer_declares_its_state_and_the_memory_check_counts_it(monkeypatch):
+    """Registering an optimizer declares its state per parameter element; the check before training
+    (train/build.check_memory_fits) reads it there, so a plugin's is counted like adam's."""
+    from xlm_pkm.optim.optimizers import DenseOptimizer
+    from xlm_pkm.train import build
+
+    with pytest.raises(TypeError, match=r"^dense optimizer 'bare': register a DenseOptimizer, got "):
+        DENSE_OPTIMIZERS.register("bare")(lambda params, cfg: torch.optim.SGD(params, lr=cfg.lr))
+    with pytest.raises(TypeError):
+        DenseOptimizer(lambda params, cfg: torch.optim.SGD(params, lr=cfg.lr))  # no state_size: not registrable
+    monkeypatch.setitem(DENSE_OPTIMIZERS, "five_moments", DenseOptimizer(
+        lambda params, cfg: torch.optim.SGD(params, lr=cfg.lr), state_size=5))
+    small = ["model.vocab_size=40", "model.dim=16", "model.n_layers=2", "model.n_heads=2", "model.n_memories=1",
+             "model.memory.n_keys=8", "model.memory.k_dim=8", "model.memory.heads=2", "model.memory.knn=2"]
+    with torch.device("meta"):
+        model = build.TransformerLM(load_config(None, small).model)
+    values = sum(p.numel() for p in model.memory_value_parameters())
+    dense = sum(p.numel() for p in model.parameters()) - values
+    adam_need = 4 * (values * (1 + 2) + dense * (2 + 2))  # adam's two moments for both groups
+    monkeypatch.setattr(build, "available_memory", lambda device: adam_need)
+    build.check_memory_fits(load_config(None, small), torch.device("cpu"))  # fits exactly
+    with pytest.raises(ConfigError, match=r"^the model needs at least .* GiB for its weights and optimizer state"):
+        build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))
+    monkeypatch.setattr(build, "available_memory", lambda device: adam_need + 4 * dense * 3)  # 3 more per element
+    build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))

@@ -8,12 +8,14 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from xlm_pkm.config import Config, ConfigError, MemoryConfig, ModelConfig, OptimConfig, load_config
+from xlm_pkm.config import Config, load_config
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory import peer
-from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
 from xlm_pkm.model.memory.value_read import triton_usable
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 from xlm_pkm.optim.lazy_adam import LazyAdam
+from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import grad_scaler
 from xlm_pkm.train.build import build_model, build_optimizers
 from xlm_pkm.train.step import loss_backward, optimizer_update
@@ -32,8 +34,8 @@ def one_thread():
 
 def peer_memory(activation="gelu", query_norm="batchnorm", **kw):
     torch.manual_seed(0)
-    cfg = MemoryConfig(values="peer", peer_activation=activation, query_norm=query_norm, n_keys=6, k_dim=8,
-                       heads=2, knn=3)
+    cfg = MemoryConfig(values="peer", peer=peer.PeerConfig(activation=activation), query_norm=query_norm, n_keys=6,
+                       k_dim=8, heads=2, knn=3)
     return ProductKeyMemory(kw.pop("input_dim", 12), kw.pop("output_dim", 12), cfg, **kw).double()
 
 
@@ -210,8 +212,8 @@ def test_one_line_refusals():
     with pytest.raises(ValueError, match=r"^memory.values=peer: the experts' u_i have 12 inputs, this memory's "
                                          r"input has 10$"):
         memory.values(x[:, :10], indices, torch.ones(3, 2, 3, dtype=torch.float64), False, "torch")
-    with pytest.raises(ConfigError, match="peer_activation"):
-        load_config(None, ["model.memory.values=peer", "model.memory.peer_activation=tanh"])
+    with pytest.raises(ConfigError, match="peer.activation"):
+        load_config(None, ["model.memory.values=peer", "model.memory.peer.activation=tanh"])
 
 
 def test_other_output_width_and_memory_plus_gating():

@@ -6,7 +6,8 @@ import textwrap
 
 import pytest
 
-from xlm_pkm.config import ConfigError, load_config, load_config_dict, to_dict
+from xlm_pkm.config import load_config, load_config_dict, to_dict
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.optim.schedule import SCHEDULES, scheduled_lr

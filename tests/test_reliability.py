@@ -15,9 +15,10 @@ import torch
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.files import NonFiniteError
-from xlm_pkm.config import ConfigError, load_config
+from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.shard import read_shard, shard_paths, write_shard
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.launch.cli import evaluate_main, train_main
 from xlm_pkm.optim.lazy_adam import LazyAdam
 from xlm_pkm.runtime.distributed import free_port

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from xlm_pkm.checkpoint import files as checkpoint
-from xlm_pkm.config import Config, ModelConfig, OptimConfig
+from xlm_pkm.config import Config, migrate
 from xlm_pkm.launch.cli import train_main
-from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.optim.optimizers import Optimizers
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
+from xlm_pkm.optim.optimizers import OptimConfig, Optimizers
 
 
 def run_files(run_dir) -> dict[str, bytes]:
@@ -59,6 +59,7 @@ def test_the_check_reads_the_config_of_earlier_versions():
     cfg.model = ModelConfig(vocab_size=50, dim=16, n_layers=2, n_heads=2, max_len=8, mem_layers=[2])
     cfg.model.memory.n_keys, cfg.model.memory.k_dim, cfg.model.memory.heads, cfg.model.memory.knn = 6, 8, 2, 4
     old = {"model": {"memory": {"sparse": True}}, "optim": {"lr": 1e-3}}
+    old = migrate(old)  # in today's keys, as RunCheckpoints.load_last gives it
     for values_optimizer in ("lazy_adam", "adam"):  # the same state: resumes
         Optimizers(TransformerLM(cfg.model), OptimConfig(values_optimizer=values_optimizer)).check_resumable(old)
     optimizers = Optimizers(TransformerLM(cfg.model), OptimConfig(optimizer="adagrad", values_optimizer="sgd"))

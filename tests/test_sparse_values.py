@@ -5,12 +5,14 @@ import math
 import pytest
 import torch
 
-from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig
-from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.config import Config
+from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
 from xlm_pkm.model.memory.value_read import read_values
+from xlm_pkm.model.transformer import ModelConfig
 from xlm_pkm.optim import lazy_adam
 from xlm_pkm.optim.clipping import clip_grad_norm
 from xlm_pkm.optim.lazy_adam import LazyAdam
+from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import grad_scaler
 from xlm_pkm.train.build import build_model, build_optimizers
 from xlm_pkm.train.step import loss_backward, optimizer_update

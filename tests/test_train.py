@@ -12,7 +12,8 @@ import torch
 from conftest import assert_two_processes_equal_one
 
 from xlm_pkm.checkpoint import files as checkpoint
-from xlm_pkm.config import ConfigError, load_config
+from xlm_pkm.config import load_config
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.launch.cli import evaluate_main, train_main
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -4,7 +4,7 @@ over a run, the chosen ones train, and a pattern matching nothing is a one-line 
 import pytest
 import torch
 
-from xlm_pkm.config import ConfigError
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.value_stores import is_memory_value
 
 

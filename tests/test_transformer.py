@@ -6,11 +6,10 @@ import dataclasses
 import pytest
 import torch
 
-from xlm_pkm.config import MemoryConfig, ModelConfig
 from xlm_pkm.model.blocks import SUBLAYERS
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
-from xlm_pkm.model.memory.pkm import ProductKeyMemory
-from xlm_pkm.model.transformer import TransformerLM, layer_sublayers, memory_layers, resolve_memory_layers
+from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM, layer_sublayers, memory_layers, resolve_memory_layers
 
 TINY_MEMORY = MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4)
 

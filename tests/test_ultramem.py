@@ -10,17 +10,22 @@ import numpy as np
 import pytest
 import torch
 
-from xlm_pkm.config import MemoryConfig, ModelConfig, OptimConfig
-from xlm_pkm.model.memory import ultramem  # noqa: F401  registers key_type=tucker and values=expanded
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
-from xlm_pkm.model.memory.pkm import ProductKeyMemory
-from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.optim.optimizers import Optimizers
+from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
+from xlm_pkm.model.memory.ultramem import ExpandedConfig, TuckerConfig
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
+from xlm_pkm.optim.optimizers import OptimConfig, Optimizers
 from xlm_pkm.optim.schedule import values_lr
 
-FULL = MemoryConfig(n_keys=6, k_dim=8, heads=2, knn=5, key_type="tucker", tucker_rank=3, tucker_cores=2,
-                    tucker_topm=6, values="expanded", value_expansion=4, value_dim=6, score="identity",
+FULL = MemoryConfig(n_keys=6, k_dim=8, heads=2, knn=5, key_type="tucker", tucker=TuckerConfig(rank=3, cores=2, topm=6),
+                    values="expanded", expanded=ExpandedConfig(expansion=4, value_dim=6), score="identity",
                     query_norm="none")
+
+
+def replace(cfg: MemoryConfig, tucker: dict = {}, expanded: dict = {}, **fields) -> MemoryConfig:
+    """cfg with `fields`, and the fields of its tucker and expanded sections, replaced."""
+    return dataclasses.replace(cfg, **fields, tucker=dataclasses.replace(cfg.tucker, **tucker),
+                               expanded=dataclasses.replace(cfg.expanded, **expanded))
 
 
 def naive_grid(q, weight, core, qk_norm=False):
@@ -67,14 +72,14 @@ def naive_output(memory, x):
 
 def full_memory(**fields):
     torch.manual_seed(0)
-    return ProductKeyMemory(7, 6, dataclasses.replace(FULL, **fields)).double()
+    return ProductKeyMemory(7, 6, replace(FULL, **fields)).double()
 
 
-@pytest.mark.parametrize("fields", [{}, dict(tucker_cores=1, tucker_rank=1), dict(qk_norm=True, heads=1, knn=6),
-                                    dict(tucker_both_signs=True)])
+@pytest.mark.parametrize("fields", [{}, dict(tucker=dict(cores=1, rank=1)), dict(qk_norm=True, heads=1, knn=6),
+                                    dict(tucker=dict(both_signs=True))])
 def test_search_with_m_equal_n_keys_is_brute_force(fields):
     torch.manual_seed(1)
-    cfg = dataclasses.replace(FULL, **fields)
+    cfg = replace(FULL, **fields)
     keys = KEY_SEARCHES["tucker"](cfg).double()
     q = torch.randn(20, cfg.heads, cfg.k_dim, dtype=torch.float64)
     with torch.no_grad():
@@ -83,11 +88,11 @@ def test_search_with_m_equal_n_keys_is_brute_force(fields):
     total = grid.sum(2)
     expected_scores, expected = total.topk(cfg.knn, dim=-1)
     assert torch.equal(indices, expected)
-    if cfg.tucker_cores == 1:
+    if cfg.tucker.cores == 1:
         assert scores.shape == (20, cfg.heads, cfg.knn)
         torch.testing.assert_close(scores, expected_scores, rtol=0, atol=1e-12)
     else:
-        per_core = grid.gather(3, expected[:, :, None].expand(-1, -1, cfg.tucker_cores, -1)).transpose(2, 3)
+        per_core = grid.gather(3, expected[:, :, None].expand(-1, -1, cfg.tucker.cores, -1)).transpose(2, 3)
         torch.testing.assert_close(scores, per_core, rtol=0, atol=1e-12)
         assert (scores.sum(-1)[..., 1:] <= scores.sum(-1)[..., :-1]).all()
 
@@ -101,7 +106,7 @@ def test_approximate_top_m_with_a_rank_one_core(positive, both_signs, topm, exac
     score high too: the paper's search misses them, both_signs (top-m and bottom-m) finds them all, also when
     the two groups overlap (2m > n_keys: their common pairs counted once)."""
     torch.manual_seed(2)
-    cfg = dataclasses.replace(FULL, n_keys=16, knn=4, tucker_topm=topm, tucker_rank=2, tucker_both_signs=both_signs)
+    cfg = replace(FULL, n_keys=16, knn=4, tucker=dict(topm=topm, rank=2, both_signs=both_signs))
     keys = KEY_SEARCHES["tucker"](cfg).double()
     u, t = torch.randn(cfg.heads, 2, dtype=torch.float64), torch.randn(cfg.heads, 2, dtype=torch.float64)
     alphas = torch.tensor([0.3, 0.7], dtype=torch.float64)
@@ -131,10 +136,11 @@ def test_all_scores_is_the_dense_grid():
         keys.full_keys()
 
 
-@pytest.mark.parametrize("fields", [{}, dict(value_expansion=1, value_dim=0), dict(value_expansion=2, tucker_cores=3)])
+@pytest.mark.parametrize("fields", [{}, dict(expanded=dict(expansion=1, value_dim=0)),
+                                    dict(expanded=dict(expansion=2), tucker=dict(cores=3))])
 def test_layer_output_and_gradients_equal_the_naive_equations(fields):
     memory = full_memory(**fields)
-    assert (memory.values.proj is None) == (fields.get("value_expansion") == 1)
+    assert (memory.values.proj is None) == (fields.get("expanded", {}).get("expansion") == 1)
     x = torch.randn(9, 7, dtype=torch.float64, requires_grad=True)
     out = memory(x)
     expected, best = naive_output(memory, x)
@@ -149,7 +155,7 @@ def test_layer_output_and_gradients_equal_the_naive_equations(fields):
 
 
 def test_sparse_table_gradient_equals_dense_with_one_row_per_physical_value_read():
-    memory = full_memory(n_keys=12, tucker_topm=12)
+    memory = full_memory(n_keys=12, tucker=dict(topm=12))
     x = torch.randn(3, 7, dtype=torch.float64)
     probe = torch.randn(3, 6, dtype=torch.float64)
     grads = {}
@@ -169,7 +175,7 @@ def test_aux_loss_is_its_formula():
     """L_aux = α/(r-1) Σ_{i=2..r} max(0, λ_i - τ)², λ the singular values of each head's summed core, mean
     over heads; its gradient lowers the non-leading singular values above τ."""
     torch.manual_seed(4)
-    keys = KEY_SEARCHES["tucker"](dataclasses.replace(FULL, tucker_aux_coeff=0.5, tucker_aux_margin=0.2)).double()
+    keys = KEY_SEARCHES["tucker"](replace(FULL, tucker=dict(aux_coeff=0.5, aux_margin=0.2))).double()
     lam = [np.linalg.svd(c, compute_uv=False) for c in keys.core.detach().sum(1).numpy()]  # descending
     expected = 0.5 * np.mean([sum(max(0.0, lam_h[i] - 0.2) ** 2 for i in range(1, 3)) / 2 for lam_h in lam])
     loss = keys.aux_loss()
@@ -178,7 +184,7 @@ def test_aux_loss_is_its_formula():
     with torch.no_grad():
         keys.core -= 0.5 * keys.core.grad
     assert keys.aux_loss().item() < expected
-    assert KEY_SEARCHES["tucker"](dataclasses.replace(FULL, tucker_rank=1)).aux_loss().item() == 0.0
+    assert KEY_SEARCHES["tucker"](replace(FULL, tucker=dict(rank=1))).aux_loss().item() == 0.0
 
 
 def test_values_lr_decay_is_its_formula_and_the_default_is_constant():
@@ -194,31 +200,33 @@ def test_values_lr_decay_is_its_formula_and_the_default_is_constant():
 
 def test_refusals():
     def build(**fields):
-        return ProductKeyMemory(7, 5, dataclasses.replace(FULL, **fields))
+        return ProductKeyMemory(7, 5, replace(FULL, **fields))
 
     cases = [
-        (dict(tucker_rank=7), r"^memory.tucker_rank=7 must be in \[1, n_keys=6\]"),
-        (dict(tucker_topm=4), r"^memory.tucker_topm=4 must be in \[knn=5, n_keys=6\] \(0: knn\)$"),
-        (dict(tucker_topm=7), r"^memory.tucker_topm=7 must be in \[knn=5, n_keys=6\]"),
+        (dict(tucker=dict(rank=7)), r"^memory.tucker.rank=7 must be in \[1, n_keys=6\]"),
+        (dict(tucker=dict(topm=4)), r"^memory.tucker.topm=4 must be in \[knn=5, n_keys=6\] \(0: knn\)$"),
+        (dict(tucker=dict(topm=7)), r"^memory.tucker.topm=7 must be in \[knn=5, n_keys=6\]"),
         (dict(k_dim=7), r"^memory.k_dim=7 must be even for key_type=tucker"),
-        (dict(values="table"), r"^memory.tucker_cores=2 gives one score per core: it needs memory.values=expanded"),
-        (dict(value_expansion=5), r"^memory.value_expansion=5 must be >= 1 and divide the 36 slots"),
-        (dict(value_dim=7), r"^memory.tucker_cores=2 must divide the physical value width 7"),
+        (dict(values="table"), r"^memory.tucker.cores=2 gives one score per core: it needs memory.values=expanded"),
+        (dict(expanded=dict(expansion=5)), r"^memory.expanded.expansion=5 must be >= 1 and divide the 36 slots"),
+        (dict(expanded=dict(value_dim=7)), r"^memory.tucker.cores=2 must divide the physical value width 7"),
         (dict(shard_values=True), r"^memory.values=expanded is not sharded: .* set memory.shard_values=false$"),
-        (dict(key_type="product"), r"^memory.tucker_cores=2 needs key_type=tucker"),
-        (dict(tucker_aux_coeff=-1.0), r"^memory.tucker_aux_coeff=-1.0 and memory.tucker_aux_margin=0.15 must be >= 0$"),
+        (dict(key_type="product"), r"^memory.tucker.cores=2 needs key_type=tucker"),
+        (dict(tucker=dict(aux_coeff=-1.0)),
+         r"^memory.tucker.aux_coeff=-1.0 and memory.tucker.aux_margin=0.15 must be >= 0$"),
     ]
     for fields, message in cases:
         with pytest.raises(ValueError, match=message):
             build(**fields)
     weights = torch.ones(2, 2, 5, 3)
-    with pytest.raises(ValueError, match=r"splits values in tucker_cores=2 pieces, the scores have 3 core\(s\)"):
+    with pytest.raises(ValueError, match=r"splits values in tucker.cores=2 pieces, the scores have 3 core\(s\)"):
         build().values(torch.zeros(2, 7), torch.zeros(2, 2, 5, dtype=torch.long), weights, False, "torch")
 
 
 def test_tiny_lm_with_full_ultramem_trains_with_lazy_adam():
-    memory = MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4, key_type="tucker", tucker_cores=2, values="expanded",
-                          value_expansion=4, value_dim=16, score="identity", query_norm="layernorm")
+    memory = MemoryConfig(n_keys=8, k_dim=16, heads=2, knn=4, key_type="tucker", tucker=TuckerConfig(cores=2),
+                          values="expanded", expanded=ExpandedConfig(expansion=4, value_dim=16), score="identity",
+                          query_norm="layernorm")
     torch.manual_seed(0)
     model = TransformerLM(ModelConfig(vocab_size=50, dim=32, n_layers=2, n_heads=4, max_len=16, n_memories=1,
                                       memory=memory))

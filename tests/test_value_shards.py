@@ -24,13 +24,14 @@ import torch.multiprocessing as mp
 from conftest import assert_two_processes_equal_one
 
 from xlm_pkm.checkpoint import sharded_values
-from xlm_pkm.config import Config, MemoryConfig, ModelConfig, OptimConfig
+from xlm_pkm.config import Config
 from xlm_pkm.launch.cli import evaluate_main
 from xlm_pkm.model.memory import value_shards
+from xlm_pkm.model.memory.pkm import MemoryConfig
 from xlm_pkm.model.memory.value_shards import ValueShard, init_shard
 from xlm_pkm.model.memory.value_stores import TableValues
-from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
+from xlm_pkm.optim.optimizers import OptimConfig, Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv, average_value_grads_, free_port, init_distributed, shutdown
 from xlm_pkm.train.step import optimizer_update
 from xlm_pkm.utils.atomic import OutputError

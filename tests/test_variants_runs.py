@@ -15,8 +15,8 @@ VARIANTS = {  # overrides of the tiny config (tests/conftest.py), with the value
     "peer": ["model.memory.values=peer", "model.memory.share_keys=true"],
     "pkm_engram": ["model.engram.layers=[1]", "model.engram.table_size=64", "model.engram.ngram_dim=8",
                    "model.engram.heads=2"],
-    "ultramem": ["model.memory.key_type=tucker", "model.memory.tucker_cores=2", "model.memory.values=expanded",
-                 "model.memory.value_expansion=2", "model.memory.score=identity", "optim.values_lr_decay_steps=8"],
+    "ultramem": ["model.memory.key_type=tucker", "model.memory.tucker.cores=2", "model.memory.values=expanded",
+                 "model.memory.expanded.expansion=2", "model.memory.score=identity", "optim.values_lr_decay_steps=8"],
 }
 
 

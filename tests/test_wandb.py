@@ -8,7 +8,8 @@ from fnmatch import fnmatch
 import pytest
 import yaml
 
-from xlm_pkm.config import ConfigError, load_config
+from xlm_pkm.config import load_config
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.launch.cli import train_main
 from xlm_pkm.train.run_dir import RUN_OUTPUTS
 from xlm_pkm.train.trainer import Trainer

@@ -23,6 +23,10 @@ class UserError(Exception):
     """An error whose message alone tells the user what is wrong (no traceback needed)."""
 
 
+class ConfigError(UserError, ValueError):
+    """A configuration file or override is invalid; the message names the key at fault."""
+
+
 USER_ERRORS = (UserError, FileNotFoundError, FileExistsError, ValueError)
 
 

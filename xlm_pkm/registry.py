@@ -7,11 +7,15 @@
 
     KEY_SEARCHES["product"]      # the class; an unknown name raises KeyError listing the known ones
 
-A config field names its implementation with a string; the config loader checks the name against the
-registry (see `choices` in config.py), so adding an implementation never touches the config code.
-The registries: KEY_SEARCHES (model/memory/keys.py, model.memory.key_type), SUBLAYERS (model/blocks.py,
-model.sublayers), DENSE_OPTIMIZERS, VALUE_OPTIMIZERS and SCHEDULES (optim.py: optim.optimizer,
-optim.values_optimizer, optim.schedule).
+A settings field names its implementation with a string; the field declares the registry itself
+(`field(default="product", metadata=one_of(KEY_SEARCHES))`, settings.py), and the config loader checks the
+name against it, so adding an implementation never touches the config code. The registries:
+KEY_SEARCHES (model/memory/keys.py, model.memory.key_type), SCORE_FUNCTIONS (model/memory/scores.py,
+model.memory.score), VALUE_STORES (model/memory/value_stores.py, model.memory.values), SUBLAYERS
+(model/blocks.py, model.sublayers), DENSE_OPTIMIZERS and VALUE_OPTIMIZERS (optim/optimizers.py:
+optim.optimizer, optim.values_optimizer; their entries are DenseOptimizer / ValueOptimizer, which declare
+their state size) and SCHEDULES (optim/schedule.py: optim.schedule). A registry made with an `entry` type
+refuses anything else.
 
 Outside this package, a module of your own registers into them when imported; name it in the
 config's `plugins` (`plugins: [my_pkg.my_keys]`, or the override `plugins=[my_pkg.my_keys]`) and
@@ -26,14 +30,16 @@ T = TypeVar("T")
 
 
 class Registry(dict):
-    def __init__(self, kind: str):
+    def __init__(self, kind: str, entry: type | None = None):
         super().__init__()
-        self.kind = kind
+        self.kind, self.entry = kind, entry
 
     def register(self, name: str) -> Callable[[T], T]:
         def add(obj: T) -> T:
             if name in self:
                 raise ValueError(f"{self.kind} {name!r} is registered twice")
+            if self.entry is not None and not isinstance(obj, self.entry):
+                raise TypeError(f"{self.kind} {name!r}: register a {self.entry.__name__}, got {obj!r}")
             self[name] = obj
             return obj
 

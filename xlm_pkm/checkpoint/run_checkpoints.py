@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from xlm_pkm.checkpoint import files, sharded_values
+from xlm_pkm.config import migrate
 from xlm_pkm.runtime.distributed import DistEnv, any_rank
 
 
@@ -56,7 +57,8 @@ class RunCheckpoints:
 
     def load_last(self, vocab_fingerprint: str, vocab_path: str) -> dict:
         """checkpoint.pt, its weights loaded into the model (this rank's value shard), after checking the
-        number of processes and the vocabulary; returns the checkpoint for the rest of the run's state.
+        number of processes and the vocabulary; returns the checkpoint for the rest of the run's state (its
+        recorded config in today's keys: config.migrate).
         Collective: every rank takes part, and if any rank fails (its value shard file missing or damaged,
         say) every rank raises, before any goes on into training (sharded_values.on_every_rank)."""
         state = sharded_values.on_every_rank(lambda: self._load_last(vocab_fingerprint, vocab_path), self.env,
@@ -76,4 +78,5 @@ class RunCheckpoints:
                                       sharded_values.sharded_names(self.model))
         files.check_vocabulary(state, vocab_fingerprint, vocab_path, self.last_path)
         files.load_model_state(self.model, state["model"], self.last_path)
+        state["config"] = migrate(state["config"])  # in today's keys, as the resume checks read it
         return state

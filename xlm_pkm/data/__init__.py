@@ -11,12 +11,12 @@
     meta.py        meta.json (written last): proof of completeness, each split's shards, check_split
     dictionary.py  vocabulary with <s> </s> <pad> <unk> first
     shard.py       the binary shard format (readable with numpy alone, checksummed)
-    stream.py      TokenStream: rank-disjoint, resumable LM batches, blocks shuffled per epoch
+    stream.py      TokenStream: rank-disjoint, resumable LM batches, blocks shuffled per epoch; DataConfig
     fact_batches.py  FactBatches: one fact's paraphrases per batch, padded, padding masked (finetuning)
     stats.py       corpus statistics (python -m xlm_pkm.data.stats DIR)
     bytes.py       character-level data (enwik8, text8): one token per byte
     words.py       word-level data as the all-attention authors read WikiText-103
     text_codec.py  text <-> token ids with a run's own preprocessing (generation, export, facts)
 
-May import: errors, utils.
+May import: errors, utils, settings.
 """

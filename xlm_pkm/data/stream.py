@@ -27,16 +27,33 @@ after consuming k batches resumes at batch k + 1.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from xlm_pkm.settings import non_negative, positive
 
 from .dictionary import Dictionary
 from .meta import check_split, load_meta
 from .shard import Shard, ShardError, read_shard
 
 OPEN_SHARDS = 64  # memory maps kept open at once
+
+
+@dataclass
+class DataConfig:
+    """The run's token streams (TokenStream below, or fact_batches.FactBatches): data."""
+
+    path: str = "data/processed/sample"  # output directory of xlm_pkm.data.preprocess
+    batch_size: int = field(default=32, metadata=positive())  # sequences per rank per forward
+    bptt: int = field(default=256, metadata=positive())  # tokens per sequence
+    eval_batch_size: int = field(default=0, metadata=non_negative())  # 0: same as batch_size
+    shuffle_blocks: bool = True  # read an epoch's bptt blocks in a seeded shuffled order (XLM); false: in order
+    # N > 0: each training step's batch is one fact's first N paraphrases, padding masked, facts in order
+    # (DIR/fact_batches.json of xlm_pkm.experiments.facts; data/fact_batches.py); 0: the token stream
+    fact_batches: int = field(default=0, metadata=non_negative())
 
 
 class TokenStream:

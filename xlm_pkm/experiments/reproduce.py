@@ -66,8 +66,8 @@ from pathlib import Path
 
 import torch
 
-from xlm_pkm.config import Config, ConfigError, load_config, to_dict
-from xlm_pkm.errors import EXIT_STOPPED
+from xlm_pkm.config import Config, load_config, to_dict
+from xlm_pkm.errors import EXIT_STOPPED, ConfigError
 from xlm_pkm.experiments.report import HEADS, KEYS, KNNS
 from xlm_pkm.model.transformer import TransformerLM, resolve_memory_layers
 from xlm_pkm.utils.atomic import write_text
@@ -208,10 +208,10 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
     if m.engram.layers:  # Engram's tables shrink as a memory's slots, its widths as the model's
         out += [f"model.engram.table_size={max(m.engram.heads, m.engram.table_size // scale.keys ** 2)}",
                 f"model.engram.ngram_dim={max(1, m.engram.ngram_dim // scale.width // m.engram.heads) * m.engram.heads}"]
-    if mem.value_dim:  # UltraMem's physical value width scales with the model's
-        out.append(f"model.memory.value_dim={max(1, mem.value_dim // scale.width)}")
-    if mem.tucker_topm:  # UltraMem's candidate rows and columns scale with k
-        out.append(f"model.memory.tucker_topm={max(knn, mem.tucker_topm // scale.knn)}")
+    if mem.expanded.value_dim:  # UltraMem's physical value width scales with the model's
+        out.append(f"model.memory.expanded.value_dim={max(1, mem.expanded.value_dim // scale.width)}")
+    if mem.tucker.topm:  # UltraMem's candidate rows and columns scale with k
+        out.append(f"model.memory.tucker.topm={max(knn, mem.tucker.topm // scale.knn)}")
     if optim.values_lr_decay_steps:  # the values' lr decay spans the same share of the shorter run
         steps = scale.max_steps or cfg.train.max_steps
         out.append(f"optim.values_lr_decay_steps={max(1, _half_up(optim.values_lr_decay_steps * steps / cfg.train.max_steps))}")

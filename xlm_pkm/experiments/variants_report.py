@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from xlm_pkm.config import Config, load_config
+from xlm_pkm.config import Config, load_config_dict
 from xlm_pkm.experiments.report import (FAILS, HOLDS, NOISE, CellRuns, Measure, RunData, _md_table, _pyplot, _save,
                                         find_runs, shows)
 from xlm_pkm.experiments.reproduce import model_size
@@ -119,7 +119,8 @@ def memory_split(cfg: Config) -> dict[str, int]:
 
 def sizes(cell: CellRuns) -> dict[str, float]:
     """model_size and memory_split of the cell's config."""
-    cfg = load_config(cell[0].path / "config.yaml")
+    # the run's resolved config (config.yaml), of an earlier version migrated
+    cfg = load_config_dict(cell[0].config, source=str(cell[0].path / "config.yaml"))
     return {**model_size(cfg, cfg.data.bptt), **memory_split(cfg)}
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from torch import nn
 
 from xlm_pkm.checkpoint.trained import TrainedModel
-from xlm_pkm.config import ConfigError
+from xlm_pkm.errors import ConfigError
 
 
 @dataclass

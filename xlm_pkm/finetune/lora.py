@@ -20,8 +20,9 @@ import fnmatch
 import torch
 from torch import nn
 
-from xlm_pkm.config import ConfigError, LoraConfig, OptimConfig
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.finetune.trainable import freeze
+from xlm_pkm.optim.optimizers import LoraConfig, OptimConfig
 
 ADAPTER = "default"  # peft's adapter name
 TARGET_PRESETS = {"attention_ffn": ("*.qkv", "*.out", "*.fc1", "*.fc2")}  # names in model/attention.py, blocks.py

@@ -30,10 +30,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from xlm_pkm.config import ConfigError, MemoryFinetuneConfig
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.stats import SlotStats
 from xlm_pkm.model.memory.value_stores import is_memory_value
+from xlm_pkm.optim.optimizers import MemoryFinetuneConfig
 from xlm_pkm.runtime.distributed import DistEnv, all_reduce_sum
 
 KIND = "xlm_pkm slot counts"  # marks a background file

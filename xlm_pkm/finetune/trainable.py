@@ -13,7 +13,7 @@ import fnmatch
 
 from torch import nn
 
-from xlm_pkm.config import ConfigError
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_stores import is_memory_value
 

@@ -24,8 +24,7 @@ MODELING, TOKENIZATION = "modeling_xlm_pkm", "tokenization_xlm_pkm"
 MODEL_MODULES = (  # for modeling_xlm_pkm.py (inference/hf_modeling.py): TransformerLM and its settings
     "xlm_pkm.errors",
     "xlm_pkm.registry",
-    "xlm_pkm.config",
-    "xlm_pkm.utils.atomic",
+    "xlm_pkm.settings",
     "xlm_pkm.model.transformer",
     "xlm_pkm.model.blocks",
     "xlm_pkm.model.attention",

@@ -28,11 +28,8 @@ from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 
-from xlm_pkm.config import ModelConfig
 from xlm_pkm.model.attention import KVCache
-from xlm_pkm.model.memory.peer import PeerExperts  # noqa: F401  (registers PEER's value store)
-from xlm_pkm.model.memory.ultramem import ExpandedValues, TuckerKeys  # noqa: F401  (register UltraMem's parts)
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 
 MODEL_TYPE = "xlm_pkm"
 WEIGHTS = "model.safetensors"

@@ -2,7 +2,7 @@
 
     cli.py          train_main, evaluate_main, generate_main (console commands xlm-pkm-train, -evaluate, -generate)
     resume.py       the command that resumes a stopped run, as it was launched
-    config_keys.py  train.py --keys: every config key, its default and its doc, read from config.py
+    config_keys.py  train.py --keys: every config key, its default and its doc, read from the settings dataclasses
     slurm.py        one process per GPU on SLURM through submitit, requeued on its time limit
 
 May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train, inference.

@@ -1,5 +1,6 @@
-"""Every config key with its default and its one-line doc, read from config.py's dataclasses and the
-comments beside their fields, so the list cannot go stale (train.py --keys [SECTION])."""
+"""Every config key with its default and its one-line doc, read from the settings dataclasses (config.Config
+and the sections it composes, each beside its component's code) and the comments beside their fields, so
+the list cannot go stale (train.py --keys [SECTION])."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import json
 import textwrap
 import tokenize
 
-from xlm_pkm.config import Config, ConfigError
+from xlm_pkm.config import Config
+from xlm_pkm.errors import ConfigError
 
 
 def field_docs(cls) -> dict[str, str]:

@@ -1,15 +1,16 @@
 """The language models: a transformer whose layers are named sublayers, and the all-attention family.
 
-    transformer.py       TransformerLM: embeddings, blocks, output; memories, spans and stream caches
+    transformer.py       TransformerLM: embeddings, blocks, output; memories, spans and stream caches;
+                         ModelConfig, its settings (model), with the rules between its sections
     blocks.py            the sublayers a layer is made of, by name (SUBLAYERS), and Block
     attention.py         causal multi-head self-attention with a key/value cache
     all_attention.py     all-attention with persistent memory vectors (Sukhbaatar et al. 2019)
     stream_attention.py  all-attention that keeps its stream's cache across blocks
-    adaptive_span.py     the adaptive attention span
+    adaptive_span.py     the adaptive attention span; SpanConfig (model.span)
     adaptive_io.py       adaptive input and adaptive softmax
     memory/              the product-key memory layer and its parts (a package of its own)
 
-May import: errors, config, registry, model.memory, data.dictionary (alone of data: Engram's token
+May import: errors, settings, registry, model.memory, data.dictionary (alone of data: Engram's token
 compression reads the vocabulary's special tokens and BPE continuation marker where they are defined, as
 the trainer hands the model only the vocabulary's words; that module needs no torch and imports no other
 of xlm_pkm's). The models need torch only (no runtime or training code):

@@ -14,11 +14,12 @@ and residual. A new block type is its module, its builder registered here, and a
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.config import CONTEXT_SUBLAYERS, ModelConfig
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.all_attention import AllAttention, RelativePositions
 from xlm_pkm.model.attention import KVCache, SelfAttention
@@ -30,7 +31,11 @@ from xlm_pkm.model.memory.value_stores import VALUE_STORES
 from xlm_pkm.model.stream_attention import StreamAttention
 from xlm_pkm.registry import Registry
 
+if TYPE_CHECKING:
+    from xlm_pkm.model.transformer import ModelConfig  # transformer.py imports this module
+
 SUBLAYERS = Registry("block sublayer")
+CONTEXT_SUBLAYERS = ("all_attention", "span_attention")  # relative positions and a stream cache (their family's)
 
 
 class FeedForward(nn.Module):

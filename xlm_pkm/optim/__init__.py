@@ -1,11 +1,14 @@
 """Optimizers and learning rates (paper §4.3): dense Adam on a schedule, the memory values on their own.
 
     optimizers.py  Optimizers: one optimizer per parameter group, chosen by name (DENSE_OPTIMIZERS,
-                   VALUE_OPTIMIZERS); fp16 loss-scaled steps skipped on every rank together
+                   VALUE_OPTIMIZERS, each declaring its state size); fp16 loss-scaled steps skipped on every
+                   rank together; OptimConfig (optim), with LoraConfig and MemoryFinetuneConfig (optim.lora,
+                   optim.memory_finetune: the code is in finetune/, which loads checkpoints and so sits above
+                   config.py; these settings sit here, in the section they belong to, below it)
     schedule.py    the dense learning rate by step (SCHEDULES: inverse_sqrt, linear_warmup, constant)
     clipping.py    gradient norm and clipping over sparse and sharded gradients
     lazy_adam.py   Adam on the rows of a row-sparse gradient only (the memory values)
     adagrad.py     Adagrad with per-tensor step clipping (the all-attention paper)
 
-May import: errors, utils, config, registry.
+May import: errors, utils, settings, registry.
 """

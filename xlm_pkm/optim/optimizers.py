@@ -19,7 +19,13 @@ gradients are sparse (one row per slot read, see model/memory/value_read.py):
     sgd        torch SGD on a sparse gradient: equal to dense SGD (no momentum)
 
 A new optimizer (or schedule: SCHEDULES in schedule.py, by `optim.schedule`) is one `register(name)` entry
-there or in a module named in the config's `plugins` (registry.py).
+there or in a module named in the config's `plugins` (registry.py). An optimizer's entry declares the state
+it keeps per parameter element, which the memory check before training counts (train/build.py):
+
+    DENSE_OPTIMIZERS.register("my_adam")(DenseOptimizer(lambda params, cfg: MyAdam(params, lr=cfg.lr), state_size=2))
+
+The run's settings of this section are OptimConfig below (optim in a run's config), with LoRA's and sparse
+memory finetuning's (optim.lora, optim.memory_finetune; their code is in finetune/).
 
 A run resumes with the optimizers its checkpoint was saved with (Optimizers.load_state_dict, given the
 checkpoint's config): another one is refused in one line, since its state is not the saved one's (adam and
@@ -29,38 +35,49 @@ lazy_adam keep the same moments, and resume each other's: ValueOptimizer.state).
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Literal
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from xlm_pkm.config import ConfigError, OptimConfig, migrate
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.optim.adagrad import ClippedAdagrad
 from xlm_pkm.optim.clipping import clip_grad_norm, scale_grads_
 from xlm_pkm.optim.lazy_adam import LazyAdam
-from xlm_pkm.optim.schedule import scheduled_lr, values_lr
+from xlm_pkm.optim.schedule import SCHEDULES, scheduled_lr, values_lr
 from xlm_pkm.registry import Registry
+from xlm_pkm.settings import non_negative, one_of, positive, probability
 
-DENSE_OPTIMIZERS = Registry("dense optimizer")
-DENSE_OPTIMIZERS.register("adam")(lambda params, cfg: torch.optim.AdamW(
-    params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay))
-DENSE_OPTIMIZERS.register("adagrad")(lambda params, cfg: ClippedAdagrad(
-    params, lr=cfg.lr, eps=cfg.eps, clip=cfg.clip_per_tensor))
+
+@dataclass(frozen=True)
+class DenseOptimizer:
+    build: Callable[[list[nn.Parameter], OptimConfig], torch.optim.Optimizer]
+    # state values it keeps per parameter element (Adam's two moments, Adagrad's sum, SGD's none): the memory
+    # a model needs to train (train/build.check_memory_fits)
+    state_size: int
+
+
+DENSE_OPTIMIZERS = Registry("dense optimizer", DenseOptimizer)
+DENSE_OPTIMIZERS.register("adam")(DenseOptimizer(lambda params, cfg: torch.optim.AdamW(
+    params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay), state_size=2))
+DENSE_OPTIMIZERS.register("adagrad")(DenseOptimizer(lambda params, cfg: ClippedAdagrad(
+    params, lr=cfg.lr, eps=cfg.eps, clip=cfg.clip_per_tensor), state_size=1))
 
 
 @dataclass(frozen=True)
 class ValueOptimizer:
     build: Callable[[list[nn.Parameter], OptimConfig], torch.optim.Optimizer]
     sparse: bool  # the gradients it takes: sparse rows (True) or the dense table
+    state_size: int  # state values per parameter element, as DenseOptimizer's
     weight_decay: bool = True  # whether it supports optim.values_weight_decay
     # the per-parameter state it keeps: optimizers of the same one resume each other's checkpoints ("": its name)
     state: str = ""
 
 
-VALUE_OPTIMIZERS = Registry("values optimizer")
+VALUE_OPTIMIZERS = Registry("values optimizer", ValueOptimizer)
 
 
 def _betas(cfg: OptimConfig) -> dict:
@@ -69,15 +86,81 @@ def _betas(cfg: OptimConfig) -> dict:
 
 
 VALUE_OPTIMIZERS.register("adam")(ValueOptimizer(
-    lambda params, cfg: torch.optim.AdamW(params, lr=cfg.values_lr, **_betas(cfg)), sparse=False,
+    lambda params, cfg: torch.optim.AdamW(params, lr=cfg.values_lr, **_betas(cfg)), sparse=False, state_size=2,
     state="adam"))  # step, exp_avg, exp_avg_sq
 VALUE_OPTIMIZERS.register("lazy_adam")(ValueOptimizer(
-    lambda params, cfg: LazyAdam(params, lr=cfg.values_lr, **_betas(cfg)), sparse=True, state="adam"))
+    lambda params, cfg: LazyAdam(params, lr=cfg.values_lr, **_betas(cfg)), sparse=True, state_size=2, state="adam"))
 VALUE_OPTIMIZERS.register("adagrad")(ValueOptimizer(
     lambda params, cfg: torch.optim.Adagrad(params, lr=cfg.values_lr, eps=cfg.values_eps), sparse=True,
-    weight_decay=False))
+    state_size=1, weight_decay=False))
 VALUE_OPTIMIZERS.register("sgd")(ValueOptimizer(
-    lambda params, cfg: torch.optim.SGD(params, lr=cfg.values_lr), sparse=True, weight_decay=False))
+    lambda params, cfg: torch.optim.SGD(params, lr=cfg.values_lr), sparse=True, state_size=0, weight_decay=False))
+
+
+@dataclass
+class MemoryFinetuneConfig:
+    """Sparse memory finetuning (finetune/memory_finetune.py): each step updates only its top_t slots by TF-IDF:
+    optim.memory_finetune."""
+    # slots updated per value table and step; 0: off (every slot read is updated)
+    top_t: int = field(default=0, metadata=non_negative())
+    background: str = ""  # slot counts on the pretraining data: python -m xlm_pkm.finetune.slot_counts
+
+    def check(self, prefix: str) -> None:
+        if self.top_t and not self.background:
+            raise ConfigError(f"{prefix}top_t needs {prefix}background: the slot counts of "
+                              f"python -m xlm_pkm.finetune.slot_counts CHECKPOINT --data DIR --out FILE")
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters (LoRA, through peft: finetune/lora.py) on the linears `targets` names; only the
+    adapters train: optim.lora."""
+
+    rank: int = field(default=0, metadata=non_negative())  # 0: off
+    alpha: float = field(default=16.0, metadata=positive())  # the adapter's output is scaled by alpha / rank
+    # module-name globs, or the preset attention_ffn: every attention (qkv, out) and FFN (fc1, fc2) linear
+    targets: list[str] = field(default_factory=lambda: ["attention_ffn"])
+
+
+@dataclass
+class OptimConfig:
+    """Adam with the inverse square-root schedule (Vaswani et al.); memory values in their own group: optim."""
+
+    # adam (AdamW, the paper) | adagrad (per-tensor step clipping, the all-attention paper) | a registered one
+    optimizer: str = field(default="adam", metadata=one_of(DENSE_OPTIMIZERS))
+    lr: float = field(default=2.5e-4, metadata=positive())  # peak learning rate of the dense parameters
+    beta1: float = field(default=0.9, metadata=probability())  # adam
+    beta2: float = field(default=0.98, metadata=probability())  # adam
+    eps: float = field(default=1e-8, metadata=positive())  # adam / adagrad epsilon
+    weight_decay: float = field(default=0.0, metadata=non_negative())  # adam
+    # inverse_sqrt: linear warmup then lr·sqrt(warmup/step); linear_warmup: linear warmup then constant
+    schedule: str = field(default="inverse_sqrt", metadata=one_of(SCHEDULES))
+    warmup_steps: int = field(default=4000, metadata=non_negative())  # linear warmup from warmup_init_lr to lr
+    warmup_init_lr: float = field(default=1e-7, metadata=non_negative())  # lr at step 0 of the warmup
+    clip_grad_norm: float = field(default=0.0, metadata=non_negative())  # 0: off
+    clip_scope: Literal["group", "global"] = "group"  # one norm per optimizer group (XLM), or over all
+    # adagrad: each tensor's step scaled to this gradient norm (all-attention)
+    clip_per_tensor: float = field(default=0.0, metadata=non_negative())
+    accumulate: int = field(default=1, metadata=positive())  # forward/backward passes per optimizer step
+    # all | memory (keys, query networks, values) | memory_values | glob patterns over parameter names
+    trainable: list[str] = field(default_factory=lambda: ["all"])
+    memory_finetune: MemoryFinetuneConfig = field(default_factory=MemoryFinetuneConfig)
+    # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
+    # betas are torch's defaults). The optimizer decides whether value gradients are sparse (ValueOptimizer.sparse).
+    values_optimizer: str = field(default="adam", metadata=one_of(VALUE_OPTIMIZERS))
+    values_lr: float = field(default=1e-3, metadata=positive())  # constant learning rate of the memory values
+    values_beta1: float = field(default=0.9, metadata=probability())  # adam / lazy_adam
+    values_beta2: float = field(default=0.999, metadata=probability())  # adam / lazy_adam
+    values_eps: float = field(default=1e-8, metadata=positive())  # epsilon of the values optimizer
+    values_weight_decay: float = field(default=0.0, metadata=non_negative())  # adam / lazy_adam only
+    # UltraMem's value lr decay (optim/schedule.py): > 0: the values take the dense lr times a factor going
+    # linearly from values_lr_start_factor to 1 over this many steps (values_lr unused); 0: constant values_lr
+    values_lr_decay_steps: int = 0
+    values_lr_start_factor: float = 10.0  # the values' lr over the dense lr at step 0 (values_lr_decay_steps > 0)
+    # Engram's tables (model.engram): the values optimizer at the dense lr times this, weight decay 0 (the
+    # Engram paper's setting for its embeddings: Adam, 5x the backbone's lr, no weight decay)
+    engram_lr_scale: float = field(default=5.0, metadata=positive())
+    lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: adapters only (optim.trainable must be all)
 
 
 def value_optimizer(cfg: OptimConfig) -> ValueOptimizer:
@@ -140,7 +223,7 @@ class Optimizers:
         group_clip = 0.0 if self.global_clip else cfg.clip_grad_norm
         self.groups = []  # a group whose parameters are all frozen (optim.trainable) is left out
         if dense:
-            self.groups.append(OptimGroup("dense", dense, DENSE_OPTIMIZERS[cfg.optimizer](dense, cfg),
+            self.groups.append(OptimGroup("dense", dense, DENSE_OPTIMIZERS[cfg.optimizer].build(dense, cfg),
                                           lambda step: scheduled_lr(step, cfg), group_clip))
         if values:
             self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
@@ -198,9 +281,10 @@ class Optimizers:
 
     def check_resumable(self, saved_config: dict, source: str | Path | None = None) -> None:
         """A ValueError naming the old and new optimizer of each group whose optimizer is not the one the
-        checkpoint `source` was saved with (`saved_config`, its recorded config), unless both keep the
+        checkpoint `source` was saved with (`saved_config`, its recorded config in today's keys: config.migrate,
+        as RunCheckpoints.load_last gives it), unless both keep the
         same state: another optimizer would fail at the first step on state it does not know."""
-        saved, defaults = migrate(saved_config).get("optim", {}), OptimConfig()
+        saved, defaults = saved_config.get("optim", {}), OptimConfig()
         changed = []
         for g in self.groups:
             key = GROUP_OPTIMIZERS[g.name][0]

@@ -5,9 +5,12 @@ decay with UltraMem's value lr decay (values_lr)."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
-from xlm_pkm.config import OptimConfig
 from xlm_pkm.registry import Registry
+
+if TYPE_CHECKING:
+    from xlm_pkm.optim.optimizers import OptimConfig  # optimizers.py imports this module
 
 # Dense learning-rate schedules by optim.schedule: (optimizer step, 1-based; OptimConfig) -> lr.
 SCHEDULES = Registry("learning-rate schedule")

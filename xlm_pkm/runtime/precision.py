@@ -7,9 +7,8 @@ import re
 
 import torch
 
-from xlm_pkm.config import DEVICES
-
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DEVICES = r"auto|cpu|cuda(:\d+)?"  # the device names train.device and evaluate.py --device take
 
 
 def check_precision(precision: str, device: torch.device, source: str = "train.precision") -> None:

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import torch
 
-from xlm_pkm.config import Config, ConfigError
+from xlm_pkm.config import Config
 from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
+from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.runtime.hardware import available_memory
 
@@ -38,10 +39,6 @@ def set_vocab_size(cfg: Config, vocab_size: int) -> None:
     cfg.model.vocab_size = vocab_size
 
 
-# Optimizer states per parameter element (Adam's two moments, Adagrad's sum, none for SGD).
-OPTIMIZER_STATES = {"adam": 2, "lazy_adam": 2, "adagrad": 1, "sgd": 0}
-
-
 def check_memory_fits(cfg: Config, device: torch.device) -> None:
     """Refuses in one line a model whose float32 weights, dense gradients and optimizer states (a lower
     bound of what training holds) exceed the device's available memory, before anything is allocated:
@@ -53,7 +50,8 @@ def check_memory_fits(cfg: Config, device: torch.device) -> None:
         model = TransformerLM(cfg.model)
     values = sum(p.numel() for p in {id(p): p for p in model.memory_value_parameters()}.values())  # shared once
     dense = sum(p.numel() for p in model.parameters()) - values
-    states = OPTIMIZER_STATES.get(cfg.optim.values_optimizer, 0), OPTIMIZER_STATES.get(cfg.optim.optimizer, 0)
+    # optimizer states per parameter element, as each optimizer's registration declares them
+    states = VALUE_OPTIMIZERS[cfg.optim.values_optimizer].state_size, DENSE_OPTIMIZERS[cfg.optim.optimizer].state_size
     need = 4 * (values * (1 + states[0]) + dense * (2 + states[1]))
     if need > available:
         raise ConfigError(f"the model needs at least {need / 2**30:,.1f} GiB for its weights and optimizer state "

@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 import yaml
 
-from xlm_pkm.config import Config, ConfigError, save_config, to_dict
+from xlm_pkm.config import Config, migrate, save_config, to_dict
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.runtime import slurm_env
 from xlm_pkm.runtime.distributed import DistEnv, broadcast_object
 from xlm_pkm.utils.atomic import is_temporary
@@ -129,7 +130,7 @@ def record_config(run_dir: Path, cfg: Config, resumed_step: int | None) -> list[
     path = run_dir / "config.yaml"
     changes = []
     if resumed_step is not None and path.is_file():
-        changes = config_changes(yaml.safe_load(path.read_text()) or {}, to_dict(cfg))
+        changes = config_changes(migrate(yaml.safe_load(path.read_text()) or {}), to_dict(cfg))  # in today's keys
         if changes:
             path.replace(path.with_name(f"config.until-step{resumed_step}.yaml"))
     save_config(cfg, path)

@@ -25,9 +25,9 @@ import torch
 
 from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
 from xlm_pkm.checkpoint.trained import load_trained
-from xlm_pkm.config import Config, ConfigError, to_dict
+from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.fact_batches import PAD_TARGET
-from xlm_pkm.errors import UserError
+from xlm_pkm.errors import ConfigError, UserError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.init_from import load_weights, summarize
 from xlm_pkm.finetune.memory_finetune import SparseMemoryFinetuning

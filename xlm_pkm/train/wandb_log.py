@@ -15,8 +15,8 @@ import os
 import secrets
 from pathlib import Path
 
-from xlm_pkm.config import ConfigError, WandbConfig
-from xlm_pkm.errors import UserError
+from xlm_pkm.config import WandbConfig
+from xlm_pkm.errors import ConfigError, UserError
 from xlm_pkm.utils.atomic import write_text
 
 ID_FILE = "wandb_id.txt"

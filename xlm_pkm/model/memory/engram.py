@@ -28,13 +28,50 @@ the reference's nn.Embedding.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.config import EngramConfig
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.stats import SlotStats
 from xlm_pkm.model.memory.value_stores import mark_memory_value
+from xlm_pkm.settings import non_negative, positive
+
+
+@dataclass
+class EngramConfig:
+    """Engram (DeepSeek-AI 2026, arXiv 2601.07372): hashed N-gram embeddings added to the residual stream at
+    `layers` (this module; the hash: ngram_hash.py): model.engram. Off while `layers` is empty."""
+
+    # 1-indexed layers; the paper's 27B model: [2, 15] of 30
+    layers: list[int] = field(default_factory=list, metadata=positive())
+    max_ngram: int = 3  # N: the orders 2..N are hashed (the paper's and the reference's 3)
+    heads: int = field(default=8, metadata=positive())  # K hash heads per order, each its own table of prime size
+    # rows of one order's tables, all K heads together (each head ~table_size / K)
+    table_size: int = field(default=65536, metadata=positive())
+    # width of one order's embedding, all K heads together (each head ngram_dim / K)
+    ngram_dim: int = field(default=512, metadata=positive())
+    # the causal depthwise convolution's width (dilation: max_ngram)
+    kernel_size: int = field(default=4, metadata=positive())
+    # the hash multipliers' seed (the reference's: seed + 10007 · layer index)
+    seed: int = field(default=0, metadata=non_negative())
+
+    def check(self, prefix: str) -> None:
+        """Engram's own rules, when on: N-gram orders from 2, at least one table row per hash head, heads
+        splitting the width evenly (the model's rules on where it goes: transformer.ModelConfig.check)."""
+        if not self.layers:
+            return
+        if self.max_ngram < 2:
+            raise ConfigError(f"{prefix}max_ngram: N-grams of order 2 and up are hashed, so it must be >= 2, "
+                              f"got {self.max_ngram}")
+        if self.table_size < self.heads:
+            raise ConfigError(f"{prefix}table_size: one order's {self.heads} hash heads need at least one row "
+                              f"each, got {self.table_size} rows")
+        if self.ngram_dim % self.heads:
+            raise ConfigError(f"{prefix}ngram_dim ({self.ngram_dim}) must be divisible by {prefix}heads "
+                              f"({self.heads}): each head reads ngram_dim / heads columns")
 
 
 class Engram(nn.Module):

@@ -23,15 +23,18 @@ and an entry in tests/test_memory.py's brute-force cases.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.selected_scores import top_scores
 from xlm_pkm.registry import Registry
+
+if TYPE_CHECKING:
+    from xlm_pkm.model.memory.pkm import MemoryConfig  # pkm.py imports this module
 
 KEY_SEARCHES = Registry("memory key type")
 

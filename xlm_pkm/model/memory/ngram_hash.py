@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from xlm_pkm.config import EngramConfig
+from xlm_pkm.model.memory.engram import EngramConfig
 
 BOS, PAD = 0, 2  # data/dictionary.py: <s> starts every document; <pad>
 MULTIPLIER_LAYER_PRIME = 10007  # the reference's per-layer seed step

@@ -1,6 +1,7 @@
 """PEER: every slot is a single-neuron expert (He 2024, "Mixture of A Million Experts", §2), a value store.
 
     memory = ProductKeyMemory(512, 512, MemoryConfig(values="peer", n_keys=1024, heads=8, knn=16))  # 1024² experts
+    MemoryConfig(values="peer", peer=PeerConfig(activation="relu"))   # model.memory.peer: this store's own
 
 The memory layer's search chooses the experts (Eq. 1, 4-5: the top-k of the product keys), its score
 function gives the router scores g_i(x) (Eq. 2: softmax over the k selected, memory.score), and this
@@ -28,7 +29,7 @@ exactly the dots u_i·x, its table-gradient kernel the per-slot sums), with no g
 
 Where the paper is silent or ambiguous, chosen here:
   - σ: "a nonlinear activation function such as ReLU or GELU" (after Eq. 6), the experiments do not say
-    which: memory.peer_activation, default gelu (exact erf form; Algorithm 1 leaves `self.activation`
+    which: memory.peer.activation, default gelu (exact erf form; Algorithm 1 leaves `self.activation`
     open, lucidrains/PEER-pytorch defaults to GELU).
   - init: not stated. Algorithm 1 stores u and v in Flax `nn.Embed(features=d_model)`, whose default
     init is variance_scaling(1, fan_in, normal, out_axis=0), i.e. N(0, 1/features): down N(0, 1/input_dim)
@@ -44,20 +45,33 @@ Where the paper is silent or ambiguous, chosen here:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import read_values, slot_sums
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
 
+if TYPE_CHECKING:
+    from xlm_pkm.model.memory.pkm import MemoryConfig
+
 CHUNK_ELEMENTS = 2**24  # the forward gathers at most this many down-table elements at a time (64 MiB float32)
 
-ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # σ of Eq. 6 (memory.peer_activation)
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # σ of Eq. 6 (memory.peer.activation)
+
+
+@dataclass
+class PeerConfig:
+    """PEER's experts (values=peer, PeerExperts below): model.memory.peer."""
+
+    # σ of each expert σ(u_i·x) v_i: the paper's "ReLU or GELU" (He 2024, Eq. 6); gelu: erf form
+    activation: Literal["gelu", "relu"] = "gelu"
 
 
 def expert_inputs(down: torch.Tensor, indices: torch.Tensor, x: torch.Tensor, backend: str) -> torch.Tensor:
@@ -115,8 +129,8 @@ class PeerExperts(ValueStore):
         if cfg.shard_values:
             raise ValueError("memory.values=peer: PEER's expert tables are not sharded; "
                              "set memory.shard_values=false")
-        self.activation_name = cfg.peer_activation
-        self.activation = ACTIVATIONS[cfg.peer_activation]
+        self.activation_name = cfg.peer.activation
+        self.activation = ACTIVATIONS[cfg.peer.activation]
         self.down = mark_memory_value(nn.Parameter(torch.randn(n_slots, input_dim) * input_dim**-0.5))
         self.up = mark_memory_value(nn.Parameter(torch.randn(n_slots, output_dim) * output_dim**-0.5))
 

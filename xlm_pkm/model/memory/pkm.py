@@ -25,8 +25,9 @@ Three parts are chosen by name, so that the variants of the design are this same
 Search, score function and value read run in float32, also under autocast. A key search may add a
 training loss term (`aux_loss()`, UltraMem's on its core): the model sums them (TransformerLM.aux_loss).
 
-Every setting is a field of xlm_pkm.config.MemoryConfig (documented there); keyword arguments
-override the fields of `cfg` (default MemoryConfig()). Beyond the config:
+Every setting is a field of MemoryConfig below (model.memory in a run's config; the variants' own in
+their sections, beside their code: PeerConfig, TuckerConfig, ExpandedConfig), checked by the layer
+(settings.check); keyword arguments override the fields of `cfg` (default MemoryConfig()). Beyond it:
   - shared_values: an existing value store to share between memory layers (Berges et al. 2024 share one
     memory pool across layers).
   - sparse_values (attribute, default False): the value tables' gradients are sparse tensors with one
@@ -42,24 +43,68 @@ override the fields of `cfg` (default MemoryConfig()). Beyond the config:
     included; in eval mode it uses running statistics and is causal. "layernorm" is causal in both.
 
 Evaluation statistics: set `memory.track_stats = True`; in eval mode every forward accumulates the
-per-slot weight and hit count (see memory_stats.py); `memory.stats()` summarises them.
+per-slot weight and hit count (see stats.py); `memory.stats()` summarises them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.config import MemoryConfig, validate
 from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
+from xlm_pkm.model.memory.peer import PeerConfig
 from xlm_pkm.model.memory.scores import SCORE_FUNCTIONS
 from xlm_pkm.model.memory.stats import SlotStats
+from xlm_pkm.model.memory.ultramem import ExpandedConfig, TuckerConfig
 from xlm_pkm.model.memory.value_read import choose_backend, resolve_backend
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore
+from xlm_pkm.settings import check, one_of, positive, probability
+
+
+@dataclass
+class MemoryConfig:
+    """A Product Key Memory layer (paper §3): model.memory. Options beyond the paper are off by default."""
+
+    # sub-keys per half: |K| = n_keys ** 2 slots (flat: n_keys ** 2 full keys)
+    n_keys: int = field(default=512, metadata=positive())
+    k_dim: int = field(default=512, metadata=positive())  # query / key dimension (product: two halves of k_dim / 2)
+    # memory heads; each has its own query and keys, the value table is shared
+    heads: int = field(default=4, metadata=positive())
+    knn: int = field(default=32, metadata=positive())  # keys selected per head
+    # product | flat (exhaustive search over |K| full keys, Table 4) | any class in model/memory/keys.py
+    key_type: str = field(default="product", metadata=one_of(KEY_SEARCHES))
+    # batchnorm (paper, §4.5; training statistics span the batch) | layernorm (per head, causal) | none
+    query_norm: Literal["batchnorm", "layernorm", "none"] = "batchnorm"
+    query_hidden: list[int] = field(default_factory=list, metadata=positive())  # hidden sizes of the query MLP (ReLU)
+    input_dropout: float = field(default=0.0, metadata=probability())  # on the memory's input
+    query_dropout: float = field(default=0.0, metadata=probability())  # on the queries, before the key search
+    value_dropout: float = field(default=0.0, metadata=probability())  # on the values read
+    gated: bool = False  # Memory+ output gating: W_o(silu(W_g x) * read) (Berges et al. 2024)
+    qk_norm: bool = False  # L2-normalise queries and keys (product: each half) before scoring
+    share_keys: bool = False  # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
+    # softmax(scores / temperature) over the selected keys; 1: the paper
+    temperature: float = field(default=1.0, metadata=positive())
+    share_values: bool = False  # all memory layers of the model read one value table
+    # each of W processes holds 1/W of every value row and of its optimizer state (model/memory/value_shards.py)
+    shard_values: bool = False
+    # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/memory/value_read.py)
+    value_read: Literal["auto", "torch", "triton"] = "auto"
+    # the selected scores -> the read weights: softmax (the paper) | relu (Csordás et al. 2023) | identity
+    # (the raw scores, UltraMem) | any function in model/memory/scores.py
+    score: str = field(default="softmax", metadata=one_of(SCORE_FUNCTIONS))
+    # what the slots hold: table (one value row per slot, the paper) | peer (PEER's single-neuron experts)
+    # | any store in model/memory/value_stores.py or registered by a variant's module
+    values: str = field(default="table", metadata=one_of(VALUE_STORES))
+    # the variants' own settings, each beside its code
+    peer: PeerConfig = field(default_factory=PeerConfig)  # values=peer (peer.py)
+    tucker: TuckerConfig = field(default_factory=TuckerConfig)  # key_type=tucker (ultramem.py)
+    expanded: ExpandedConfig = field(default_factory=ExpandedConfig)  # values=expanded (ultramem.py)
 
 
 class ProductKeyMemory(nn.Module):
@@ -68,7 +113,7 @@ class ProductKeyMemory(nn.Module):
     def __init__(self, input_dim: int, output_dim: int, cfg: MemoryConfig | None = None, *,
                  shared_values: ValueStore | None = None, **fields):
         super().__init__()
-        self.cfg = cfg = validate(dataclasses.replace(cfg or MemoryConfig(), **fields), "model.memory.")
+        self.cfg = cfg = check(dataclasses.replace(cfg or MemoryConfig(), **fields), "model.memory.")
         self.input_dim, self.output_dim, self.heads, self.knn = input_dim, output_dim, cfg.heads, cfg.knn
         self.register_module("keys", None)  # first in the parameter order as before; built after the query net
 

@@ -1,8 +1,8 @@
 """UltraMem (Huang et al., ICLR 2025, "Ultra-Sparse Memory Network", arXiv 2411.12364): a key search and a
 value store for the memory layer of pkm.py.
 
-    cfg = MemoryConfig(n_keys=1024, k_dim=256, heads=2, knn=32, key_type="tucker", tucker_cores=2,
-                       values="expanded", value_expansion=4, value_dim=256, score="identity")
+    cfg = MemoryConfig(n_keys=1024, k_dim=256, heads=2, knn=32, key_type="tucker", tucker=TuckerConfig(cores=2),
+                       values="expanded", expanded=ExpandedConfig(expansion=4, value_dim=256), score="identity")
     memory = ProductKeyMemory(512, 512, cfg)      # 1024² virtual values over 512² physical ones
     loss = lm_loss + memory.aux_loss()            # the core's loss (TransformerLM.aux_loss sums them)
 
@@ -16,7 +16,7 @@ TDQKR, Tucker Decomposed Query-Key Retrieval (§3, Eq. 4-10):
     rows I = top-m of uᵀ S_row, columns J = top-m of tᵀ S_col         (m,) each
     S_grid[i, j] = S_row[:, i]ᵀ C S_col[:, j] for (i, j) ∈ I × J,    the exact scores of the m² candidates;
     its top-knn are the slots read                                    m = n_keys: the exact top-knn of all
-    memory.tucker_both_signs (not the paper's): also the bottom-m of uᵀ S_row and tᵀ S_col and their m² pairs,
+    memory.tucker.both_signs (not the paper's): also the bottom-m of uᵀ S_row and tᵀ S_col and their m² pairs,
     as two negatives make a high σ₁ a_i b_j too; the paper's top-m never reaches those slots, about half of
     the exact top-knn for queries of symmetric distribution (benchmarks/ultramem_topm.py)
 MCS, Multi-Core Scoring (Eq. 16-17): the slots are chosen by S_grid of the summed core, each core c keeps its
@@ -42,7 +42,7 @@ Ultra-Sparse-Memory-Network olmo/ultramem_layer.py, decides where it speaks):
     a core with positive entries, as initialised, has positive singular vectors).
   - the aux loss is on the summed core, its mean over heads (their code); multi-core selection is by the summed
     scores (Eq. 16), the returned per-core scores sum to them, descending.
-  - m (memory.tucker_topm, 0: knn): their code keeps knn rows and columns; m must be in [knn, n_keys].
+  - m (memory.tucker.topm, 0: knn): their code keeps knn rows and columns; m must be in [knn, n_keys].
   - init: sub-keys uniform ±1/sqrt(k_dim/2) (keys.py's, XLM), cores uniform in [0, 1) (their code); physical
     values N(0, 1/D_v), projections N(0, 1/D_v) (each virtual value V[i] W_p then has N(0, ~1/D_v) entries,
     close to the table store's N(0, 1/output_dim)). Not the paper's "improved init" (Table 2, Appendix A).
@@ -60,16 +60,43 @@ lookups); the projections are dense parameters.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.config import MemoryConfig
 from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.keys import KEY_SEARCHES, KeySearch, uniform_keys
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import read_values
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
+
+if TYPE_CHECKING:
+    from xlm_pkm.model.memory.pkm import MemoryConfig
+
+
+@dataclass
+class TuckerConfig:
+    """UltraMem's key search (key_type=tucker, TuckerKeys below): model.memory.tucker."""
+
+    rank: int = 2  # r, each sub-key's components; an r x r core mixes row and column scores
+    cores: int = 1  # cores per head (multi-core scoring, > 1 needs values=expanded)
+    topm: int = 0  # rows and columns kept by the core's rank-1 approximation; 0: knn
+    # also keep the m lowest rows and columns (two negatives make a high score too) and their m² pairs; false:
+    # the paper's top-m only
+    both_signs: bool = False
+    aux_coeff: float = 0.001  # α of the core's loss α/(r-1) Σ_{i>=2} max(0, λ_i - τ)²
+    aux_margin: float = 0.15  # τ of that loss
+
+
+@dataclass
+class ExpandedConfig:
+    """UltraMem's implicit value expansion (values=expanded, ExpandedValues below): model.memory.expanded."""
+
+    expansion: int = 1  # E virtual blocks over n_slots / E physical values
+    value_dim: int = 0  # width of the physical values; 0: the memory's output dim
 
 
 def rank_one(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,27 +117,27 @@ class TuckerKeys(KeySearch):
     def __init__(self, cfg: MemoryConfig):
         if cfg.k_dim % 2:
             raise ValueError(f"memory.k_dim={cfg.k_dim} must be even for key_type=tucker (row and column halves)")
-        if not 1 <= cfg.tucker_rank <= cfg.n_keys:
-            raise ValueError(f"memory.tucker_rank={cfg.tucker_rank} must be in [1, n_keys={cfg.n_keys}]: the "
+        if not 1 <= cfg.tucker.rank <= cfg.n_keys:
+            raise ValueError(f"memory.tucker.rank={cfg.tucker.rank} must be in [1, n_keys={cfg.n_keys}]: the "
                              f"{cfg.n_keys} row scores span at most {cfg.n_keys} components")
-        if cfg.tucker_cores < 1:
-            raise ValueError(f"memory.tucker_cores={cfg.tucker_cores} must be >= 1")
-        if cfg.tucker_cores > 1 and cfg.values != "expanded":
-            raise ValueError(f"memory.tucker_cores={cfg.tucker_cores} gives one score per core: it needs "
+        if cfg.tucker.cores < 1:
+            raise ValueError(f"memory.tucker.cores={cfg.tucker.cores} must be >= 1")
+        if cfg.tucker.cores > 1 and cfg.values != "expanded":
+            raise ValueError(f"memory.tucker.cores={cfg.tucker.cores} gives one score per core: it needs "
                              f"memory.values=expanded (values split by core), got memory.values={cfg.values}")
-        if cfg.tucker_aux_coeff < 0 or cfg.tucker_aux_margin < 0:
-            raise ValueError(f"memory.tucker_aux_coeff={cfg.tucker_aux_coeff} and memory.tucker_aux_margin="
-                             f"{cfg.tucker_aux_margin} must be >= 0")
+        if cfg.tucker.aux_coeff < 0 or cfg.tucker.aux_margin < 0:
+            raise ValueError(f"memory.tucker.aux_coeff={cfg.tucker.aux_coeff} and memory.tucker.aux_margin="
+                             f"{cfg.tucker.aux_margin} must be >= 0")
         super().__init__(cfg)  # checks 1 <= knn <= n_keys
-        self.topm = cfg.tucker_topm or cfg.knn
+        self.topm = cfg.tucker.topm or cfg.knn
         if not cfg.knn <= self.topm <= cfg.n_keys:
-            raise ValueError(f"memory.tucker_topm={cfg.tucker_topm} must be in [knn={cfg.knn}, n_keys={cfg.n_keys}] "
+            raise ValueError(f"memory.tucker.topm={cfg.tucker.topm} must be in [knn={cfg.knn}, n_keys={cfg.n_keys}] "
                              f"(0: knn)")
-        self.n_keys, self.rank, self.cores = cfg.n_keys, cfg.tucker_rank, cfg.tucker_cores
-        self.both_signs = cfg.tucker_both_signs
-        self.aux_coeff, self.aux_margin = cfg.tucker_aux_coeff, cfg.tucker_aux_margin
-        self.weight = uniform_keys(cfg.heads, 2, cfg.n_keys, cfg.tucker_rank, cfg.k_dim // 2)
-        self.core = nn.Parameter(torch.rand(cfg.heads, cfg.tucker_cores, cfg.tucker_rank, cfg.tucker_rank))
+        self.n_keys, self.rank, self.cores = cfg.n_keys, cfg.tucker.rank, cfg.tucker.cores
+        self.both_signs = cfg.tucker.both_signs
+        self.aux_coeff, self.aux_margin = cfg.tucker.aux_coeff, cfg.tucker.aux_margin
+        self.weight = uniform_keys(cfg.heads, 2, cfg.n_keys, cfg.tucker.rank, cfg.k_dim // 2)
+        self.core = nn.Parameter(torch.rand(cfg.heads, cfg.tucker.cores, cfg.tucker.rank, cfg.tucker.rank))
 
     @classmethod
     def slots(cls, cfg: MemoryConfig) -> int:
@@ -224,21 +251,23 @@ class ExpandedValues(ValueStore):
 
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__(cfg, input_dim, output_dim, n_slots)
-        E, C, D_v = cfg.value_expansion, cfg.tucker_cores, cfg.value_dim or output_dim
+        E, C, D_v = cfg.expanded.expansion, cfg.tucker.cores, cfg.expanded.value_dim or output_dim
         if cfg.shard_values:
             raise ValueError("memory.values=expanded is not sharded: the sharded read exchanges column slices of "
                              "one plain table, while each block's projection needs its whole pooled value; "
                              "set memory.shard_values=false")
         if E < 1 or n_slots % E:
-            raise ValueError(f"memory.value_expansion={E} must be >= 1 and divide the {n_slots} slots "
+            raise ValueError(f"memory.expanded.expansion={E} must be >= 1 and divide the {n_slots} slots "
                              f"(n_keys²: virtual values over n_slots / E physical ones)")
-        if cfg.value_dim < 0:
-            raise ValueError(f"memory.value_dim={cfg.value_dim} must be >= 0 (0: the output dim {output_dim})")
+        if cfg.expanded.value_dim < 0:
+            raise ValueError(f"memory.expanded.value_dim={cfg.expanded.value_dim} must be >= 0 "
+                             f"(0: the output dim {output_dim})")
         if C < 1 or D_v % C:
-            raise ValueError(f"memory.tucker_cores={C} must divide the physical value width {D_v} "
-                             f"(memory.value_dim, 0: the output dim): each core weights its piece of every value")
+            raise ValueError(f"memory.tucker.cores={C} must divide the physical value width {D_v} "
+                             f"(memory.expanded.value_dim, 0: the output dim): each core weights its piece of every "
+                             f"value")
         if C > 1 and cfg.key_type != "tucker":
-            raise ValueError(f"memory.tucker_cores={C} needs key_type=tucker (per-core scores), "
+            raise ValueError(f"memory.tucker.cores={C} needs key_type=tucker (per-core scores), "
                              f"got key_type={cfg.key_type}")
         self.expansion, self.cores, self.value_dim, self.n_physical = E, C, D_v, n_slots // E
         self.weight = mark_memory_value(nn.Parameter(torch.randn(self.n_physical, D_v) * D_v**-0.5))
@@ -263,7 +292,7 @@ class ExpandedValues(ValueStore):
         if weights.dim() == 3:
             weights = weights.unsqueeze(-1)  # (N, H, K, 1): one core
         if weights.shape[-1] != C:
-            raise ValueError(f"memory.values=expanded splits values in tucker_cores={C} pieces, the scores have "
+            raise ValueError(f"memory.values=expanded splits values in tucker.cores={C} pieces, the scores have "
                              f"{weights.shape[-1]} core(s)")
         L = indices.shape[1] * indices.shape[2]
         rows, blocks = self.physical_rows(indices.reshape(N, L))  # (N, L) each
