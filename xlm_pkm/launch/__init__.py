@@ -1,6 +1,7 @@
 """Starting runs: the command lines of train.py and evaluate.py, and SLURM submission.
 
-    cli.py          train_main, evaluate_main (console commands xlm-pkm-train, xlm-pkm-evaluate)
+    commands.py     the commands' entry points (train.py..., console commands): process defaults, then torch
+    cli.py          train_main, evaluate_main: the command lines of train.py and evaluate.py
     resume.py       the command that resumes a stopped run, as it was launched
     config_keys.py  train.py --keys: every config key, its default and its doc, read from config.py
     slurm.py        one process per GPU on SLURM through submitit, requeued on its time limit
