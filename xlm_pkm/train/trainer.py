@@ -35,7 +35,7 @@ from xlm_pkm.finetune.trainable import freeze
 from xlm_pkm.optim.optimizers import value_optimizer
 from xlm_pkm.runtime import slurm_env
 from xlm_pkm.runtime.distributed import (all_reduce_sum, any_ranks, average_value_grads_, data_parallel, gather_objects,
-                                         init_distributed, synced_values)
+                                         init_distributed, start_heartbeat, synced_values)
 from xlm_pkm.runtime.hardware import peak_flops
 from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
 from xlm_pkm.train.build import build_model, build_optimizers, build_stream, set_vocab_size
@@ -133,6 +133,7 @@ class Trainer:
         if train.num_threads:
             torch.set_num_threads(train.num_threads)
         env = init_distributed(device, train.collective_timeout_minutes)
+        start_heartbeat(env, train.collective_timeout_minutes)  # lets a failed collective name the silent ranks
         return (torch.device("cuda", env.local_rank) if device.type == "cuda" else device), env
 
     def _wrap_model(self) -> torch.nn.Module:
