@@ -6,5 +6,5 @@
     config_keys.py  train.py --keys: every config key, its default and its doc, read from config.py
     slurm.py        one process per GPU on SLURM through submitit, requeued on its time limit
 
-May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train.
+May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train, inference.
 """
