@@ -10,9 +10,19 @@ from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.text_codec import TextCodec
-from xlm_pkm.experiments.continual import (at_equal_learning, backgrounds_table, best_settings, exact_match,
-                                           greedy_matches, over_seeds, prior_em, prompt_and_object, split_scores,
-                                           with_changes, write_report)
+from xlm_pkm.experiments.continual import (
+    at_equal_learning,
+    backgrounds_table,
+    best_settings,
+    exact_match,
+    greedy_matches,
+    over_seeds,
+    prior_em,
+    prompt_and_object,
+    split_scores,
+    with_changes,
+    write_report,
+)
 from xlm_pkm.experiments.facts import FRAMINGS, RELATIONS, Fact, generate_facts, load_facts, write_facts_data
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling

@@ -77,7 +77,8 @@ def test_clip_scopes_scale_by_the_norm_of_the_group_or_of_all(scope):
 
 
 def test_optimizers_by_name_and_their_checks():
-    assert {"adam", "adagrad"} <= set(DENSE_OPTIMIZERS) and {"adam", "lazy_adam", "adagrad", "sgd"} <= set(VALUE_OPTIMIZERS)
+    assert {"adam", "adagrad"} <= set(DENSE_OPTIMIZERS)
+    assert {"adam", "lazy_adam", "adagrad", "sgd"} <= set(VALUE_OPTIMIZERS)
     cfg = load_config(None, ["optim.optimizer=adagrad", "optim.clip_per_tensor=0.03", "optim.schedule=linear_warmup"])
     assert isinstance(Optimizers(TwoGroups(), cfg.optim).groups[0].optimizer, ClippedAdagrad)
     with pytest.raises(ConfigError, match="optim.optimizer: expected one of adam | adagrad"):

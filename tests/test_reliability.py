@@ -102,7 +102,8 @@ def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trai
 
 def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from xlm_pkm.train.run_dir import lock_run_directory; held = lock_run_directory(Path(sys.argv[1])); "
+                               "from xlm_pkm.train.run_dir import lock_run_directory; "
+                               "held = lock_run_directory(Path(sys.argv[1])); "
                                "print('locked', flush=True); time.sleep(60)", str(tmp_path)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert holder.stdout.readline().strip() == "locked"

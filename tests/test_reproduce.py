@@ -93,8 +93,8 @@ def test_bad_cell_is_one_line(tmp_path, capsys):
 
 def test_debug_array_runs_a_cell_skips_it_when_done_and_resumes_it(tiny_data_dir, tmp_path):
     argv = ["table3", "--scale", "tiny", "--dump", str(tmp_path / "runs"), "--data", str(tiny_data_dir),
-            "--only", "table3_position1", "--test-max-batches", "4", "--set", *TINY_RUN, "--slurm", "--cluster", "debug",
-            "--folder", str(tmp_path / "submitit")]
+            "--only", "table3_position1", "--test-max-batches", "4", "--set", *TINY_RUN, "--slurm",
+            "--cluster", "debug", "--folder", str(tmp_path / "submitit")]
     assert main(argv) == 0
     run_dir = tmp_path / "runs" / "table3_position1" / "tiny"
     result = json.loads((run_dir / "test.json").read_text())

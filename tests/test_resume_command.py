@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import logged_losses
 
 from xlm_pkm.checkpoint import files as checkpoint

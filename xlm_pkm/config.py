@@ -42,6 +42,7 @@ from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
 from xlm_pkm.settings import check, non_negative, positive
 
+
 @dataclass
 class WandbConfig:
     """Weights & Biases (train/wandb_log.py), beside TensorBoard: the run's scalars and config. Needs the wandb

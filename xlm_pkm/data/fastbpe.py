@@ -97,7 +97,8 @@ def check_codes(path: Path) -> int:
             for n, line in enumerate(f, 1):
                 fields = line.rstrip("\n").split(" ")
                 if len(fields) != 3 or not all(fields) or not fields[2].isdigit():
-                    raise FastBPEError(f"malformed codes file {path}, line {n}: expected `left right count`, got {line.strip()!r}")
+                    raise FastBPEError(f"malformed codes file {path}, line {n}: expected `left right count`, "
+                                       f"got {line.strip()!r}")
                 if (fields[0], fields[1]) in pairs:
                     raise FastBPEError(f"malformed codes file {path}, line {n}: duplicate pair {fields[0]} {fields[1]}")
                 pairs.add((fields[0], fields[1]))

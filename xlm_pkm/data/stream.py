@@ -61,7 +61,8 @@ class TokenStream:
                  world_size: int = 1, seed: int = 0, train: bool = True, shuffle: bool = True):
         data_dir = Path(data_dir)
         if not 0 <= rank < world_size or batch_size < 1 or bptt < 1:
-            raise ValueError(f"invalid stream: rank {rank} of world_size {world_size}, batch_size {batch_size}, bptt {bptt}")
+            raise ValueError(f"invalid stream: rank {rank} of world_size {world_size}, batch_size {batch_size}, "
+                             f"bptt {bptt}")
         shards = check_split(data_dir, split)
         self.unit = load_meta(data_dir).get("unit", "token")  # "byte" for character-level data
         self.dictionary = Dictionary.load(data_dir / "vocab")
@@ -150,12 +151,14 @@ class TokenStream:
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "batch_size": self.batch_size,
-                "bptt": self.bptt, "world_size": self.world_size, "total_tokens": self.total, "shuffle": int(self.shuffle)}
+                "bptt": self.bptt, "world_size": self.world_size, "total_tokens": self.total,
+                "shuffle": int(self.shuffle)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key in ("seed", "batch_size", "bptt", "world_size", "total_tokens", "shuffle"):
             if key in state and state[key] != self.state_dict()[key]:
-                raise ValueError(f"the checkpoint's data position does not match {self.data_dir} ({self.split}): its {key} "
+                raise ValueError(f"the checkpoint's data position does not match {self.data_dir} ({self.split}): "
+                                 f"its {key} "
                                  f"is {state.get(key)}, this data's {self.state_dict()[key]}; resume on the data the "
                                  f"run was trained on (data.path in its config.yaml), or start a new run from its "
                                  f"weights with train.init_from=CHECKPOINT")

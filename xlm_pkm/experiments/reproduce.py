@@ -1,6 +1,7 @@
 """Run every cell of one of the paper's tables or figures, at the paper's size or scaled down.
 
-    python -m xlm_pkm.experiments.reproduce table2 --scale tiny [--seeds 0 1 2] [--dry-run] [--only NAME...] [--set key=value...]
+    python -m xlm_pkm.experiments.reproduce table2 --scale tiny [--seeds 0 1 2] [--dry-run] [--only NAME...]
+        [--set key=value...]
     python -m xlm_pkm.experiments.reproduce table1 --scale paper --slurm --partition learn --gpus-per-node 8
     scripts/reproduce.sh figure6 --scale small --data data/ccnews/processed
 
@@ -185,7 +186,7 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
     m, mem, optim = cfg.model, cfg.model.memory, cfg.optim
     layers = max(1, m.n_layers // scale.depth) if cell.scale_depth else m.n_layers
     mem_layers = resolve_memory_layers(m)
-    scaled_layers = sorted({min(layers, max(1, _half_up(l * layers / m.n_layers))) for l in mem_layers})
+    scaled_layers = sorted({min(layers, max(1, _half_up(i * layers / m.n_layers))) for i in mem_layers})
     if len(scaled_layers) != len(mem_layers):
         raise UnscalableCell(f"{cell.config}: memories at layers {mem_layers} of {m.n_layers} collide at scale "
                           f"{scale.name} ({layers} layers)")
@@ -207,14 +208,16 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
            f"train.eval_max_batches={scale.eval_max_batches or cfg.train.eval_max_batches}"]
     if m.engram.layers:  # Engram's tables shrink as a memory's slots, its widths as the model's
         out += [f"model.engram.table_size={max(m.engram.heads, m.engram.table_size // scale.keys ** 2)}",
-                f"model.engram.ngram_dim={max(1, m.engram.ngram_dim // scale.width // m.engram.heads) * m.engram.heads}"]
+                "model.engram.ngram_dim="
+                f"{max(1, m.engram.ngram_dim // scale.width // m.engram.heads) * m.engram.heads}"]
     if mem.expanded.value_dim:  # UltraMem's physical value width scales with the model's
         out.append(f"model.memory.expanded.value_dim={max(1, mem.expanded.value_dim // scale.width)}")
     if mem.tucker.topm:  # UltraMem's candidate rows and columns scale with k
         out.append(f"model.memory.tucker.topm={max(knn, mem.tucker.topm // scale.knn)}")
     if optim.values_lr_decay_steps:  # the values' lr decay spans the same share of the shorter run
         steps = scale.max_steps or cfg.train.max_steps
-        out.append(f"optim.values_lr_decay_steps={max(1, _half_up(optim.values_lr_decay_steps * steps / cfg.train.max_steps))}")
+        decay_steps = max(1, _half_up(optim.values_lr_decay_steps * steps / cfg.train.max_steps))
+        out.append(f"optim.values_lr_decay_steps={decay_steps}")
     if scale.precision:
         out.append(f"train.precision={scale.precision}")
     if scale.data:
@@ -459,7 +462,8 @@ def main(argv: list[str] | None = None) -> int:
     slurm.add_argument("--array-parallelism", type=int, default=64)
     slurm.add_argument("--folder", default="dumped/reproduce/slurm/%j", help="submitit's logs and pickles")
     args = parser.parse_args(argv)
-    extra = [*([f"data.path={Path(args.data).resolve()}"] if args.data else []), *args.set]  # the caller's relative path
+    # data.path resolved: the caller's relative path
+    extra = [*([f"data.path={Path(args.data).resolve()}"] if args.data else []), *args.set]
     try:
         runs, skipped = [], []
         for seed in args.seeds or [None]:

@@ -28,8 +28,19 @@ from pathlib import Path
 import torch
 
 from xlm_pkm.config import Config, load_config_dict
-from xlm_pkm.experiments.report import (FAILS, HOLDS, NOISE, CellRuns, Measure, RunData, _md_table, _pyplot, _save,
-                                        find_runs, shows)
+from xlm_pkm.experiments.report import (
+    FAILS,
+    HOLDS,
+    NOISE,
+    CellRuns,
+    Measure,
+    RunData,
+    _md_table,
+    _pyplot,
+    _save,
+    find_runs,
+    shows,
+)
 from xlm_pkm.experiments.reproduce import model_size
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.utils.atomic import write_text

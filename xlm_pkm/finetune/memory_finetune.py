@@ -82,7 +82,8 @@ class Background:
         except Exception as e:
             raise ValueError(f"optim.memory_finetune.background: {path} is not readable ({type(e).__name__})") from None
         if not isinstance(state, dict) or state.get("kind") != KIND:
-            raise ValueError(f"optim.memory_finetune.background: {path} is not a file of python -m xlm_pkm.finetune.slot_counts")
+            raise ValueError(f"optim.memory_finetune.background: {path} is not a file of "
+                             "python -m xlm_pkm.finetune.slot_counts")
         doc_tokens = state.get("doc_tokens", state["tokens"] // max(state["documents"], 1))  # earlier files: batches
         return cls(**{k: state[k] for k in ("doc_freq", "reads", "documents", "tokens", "fingerprint")},
                    doc_tokens=doc_tokens)

@@ -44,7 +44,8 @@ def format_result(result: dict) -> str:
         lines.append(f"  memory at layer {m['layer']}: usage {m['usage']:.1f}% (by count {m['usage_count']:.1f}%), "
                      f"KL {m['kl']:.3f} (by count {m['kl_count']:.3f})")
     for e in result.get("engrams", []):  # absent from results of earlier versions
-        lines.append(f"  Engram at layer {e['layer']}: {e['usage']:.1f}% of its {e['rows']:,} rows read, KL {e['kl']:.3f}")
+        lines.append(f"  Engram at layer {e['layer']}: {e['usage']:.1f}% of its {e['rows']:,} rows read, "
+                     f"KL {e['kl']:.3f}")
     return "\n".join(lines)
 
 

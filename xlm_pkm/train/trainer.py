@@ -34,14 +34,27 @@ from xlm_pkm.finetune.memory_finetune import SparseMemoryFinetuning
 from xlm_pkm.finetune.trainable import freeze
 from xlm_pkm.optim.optimizers import value_optimizer
 from xlm_pkm.runtime import slurm_env
-from xlm_pkm.runtime.distributed import (all_reduce_sum, any_ranks, average_value_grads_, data_parallel, gather_objects,
-                                         init_distributed, start_heartbeat, synced_values)
+from xlm_pkm.runtime.distributed import (
+    all_reduce_sum,
+    any_ranks,
+    average_value_grads_,
+    data_parallel,
+    gather_objects,
+    init_distributed,
+    start_heartbeat,
+    synced_values,
+)
 from xlm_pkm.runtime.hardware import peak_flops
 from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
 from xlm_pkm.train.build import InitialWeights, build_model, build_optimizers, build_stream, resolved_config
 from xlm_pkm.train.evaluation import evaluate
-from xlm_pkm.train.run_dir import (lock_run_directory, record_config, refuse_unresumable, remove_temporary_files,
-                                   run_directory)
+from xlm_pkm.train.run_dir import (
+    lock_run_directory,
+    record_config,
+    refuse_unresumable,
+    remove_temporary_files,
+    run_directory,
+)
 from xlm_pkm.train.run_log import RunLogger
 from xlm_pkm.train.state import TrainState, from_earlier_version
 from xlm_pkm.train.step import loss_backward, optimizer_update
@@ -163,11 +176,13 @@ class Trainer:
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         if self.model.ngram_hash is not None:
             canonical = int(self.model.ngram_hash.canonical.max()) + 1
-            self.log.info(f"Engram at layers {self.cfg.model.engram.layers}: tokenizer compression {len(self.dictionary):,} "
-                          f"-> {canonical:,} canonical ids ({100 * (1 - canonical / len(self.dictionary)):.1f}% fewer), "
+            self.log.info(f"Engram at layers {self.cfg.model.engram.layers}: tokenizer compression "
+                          f"{len(self.dictionary):,} -> {canonical:,} canonical ids "
+                          f"({100 * (1 - canonical / len(self.dictionary)):.1f}% fewer), "
                           f"table rows per layer {[e.slot_stats.n_slots for _, e in self.model.engrams()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
-                      + f"; trainable {self.trainable:,} ({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
+                      + f"; trainable {self.trainable:,} "
+                      + f"({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
         if self.memory_finetune:
             self.log.info(self.memory_finetune.describe())
@@ -176,7 +191,8 @@ class Trainer:
                           f"{len(self.train_stream)} facts in order, padding out of the loss and the slot counts")
         self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
                       f"words/s are means since the previous line; lr, grad_norm (before clipping) and, with "
-                      f"optim.memory_finetune, slots_read/slots_updated are the last step's; ETA from this run's steps so far, evaluations included")
+                      f"optim.memory_finetune, slots_read/slots_updated are the last step's; ETA from this run's "
+                      f"steps so far, evaluations included")
         accumulate, streams = self.cfg.optim.accumulate, self.cfg.data.batch_size
         if accumulate > 1 and self.model.stream_layers() and self.env.is_main:
             self.log.warning(f"optim.accumulate={accumulate} with stream caches: a step reads {accumulate} "
@@ -226,7 +242,8 @@ class Trainer:
 
     def _log_init(self) -> None:
         if self.resumed and self.cfg.train.init_from:
-            self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: the run resumes from its own checkpoint")
+            self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: "
+                          "the run resumes from its own checkpoint")
         if self.initialised is None:
             return
         report = self.initialised

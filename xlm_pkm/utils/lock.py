@@ -28,7 +28,8 @@ class DirectoryBusy(UserError, RuntimeError):
 class DirectoryLock:
     def __init__(self, directory: Path, name: str, advice: str):
         self.path = Path(directory) / name
-        self.fd = None  # set once the lock is held: release (and __del__, also after a failed __init__) closes only ours
+        # set once the lock is held: release (and __del__, also after a failed __init__) closes only ours
+        self.fd = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)

@@ -60,7 +60,7 @@ lookups); the projections are dense parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -158,7 +158,7 @@ class TuckerKeys(KeySearch):
         return torch.einsum("nhpd,hpird->nhpir", q, keys)
 
     def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        N, H, K, m, r = q.shape[0], self.heads, self.knn, self.topm, self.rank
+        N, H, K, r = q.shape[0], self.heads, self.knn, self.rank
         S = self.component_scores(q)  # (N, H, 2, n, r)
         cores = self.core.to(S.dtype)  # (H, C, r, r)
         with torch.no_grad():
