@@ -144,6 +144,9 @@ class OptimConfig:
     accumulate: int = field(default=1, metadata=positive())  # forward/backward passes per optimizer step
     # all | memory (keys, query networks, values) | memory_values | glob patterns over parameter names
     trainable: list[str] = field(default_factory=lambda: ["all"])
+    # every BatchNorm stays in eval mode (normalises with, and keeps, its running statistics) whatever trains;
+    # false: only a BatchNorm none of whose parameters train (finetune/trainable.py)
+    freeze_norm_stats: bool = False
     memory_finetune: MemoryFinetuneConfig = field(default_factory=MemoryFinetuneConfig)
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
     # betas are torch's defaults). The optimizer decides whether value gradients are sparse (ValueOptimizer.sparse).

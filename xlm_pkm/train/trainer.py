@@ -88,8 +88,8 @@ class Trainer:
         if cfg.train.init_from and not self.resumed:  # before anything wraps or freezes the weights
             self.initialise(cfg.train.init_from)
         self.lora = lora.uses_lora(cfg.optim)  # adapters on the loaded weights; best.pt gets them merged
-        self.trainable = lora.add_adapters(self.model, cfg.optim) if self.lora else freeze(self.model,
-                                                                                          cfg.optim.trainable)
+        self.trainable = (lora.add_adapters(self.model, cfg.optim) if self.lora
+                          else freeze(self.model, cfg.optim.trainable, cfg.optim.freeze_norm_stats))
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
