@@ -243,7 +243,7 @@ class Trainer:
         tokens = words = 0
         aux = self.model.aux_loss if self.model.has_aux_loss() else None  # training-only loss terms
         if self.memory_finetune:
-            self.memory_finetune.begin_step()
+            self.memory_finetune.begin_step(state.step + 1)
         for i in range(accumulate):
             epoch = self.train_stream.epoch
             x, y = next(batches)  # (B, T) each, on the CPU: counting words there needs no device sync
