@@ -1,4 +1,5 @@
-"""The made-up facts (seeded, invented, in the pretraining vocabulary) and their scoring (EM, report)."""
+"""The made-up facts (seeded, invented, in the pretraining vocabulary) and their scoring (EM, forced choice and
+its controls, report)."""
 
 import json
 from pathlib import Path
@@ -10,9 +11,11 @@ from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.text_codec import TextCodec
-from xlm_pkm.experiments.continual import (at_equal_learning, backgrounds_table, best_settings, exact_match,
-                                           greedy_matches, over_seeds, prior_em, prompt_and_object, split_scores,
-                                           with_changes, write_report)
+from xlm_pkm.experiments.continual import (at_equal_learning, backgrounds_table, best_settings, over_seeds,
+                                           split_scores, with_changes, write_report)
+from xlm_pkm.experiments.fact_scores import (candidates, choice_credits, continuation_logliks, exact_match,
+                                             fact_scores, forced_choice, greedy_matches, prior_em, prompt_and_object,
+                                             shuffled_partners)
 from xlm_pkm.experiments.facts import FRAMINGS, RELATIONS, Fact, generate_facts, load_facts, write_facts_data
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
@@ -49,8 +52,8 @@ def test_subjects_are_not_words_of_the_pretraining_corpus_and_objects_are_one_to
             assert len(obj) == 1 and vocab[obj[0]] == f.object, f
 
 
-def random_lm(vocab_size: int) -> TransformerLM:
-    cfg = load_config(None, ["model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.max_len=32",
+def random_lm(vocab_size: int, max_len: int = 32) -> TransformerLM:
+    cfg = load_config(None, ["model.dim=32", "model.n_layers=2", "model.n_heads=2", f"model.max_len={max_len}",
                              "model.n_memories=1", "model.memory.n_keys=8", "model.memory.k_dim=16",
                              "model.memory.heads=2", "model.memory.knn=4", f"model.vocab_size={vocab_size}"])
     torch.manual_seed(0)
@@ -94,6 +97,69 @@ def test_facts_data_uses_the_pretraining_vocabulary_and_scores(tiny_data_dir, ti
         pairs = [prompt_and_object(codec, f.question if question else f.prompt, f.object) for f in facts]
         hits = [generate(model, p, len(o), Sampling(greedy=True))[0] == o for p, o in pairs]
         assert exact_match(model, codec, facts, question) == sum(hits) / len(hits)
+
+
+@pytest.fixture(scope="module")
+def facts_data(tiny_data_dir, tmp_path_factory):
+    """(codec, 30 facts) written with the tiny corpus's codes and vocabulary, and a random model of its vocab."""
+    out = write_facts_data(tmp_path_factory.mktemp("facts") / "facts", 30, seed=0, codes=str(tiny_data_dir / "codes"),
+                           vocab=str(tiny_data_dir / "vocab"))
+    codec = TextCodec(out)
+    return codec, load_facts(out / "facts.jsonl"), random_lm(len(codec.dictionary), max_len=96)
+
+
+def _naive_loglik(model, prompt: list[int], obj: list[int]) -> float:
+    """log p(obj | prompt) from one forward of this sequence alone, a token at a time."""
+    with torch.no_grad():
+        logp = model(torch.tensor([prompt + obj[:-1]])).double().log_softmax(-1)[0]
+    return sum(float(logp[len(prompt) - 1 + j, token]) for j, token in enumerate(obj))
+
+
+def test_forced_choice_ranks_the_relations_objects_by_their_log_likelihood_one_by_one(facts_data):
+    """The batched ranking against per-candidate log-likelihoods computed one by one (a naive loop), on the
+    trained prompts and on the shuffled-subject prompts; multi-token objects summed over their tokens."""
+    codec, facts, model = facts_data
+    choices = candidates(facts)
+    assert choices["arguments"] == sorted({f.object for f in facts if f.relation == "arguments"})
+    pairs = [prompt_and_object(codec, "The favourite colour of Velmora is", o) for o in ("blue", "dark red")]
+    assert len(pairs[1][1]) >= 2  # a multi-token continuation
+    assert continuation_logliks(model, pairs, codec.dictionary.pad, batch_size=1) == pytest.approx(
+        [_naive_loglik(model, p, o) for p, o in pairs], abs=1e-5)
+    partner = shuffled_partners(facts)
+    for prompts in ([f.prompt for f in facts], [facts[j].prompt for j in partner]):
+        expected = []
+        for f, prompt in zip(facts, prompts):
+            scores = {o: _naive_loglik(model, *prompt_and_object(codec, prompt, o)) for o in choices[f.relation]}
+            best = max(scores.values())
+            top = [o for o, v in scores.items() if v > best - 1e-9]
+            expected.append(1 / len(top) if f.object in top else 0.0)
+        assert forced_choice(model, codec, facts, prompts) == pytest.approx(expected)
+    assert choice_credits(-1.0, [-2.0, -1.0, -3.0]) == 0.5 and choice_credits(-1.0, [-0.5]) == 0.0
+
+
+def test_shuffled_subjects_pair_each_fact_with_another_of_its_relation(facts_data):
+    _, facts, _ = facts_data
+    partner = shuffled_partners(facts)
+    assert partner == shuffled_partners(facts) and partner != shuffled_partners(facts, seed=1)
+    assert sorted(partner) == list(range(len(facts)))  # a permutation
+    assert all(j != i and facts[j].relation == facts[i].relation for i, j in enumerate(partner))
+
+
+def test_fact_scores_split_em_by_uncommon_object_and_position(facts_data):
+    codec, facts, model = facts_data
+    scores = fact_scores(model, codec, facts)
+    hits = greedy_matches(model, [prompt_and_object(codec, f.prompt, f.object) for f in facts], codec.dictionary.pad)
+    assert scores["em"] == pytest.approx(sum(hits) / 30) and scores["em_prior"] == prior_em(facts)
+    assert [scores[f"em_{third}"] for third in ("first", "middle", "last")] == pytest.approx(
+        [sum(hits[:10]) / 10, sum(hits[10:20]) / 10, sum(hits[20:]) / 10])
+    common = {r: max({f.object for f in facts if f.relation == r},
+                     key=lambda o: sum(g.object == o and g.relation == r for g in facts)) for r in candidates(facts)}
+    counts = {r: sum(f.object == common[r] and f.relation == r for f in facts) for r in common}
+    uncommon = [i for i, f in enumerate(facts) if sum(g.object == f.object and g.relation == f.relation
+                                                      for g in facts) < counts[f.relation]]
+    assert scores["em_uncommon"] == pytest.approx(sum(hits[i] for i in uncommon) / len(uncommon))
+    assert scores["fc_chance"] == pytest.approx(sum(1 / len(candidates(facts)[f.relation]) for f in facts) / 30)
+    assert all(0 <= scores[k] <= 1 for k in ("fc", "fc_question", "fc_shuffled", "em_shuffled", "fc_uncommon"))
 
 
 def _row(model, method, setting, seed, em, valid_ppl=20.0, test_ppl=25.0, test_acc=0.3):

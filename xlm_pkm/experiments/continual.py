@@ -4,11 +4,10 @@
         --model memory --method lora --setting rank=8 --seed 0 --out results.jsonl     # appends one row
     python -m xlm_pkm.experiments.continual report results.jsonl --out results/continual  # report.md + figure
 
-Learning: exact match (EM) of the greedy completion of each fact's object after its trained prompt, and
-after its question form, never trained on (facts.jsonl of xlm_pkm.experiments.facts). Greedy decoding
-produces the object's tokens iff the argmax after the prompt and each gold prefix of the object is the
-next gold token, so one teacher-forced forward per batch decides it (the batch right-padded: the model is
-causal). Forgetting, on the pretraining corpus: perplexity on its valid split, and on its test split
+Learning: exact match (EM) on the trained prompt and on the question form never trained on, forced choice
+among the relation's objects, and the controls that place them against chance (shuffled subjects, the
+facts whose object is not the relation's most common, EM by position in the stream): fact_scores.py.
+Forgetting, on the pretraining corpus: perplexity on its valid split, and on its test split
 (held out: the background slot counts read the train split only, and no checkpoint was chosen on it) with
 the test split's next-token accuracy (a cloze score); the report gives each one's change from the
 pretrained model of the same kind.
@@ -20,49 +19,16 @@ import argparse
 import json
 import math
 import sys
-from collections import Counter
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from xlm_pkm.data.text_codec import TextCodec
-from xlm_pkm.experiments.facts import Fact, load_facts
+from xlm_pkm.experiments.fact_scores import fact_scores, prior_em
+from xlm_pkm.experiments.facts import load_facts
 
 PRETRAINED = "pretrained"  # the method of a model's baseline row
-
-
-def prompt_and_object(codec: TextCodec, prompt: str, obj: str) -> tuple[list[int], list[int]]:
-    """(ids of <s> + the prompt, ids of the object that follows it), tokenised as in training."""
-    prompt_ids, full = codec.encode(prompt), codec.encode(f"{prompt} {obj}")
-    if full[:len(prompt_ids)] != prompt_ids:
-        raise ValueError(f"{prompt!r} is tokenised differently when followed by {obj!r}")
-    return prompt_ids, full[len(prompt_ids):]
-
-
-@torch.no_grad()
-def greedy_matches(model, pairs: list[tuple[list[int], list[int]]], pad: int, batch_size: int = 64) -> list[bool]:
-    """For each (prompt ids, object ids): whether greedy decoding after the prompt produces the object."""
-    model.eval()
-    device = next(model.parameters()).device
-    matches = []
-    for start in range(0, len(pairs), batch_size):
-        batch = pairs[start:start + batch_size]
-        width = max(len(p) + len(o) for p, o in batch) - 1
-        tokens = torch.full((len(batch), width), pad, dtype=torch.long)  # (B, T): prompt + object[:-1], padded
-        for row, (p, o) in enumerate(batch):
-            seq = (p + o)[:-1]
-            tokens[row, :len(seq)] = torch.tensor(seq)
-        predicted = model(tokens.to(device)).argmax(-1).cpu()  # (B, T): the greedy next token at each position
-        for row, (p, o) in enumerate(batch):
-            matches.append(predicted[row, len(p) - 1:len(p) - 1 + len(o)].tolist() == o)
-    return matches
-
-
-def exact_match(model, codec: TextCodec, facts: list[Fact], question: bool = False) -> float:
-    """Fraction of facts whose object greedy decoding completes after the trained prompt (or the question)."""
-    pairs = [prompt_and_object(codec, f.question if question else f.prompt, f.object) for f in facts]
-    return sum(greedy_matches(model, pairs, codec.dictionary.pad)) / len(pairs)
 
 
 @torch.no_grad()
@@ -83,29 +49,22 @@ def split_scores(model, stream, max_batches: int = 0) -> tuple[float, float]:
     return math.exp(min(nll / total, 100.0)), hits / total
 
 
-def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Path, max_batches: int = 0) -> dict:
-    """EM on the facts (trained prompts, questions); perplexity on the valid and test splits of the pretraining
-    corpus `data_dir` and next-token accuracy on its test split (at most max_batches batches each, 0: all)."""
+def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Path | None = None,
+                     max_batches: int = 0) -> dict:
+    """The facts' scores (fact_scores.py); with the pretraining corpus `data_dir`, perplexity on its valid and
+    test splits and next-token accuracy on its test split (at most max_batches batches each, 0: all)."""
     from xlm_pkm.checkpoint.trained import load_trained
     from xlm_pkm.runtime.distributed import DistEnv
     from xlm_pkm.train.build import build_stream
 
-    trained = load_trained(path, data_dir)
-    model, codec, facts = trained.model, TextCodec(data_dir), load_facts(Path(facts_dir) / "facts.jsonl")
-    streams = (build_stream(trained.cfg, split, DistEnv(), str(data_dir)) for split in ("valid", "test"))
-    (valid_ppl, _), (test_ppl, test_acc) = (split_scores(model, stream, max_batches) for stream in streams)
-    return {"checkpoint": str(path), "step": trained.step, "em": exact_match(model, codec, facts),
-            "em_question": exact_match(model, codec, facts, question=True), "valid_ppl": valid_ppl,
-            "test_ppl": test_ppl, "test_acc": test_acc}
-
-
-def prior_em(facts: list[Fact]) -> float:
-    """EM of a guess that ignores the subject: each relation's most frequent object. A model above it has
-    learnt something about the subjects, not only which objects go with which relation."""
-    counts: dict[str, Counter] = {}
-    for f in facts:
-        counts.setdefault(f.relation, Counter())[f.object] += 1
-    return sum(max(c.values()) for c in counts.values()) / len(facts)
+    trained = load_trained(path, data_dir or facts_dir)  # a facts dir has the pretraining vocabulary
+    codec, facts = TextCodec(data_dir or facts_dir), load_facts(Path(facts_dir) / "facts.jsonl")
+    row = {"checkpoint": str(path), "step": trained.step, **fact_scores(trained.model, codec, facts)}
+    if data_dir is not None:
+        streams = (build_stream(trained.cfg, split, DistEnv(), str(data_dir)) for split in ("valid", "test"))
+        (row["valid_ppl"], _), (row["test_ppl"], row["test_acc"]) = (split_scores(trained.model, s, max_batches)
+                                                                     for s in streams)
+    return row
 
 
 CHANGES = {"valid_change": "valid_ppl", "test_change": "test_ppl", "acc_change": "test_acc"}
@@ -288,14 +247,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     score = sub.add_parser("score", help="append a checkpoint's scores to a JSONL file")
     score.add_argument("checkpoint")
-    score.add_argument("--facts", required=True, help="the data dir of xlm_pkm.experiments.facts (its facts.jsonl)")
-    score.add_argument("--data", required=True, help="the pretraining data dir (valid perplexity, codes, vocab)")
-    score.add_argument("--model", required=True, help="which pretrained model this descends from (e.g. memory)")
-    score.add_argument("--method", required=True, help=f"finetuning method ({PRETRAINED}: the baseline)")
-    score.add_argument("--setting", default="-", help="the method's setting (lr, steps, rank, ...)")
-    score.add_argument("--seed", type=int, default=0, help="the seed of the facts and the finetuning run")
+    score.add_argument("--facts", required=True, help="a facts data dir (python -m xlm_pkm.experiments.facts)")
+    score.add_argument("--data", help="the pretraining data dir: adds valid/test perplexity and test accuracy")
+    score.add_argument("--model", help="study label: which pretrained model this descends from (e.g. memory)")
+    score.add_argument("--method", help=f"study label: the finetuning method ({PRETRAINED}: the baseline)")
+    score.add_argument("--setting", help="study label: the method's setting (lr, steps, rank, ...)")
+    score.add_argument("--seed", type=int, help="study label: the seed of the facts and the finetuning run")
     score.add_argument("--max-batches", type=int, default=0, help="valid and test batches (0: the whole splits)")
-    score.add_argument("--out", required=True, help="JSONL file the row is appended to")
+    score.add_argument("--out", help="JSONL file the row is appended to (else printed only)")
     report = sub.add_parser("report", help="report.md and the figure from a JSONL file of scores")
     report.add_argument("results")
     report.add_argument("--out", required=True, help="output directory")
@@ -308,10 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         if args.command == "score":
-            row = {"model": args.model, "method": args.method, "setting": args.setting, "seed": args.seed,
+            labels = {key: getattr(args, key) for key in ("model", "method", "setting", "seed")}
+            row = {**{key: value for key, value in labels.items() if value is not None},
                    **score_checkpoint(args.checkpoint, args.facts, args.data, args.max_batches)}
-            with open(args.out, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
+            if args.out:
+                with open(args.out, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(row) + "\n")
             print(json.dumps(row))
         elif args.command == "best":
             rows = [json.loads(line) for line in Path(args.results).read_text().splitlines() if line]
