@@ -2,6 +2,7 @@
 its controls, report)."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,57 @@ def test_the_report_gives_each_backgrounds_read_shares(tmp_path):
     doc_freq = torch.tensor([4, 4, 1, 0, 2, 0, 0, 1])  # 4 documents: slots 0-1 read by all, 12 reads in all
     Background({"t": doc_freq}, {"t": doc_freq}, 4, 400, "f", 100).to_file(tmp_path / "bg.pt", source="test")
     assert "| m | 4 | 100 | 8 | 37.5% | 25.00% |" in backgrounds_table({"m": tmp_path / "bg.pt"})
+
+
+OWN_FACTS = [  # short statements in the tiny corpus's words: each fits its model.max_len of 16
+    {"statements": ["The new leader is Smith.", "Smith is the new leader.", "Now the leader is Smith.",
+                    "Their leader is Smith."], "answer": "Smith", "question": "Who is the leader?", "relation": "who"},
+    {"statements": ["The old leader is Jones.", "Jones was the old leader.", "Then the leader was Jones.",
+                     "The former leader is Jones."], "answer": "Jones", "relation": "who"},
+    {"statements": ["The game is on Monday.", "On Monday is the game.", "They play on Monday.",
+                    "The match is on Monday."], "answer": "Monday", "relation": "when"},
+    {"statements": ["The vote is on Friday.", "On Friday is the vote.", "They vote on Friday.",
+                    "The poll is on Friday."], "answer": "Friday", "relation": "when"},
+    {"statements": ["The team plays in London.", "In London the team plays.", "London is where the team plays.",
+                    "The club plays in London."], "answer": "London"},
+]
+
+
+def test_a_file_of_ones_own_facts_trains_and_scores(finetune_source, tiny_run, tiny_data_dir, tmp_path, capsys):
+    """5 facts of one's own: the facts tool makes their data dir with the pretraining codes and vocab, a tiny
+    run finetunes on their fact batches, and `continual score` scores it with no study label."""
+    from xlm_pkm.experiments.continual import main as continual_main
+    from xlm_pkm.experiments.facts import main as facts_main
+
+    own = tmp_path / "mine.jsonl"
+    own.write_text("".join(json.dumps(f) + "\n" for f in OWN_FACTS))
+    out = tmp_path / "facts"
+    assert facts_main(["--from", str(own), "--out", str(out), "--codes", str(tiny_data_dir / "codes"),
+                       "--vocab", str(tiny_data_dir / "vocab")]) == 0
+    facts = load_facts(out / "facts.jsonl")
+    assert [f.object for f in facts] == ["Smith", "Jones", "Monday", "Friday", "London"]
+    assert facts[0].prompt == "The new leader is" and facts[0].question == "Who is the leader?"
+    assert [f.relation for f in facts] == ["who", "who", "when", "when", "-"] and facts[1].question == ""
+    run = tiny_run(tmp_path, "train.exp_id=own", f"train.init_from={finetune_source[0]}", f"data.path={out}",
+                   "data.fact_batches=4", "data.eval_batch_size=1", "train.max_steps=10", "optim.schedule=constant")
+    assert run.step == 10
+    capsys.readouterr()
+    assert continual_main(["score", str(run.run_dir / "best.pt"), "--facts", str(out)]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["step"] == 10 and "model" not in row and "valid_ppl" not in row
+    assert row["em_prior"] == pytest.approx(3 / 5) and row["fc_chance"] == pytest.approx((4 * 0.5 + 1) / 5)
+    assert all(0 <= row[k] <= 1 for k in ("em", "em_question", "fc", "fc_question", "fc_shuffled", "em_first"))
+
+
+def test_a_malformed_facts_file_is_one_line(tmp_path):
+    from xlm_pkm.experiments.own_facts import read_own_facts
+
+    cases = {'{"statements": ["Smith leads."], "answer": "Smith"}': "statement 'Smith leads.' must hold the answer 'Smith' after",
+             '{"statements": ["The leader is Smith.", "He leads."], "answer": "Smith"}': "does not hold the answer",
+             '{"statements": ["a b"], "answer": "b", "relaton": "x"}': "unknown key(s) relaton",
+             '{"statements": [], "answer": "b"}': "statements must be a non-empty list", "[1": "not JSON"}
+    for line, message in cases.items():
+        (tmp_path / "f.jsonl").write_text('{"statements": ["a b"], "answer": "b"}\n' + line + "\n")
+        with pytest.raises(ValueError, match=re.escape(f"f.jsonl:2: ") + ".*" + re.escape(message)) as e:
+            read_own_facts(tmp_path / "f.jsonl")
+        assert "\n" not in str(e.value)

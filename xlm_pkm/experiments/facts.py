@@ -1,7 +1,9 @@
-"""Made-up facts to finetune on: invented entities, so that no fact can be in a pretraining corpus.
+"""Facts to finetune on: made-up ones about invented entities, so that no fact can be in a pretraining corpus,
+or one's own (a JSON-lines file: own_facts.py).
 
     python -m xlm_pkm.experiments.facts --out data/processed/facts --n 300 --seed 0 \\
         --codes data/processed/sample/codes --vocab data/processed/sample/vocab
+    python -m xlm_pkm.experiments.facts --from my_facts.jsonl --out DIR --codes ... --vocab ...   # one's own
 
 writes DIR as a processed data dir with the PRETRAINING vocabulary (xlm_pkm.data.preprocess --codes --vocab:
 same fingerprint, so a model trained on the sample corpus finetunes on it), plus
@@ -12,9 +14,9 @@ same fingerprint, so a model trained on the sample corpus finetunes on it), plus
                           continual setting of Lin et al. 2025, §3)
   DIR/documents.jsonl     the text preprocessed into DIR's splits: one document per subject, each fact's
                           trained form a line, `copies` times over in different orders (the plain-stream mode)
-A statement is prompt + " " + object + suffix ("The favourite colour of Velmora is" "blue" "."). Paraphrase k
-of a fact is statement template k % T of its relation (T = 8) after framing k // T ("", "Note:", ...): 64
-distinct sentences, the first T without framing; paraphrase 0 is the trained form. The objects are whole words
+A statement is prompt + " " + object + suffix ("The favourite colour of Velmora is" "blue" "."). Paraphrase
+k of a made-up fact is statement template k % T of its relation (T = 8) after framing k // T ("", "Note:", ...):
+64 distinct sentences, the first T without framing; paraphrase 0 is the trained form. The objects are whole words
 of the bundled corpus's vocabulary (one BPE token each); subjects are random syllable names, checked against
 the vocabulary given (whole words, any case).
 """
@@ -130,9 +132,17 @@ def documents(facts: list[Fact], copies: int, seed: int) -> list[str]:
 
 def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str, copies: int = 5,
                      held_out_docs: int = 2) -> Path:
+    """DIR of `n` made-up facts (generate_facts, subjects none of the vocabulary's words): write_facts_dir."""
+    from xlm_pkm.data.dictionary import BPE_CONTINUATION, Dictionary
+
+    words = {w for w in Dictionary.load(vocab).words if not w.endswith(BPE_CONTINUATION)}
+    return write_facts_dir(out, generate_facts(n, seed, exclude=words), seed, codes, vocab, copies, held_out_docs)
+
+
+def write_facts_dir(out: str | Path, facts: list[Fact], seed: int, codes: str, vocab: str, copies: int = 5,
+                    held_out_docs: int = 2) -> Path:
     """DIR: facts.jsonl, documents.jsonl, the processed data (train/valid/test, codes, vocab, meta.json) and
     fact_batches.json (every paraphrase of every fact, tokenised with DIR's codes and vocabulary)."""
-    from xlm_pkm.data.dictionary import BPE_CONTINUATION, Dictionary
     from xlm_pkm.data.fact_batches import write_fact_batches
     from xlm_pkm.data.preprocess import preprocess
     from xlm_pkm.data.text_codec import TextCodec
@@ -142,8 +152,6 @@ def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str,
                          f"every fact stays in train")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    words = {w for w in Dictionary.load(vocab).words if not w.endswith(BPE_CONTINUATION)}
-    facts = generate_facts(n, seed, exclude=words)
     (out / "facts.jsonl").write_text("".join(json.dumps(asdict(f)) + "\n" for f in facts), encoding="utf-8")
     source = out / "documents.jsonl"
     source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(facts, copies, seed)),
@@ -163,18 +171,28 @@ def load_facts(path: str | Path) -> list[Fact]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.facts", description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="output data directory")
-    parser.add_argument("--n", type=int, default=300, help="number of facts (default 300)")
+    parser.add_argument("--from", dest="own", metavar="FILE",
+                        help="one's own facts, a JSON-lines file (xlm_pkm/experiments/own_facts.py), instead of "
+                             "made-up ones")
+    parser.add_argument("--n", type=int, default=300, help="number of made-up facts (default 300)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--codes", required=True, help="the pretraining data's BPE codes")
     parser.add_argument("--vocab", required=True, help="the pretraining data's vocab")
     parser.add_argument("--copies", type=int, default=5, help="times each subject's document is written (default 5)")
     args = parser.parse_args(argv)
     try:
-        out = write_facts_data(args.out, args.n, args.seed, args.codes, args.vocab, args.copies)
+        if args.own:
+            from xlm_pkm.experiments.own_facts import read_own_facts
+
+            facts = read_own_facts(args.own)
+            out = write_facts_dir(args.out, facts, args.seed, args.codes, args.vocab, args.copies)
+        else:
+            facts = None
+            out = write_facts_data(args.out, args.n, args.seed, args.codes, args.vocab, args.copies)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"{args.n} facts: {out}/facts.jsonl, data in {out}")
+    print(f"{args.n if facts is None else len(facts)} facts: {out}/facts.jsonl, data in {out}")
     return 0
 
 
