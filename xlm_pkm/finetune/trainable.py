@@ -36,8 +36,8 @@ def trains(name: str, param: nn.Parameter, memory_names: set[str], spec: list[st
 
 def freeze(model: nn.Module, spec: list[str], freeze_norm_stats: bool = False) -> int:
     """Freezes the parameters `spec` does not train and pins fully frozen modules (with `freeze_norm_stats`,
-    every BatchNorm too) to eval mode; returns the number of trainable parameter elements. A pattern matching no parameter, or a spec that trains
-    nothing, is a ConfigError."""
+    every BatchNorm too) to eval mode; returns the number of trainable parameter elements. A pattern matching
+    no parameter, or a spec that trains nothing, is a ConfigError."""
     names = [name for name, _ in model.named_parameters()]
     if not (len(spec) == 1 and spec[0] in PRESETS):
         for pattern in spec:
