@@ -298,7 +298,7 @@ def test_a_file_of_ones_own_facts_trains_and_scores(finetune_source, tiny_run, t
 
 
 def test_a_malformed_facts_file_is_one_line(tmp_path):
-    from xlm_pkm.experiments.own_facts import read_own_facts
+    from xlm_pkm.experiments.facts import read_own_facts
 
     cases = {'{"statements": ["Smith leads."], "answer": "Smith"}': "'Smith leads.' must hold the answer 'Smith'",
              '{"statements": ["The leader is Smith.", "He leads."], "answer": "Smith"}': "does not hold the answer",
