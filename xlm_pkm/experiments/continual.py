@@ -31,6 +31,7 @@ from xlm_pkm.experiments.continual_report import PRETRAINED, SELECT_SEED, best_s
 from xlm_pkm.experiments.fact_scores import fact_scores
 from xlm_pkm.experiments.facts import load_facts
 
+
 @torch.no_grad()
 def split_scores(model, stream, max_batches: int = 0) -> tuple[float, float]:
     """(perplexity, next-token accuracy) of the model over one pass of an evaluation TokenStream."""
@@ -70,7 +71,7 @@ def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Pa
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.continual", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    score = sub.add_parser("score", help="append a checkpoint's scores to a JSONL file")
+    score = sub.add_parser("score", help="a checkpoint's scores, printed (and appended to a JSONL file)")
     score.add_argument("checkpoint")
     score.add_argument("--facts", required=True, help="a facts data dir (python -m xlm_pkm.experiments.facts)")
     score.add_argument("--data", help="the pretraining data dir: adds valid/test perplexity and test accuracy")

@@ -248,6 +248,9 @@ def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, st
     plot(rows, out / "learning_forgetting.png", line, select_seed)
     blind = ("" if line is None else f" The subject-blind guess (each relation's most common object) scores EM up "
              f"to {100 * line:.1f}% on the verdict seeds' facts (the line): EM below it can be relation priors.")
+    chance = [r["fc_chance"] for r in rows if r.get("fc_chance") is not None]
+    if chance:
+        blind += f" Forced choice at random scores {100 * sum(chance) / len(chance):.1f}%."
     verdict_seeds = sorted({r["seed"] for r in rows if r["seed"] != select_seed})
     text = ("# Learning new facts vs forgetting\n\n"
             f"**Choices**: every setting is chosen on the facts of seed {select_seed}, held out (never scored for "
