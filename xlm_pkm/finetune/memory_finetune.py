@@ -201,14 +201,15 @@ class SparseMemoryFinetuning:
 
     def describe(self) -> str:
         """One line for the run's log: the rule and the background it ranks against."""
+        t = self.cfg.top_t
         if self.background is None:
-            rule = "the most read" if self.cfg.ranking == "count" else f"random (seed {self.cfg.seed}) slots among the"
-            return (f"sparse memory finetuning (control): {rule} {self.cfg.top_t} slots read, per value table and "
-                    f"step, no background")
+            rule = (f"the {t} most read slots" if self.cfg.ranking == "count" else
+                    f"{t} random slots (seed {self.cfg.seed}) among those read")
+            return f"sparse memory finetuning (control, no background): {rule}, per value table and step"
         shares = "; ".join(f"{name}: a document reads {100 * share['per_document']:.1f}% of the slots, every "
                            f"document {100 * share['by_every_document']:.1f}% (never updated)"
                            for name, share in self.background.read_share().items())
-        return (f"sparse memory finetuning: the top {self.cfg.top_t} slots by TF-IDF per value table and step, "
+        return (f"sparse memory finetuning: the top {t} slots by TF-IDF per value table and step, "
                 f"against {self.background.documents:,} background documents of {self.background.doc_tokens} "
                 f"tokens; {shares}")
 
