@@ -3,7 +3,7 @@
 
 import sys
 
-from xlm_pkm.launch.cli import evaluate_main
+from xlm_pkm.launch.commands import evaluate  # sets the process's defaults before torch is imported
 
 if __name__ == "__main__":
-    sys.exit(evaluate_main())
+    sys.exit(evaluate())

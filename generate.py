@@ -2,7 +2,7 @@
 
 import sys
 
-from xlm_pkm.launch.cli import generate_main
+from xlm_pkm.launch.commands import generate  # sets the process's defaults before torch is imported
 
 if __name__ == "__main__":
-    sys.exit(generate_main())
+    sys.exit(generate())

@@ -2,7 +2,7 @@
 
 import sys
 
-from xlm_pkm.launch.cli import train_main
+from xlm_pkm.launch.commands import train  # sets the process's defaults before torch is imported
 
 if __name__ == "__main__":
-    sys.exit(train_main())
+    sys.exit(train())

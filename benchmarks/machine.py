@@ -25,7 +25,7 @@ def machine_info(device: str = "cpu") -> dict:
         "load_average_1min": round(os.getloadavg()[0], 2),  # other jobs may share the cores
         "gpu": torch.cuda.get_device_name() if device.startswith("cuda") else None,
         "torch": torch.__version__,
-        "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE"),  # CPU tensors on huge pages (xlm_pkm sets 1)
+        "thp_mem_alloc_enable": os.environ.get("THP_MEM_ALLOC_ENABLE"),  # CPU tensors on huge pages (run_all.sh sets 1)
         "python": platform.python_version(),
     }
 

@@ -84,8 +84,9 @@ def build_model(config: str | Path, overrides: list[str], args, vocab: int) -> t
 
 
 def random_tokens(args, vocab: int) -> torch.Tensor:
-    """(batch, seq + 1) token ids on args.device: inputs [:, :-1], targets [:, 1:]."""
-    return torch.randint(0, vocab, (args.batch, args.seq + 1), device=args.device)
+    """(batch, seq + 1) token ids on args.device, the same at every run: inputs [:, :-1], targets [:, 1:]."""
+    generator = torch.Generator(args.device).manual_seed(0)
+    return torch.randint(0, vocab, (args.batch, args.seq + 1), device=args.device, generator=generator)
 
 
 def common_settings(args, vocab: int) -> dict:

@@ -8,6 +8,8 @@
 # OUT_DIR=benchmarks/results replaces the committed figures: only do that on purpose.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# CPU tensors of 2 MB and more on huge pages, as train.py sets it (docs/benchmarks.md, "Huge pages")
+export THP_MEM_ALLOC_ENABLE=${THP_MEM_ALLOC_ENABLE:-1}
 PY=${PYTHON:-.venv/bin/python}
 out=${1:?usage: run_all.sh OUT_DIR}
 mkdir -p "$out"

@@ -19,7 +19,7 @@ from xlm_pkm.errors import ConfigError
 from xlm_pkm.inference.export import export
 from xlm_pkm.launch.cli import evaluate_main, generate_main
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.train.build import set_vocab_size
+from xlm_pkm.train.build import resolved_config
 from xlm_pkm.train.evaluation import evaluate
 
 ALL_ATTENTION = ["model.family=all_attention", "model.sublayers=[all_attention]", "model.persistent_vectors=8",
@@ -91,7 +91,7 @@ def test_two_evaluation_passes_on_a_model_already_in_eval_mode_are_equal(char_ov
     """evaluate() starts new evaluation streams at every pass, not only on a train -> eval switch."""
     cfg = load_config(None, char_overrides)
     stream = TokenStream(char_data, "valid", 2, 16, train=False)
-    set_vocab_size(cfg, len(stream.dictionary))
+    cfg = resolved_config(cfg, len(stream.dictionary), cfg.train.exp_id)
     torch.manual_seed(0)
     model = TransformerLM(cfg.model).eval()
     with torch.no_grad():

@@ -72,20 +72,64 @@ def test_the_layer_needs_only_torch():
     assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
 
 
-@pytest.mark.parametrize("given, expected", [(None, "1"), ("0", "0")])
-def test_importing_the_package_sets_huge_pages_for_cpu_tensors_unless_told(given, expected):
-    """xlm_pkm/__init__.py: THP_MEM_ALLOC_ENABLE defaults to 1 before torch's first allocation."""
+def test_importing_the_package_changes_no_environment_variable_and_starts_no_thread():
+    code = ("import os, threading; e = dict(os.environ); import xlm_pkm, xlm_pkm.config, xlm_pkm.model.memory; "
+            "assert dict(os.environ) == e, {k for k in {*e, *os.environ} if e.get(k) != os.environ.get(k)}; "
+            "import xlm_pkm.runtime.distributed, xlm_pkm.train.trainer; "  # (torch's inductor sets a variable)
+            "assert threading.active_count() == 1, threading.enumerate()")
+    env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+
+
+# Records THP_MEM_ALLOC_ENABLE when torch is first imported (PyTorch reads it at its first CPU allocation),
+# then runs a command with --help; `seen` stays empty if torch is never imported.
+HUGE_PAGES_AT_TORCH_IMPORT = """
+import os, sys
+seen = []
+class Watch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and not seen:
+            seen.append(os.environ.get("THP_MEM_ALLOC_ENABLE"))
+sys.meta_path.insert(0, Watch())
+{run}
+try:
+    run()
+except BaseException:
+    pass
+print("torch imported with THP_MEM_ALLOC_ENABLE", seen)
+"""
+
+
+def console_commands() -> dict[str, str]:
+    """{command: "module:function"} of pyproject.toml's [project.scripts]."""
+    section = (ROOT / "pyproject.toml").read_text().split("[project.scripts]\n", 1)[1].split("\n[", 1)[0]
+    return dict(re.findall(r'^(\S+) = "(\S+)"', section, re.M))
+
+
+NO_TORCH = {"xlm-pkm-preprocess"}  # never imports torch: nothing to set
+
+
+@pytest.mark.parametrize("command, given, expected", [
+    *[(c, None, "1") for c in ["train.py", "evaluate.py", "generate.py", *console_commands(), "slurm-job"]],
+    ("train.py", "0", "0")])
+def test_commands_turn_huge_pages_on_before_torch_is_imported_unless_told(command, given, expected):
+    """launch/commands.py: each command that starts a torch process (and a SLURM job's TrainJob) sets
+    THP_MEM_ALLOC_ENABLE=1 unless it is set, before torch is imported."""
+    if command.endswith(".py"):
+        run = f"import runpy\nsys.argv = [{command!r}, '--help']\nrun = lambda: runpy.run_path({command!r}, " \
+              f"run_name='__main__')"
+    elif command == "slurm-job":  # outside a SLURM job, submitit refuses once torch is imported
+        run = "from xlm_pkm.launch.slurm import TrainJob\nrun = TrainJob(['--help'])"
+    else:
+        module, function = console_commands()[command].split(":")
+        run = f"sys.argv = [{command!r}, '--help']\nfrom {module} import {function} as run"
     env = {k: v for k, v in os.environ.items() if k != "THP_MEM_ALLOC_ENABLE"}
     env |= {"THP_MEM_ALLOC_ENABLE": given} if given else {}
-    out = subprocess.run([sys.executable, "-c", "import os, xlm_pkm; print(os.environ['THP_MEM_ALLOC_ENABLE'])"],
-                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=60)
-    assert out.stdout == expected + "\n", out.stderr
-
-
-def test_the_docs_show_the_tested_layer_snippet():
-    section = (ROOT / "docs" / "layer.md").read_text().split("## The layer on its own", 1)[1].split("\n## ", 1)[0]
-    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert LAYER_SNIPPET in blocks
+    out = subprocess.run([sys.executable, "-c", HUGE_PAGES_AT_TORCH_IMPORT.format(run=run)], capture_output=True,
+                         text=True, cwd=ROOT, env=env, timeout=120)
+    seen = [] if command in NO_TORCH else [expected]
+    assert out.stdout.endswith(f"torch imported with THP_MEM_ALLOC_ENABLE {seen}\n"), out.stdout + out.stderr
 
 
 @pytest.fixture(scope="module")

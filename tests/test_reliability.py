@@ -343,6 +343,26 @@ def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrid
             p.wait()
 
 
+def test_collective_failures_are_told_by_torchs_types_and_by_gloos_transport_messages(monkeypatch):
+    """What torch 2.13 raises when a peer dies or a collective times out: DistError's subclasses (NCCL, the store),
+    and on gloo a plain RuntimeError from its transport (messages as seen in a 2-process experiment)."""
+    import torch.distributed as dist
+
+    from xlm_pkm.runtime import distributed
+
+    failures = [dist.DistBackendError("NCCL watchdog timeout"), dist.DistNetworkError("Failed to recv, got 0 bytes"),
+                dist.DistStoreError("wait timeout"),
+                RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection "
+                             "closed by peer [127.0.0.1]:39335. This is typically caused by a remote worker crashing."),
+                RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 10000ms "
+                             "for recv operation to complete")]
+    others = [RuntimeError("mat1 and mat2 shapes cannot be multiplied"), ValueError("Connection closed by peer")]
+    assert not any(distributed.is_collective_failure(e) for e in failures)  # no process group: nothing collective
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    assert all(distributed.is_collective_failure(e) for e in failures)
+    assert not any(distributed.is_collective_failure(e) for e in others)
+
+
 def test_every_one_line_error_derives_from_user_error():
     """Commands catch USER_ERRORS (xlm_pkm/errors.py); each error written for the user is a UserError, and
     keeps the built-in base that code catching it before the regroup relied on."""

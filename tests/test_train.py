@@ -1,5 +1,6 @@
 """End-to-end training on a tiny model and corpus: learning, exact resume, DDP, evaluate.py, bad input."""
 
+import copy
 import json
 import math
 import os
@@ -15,6 +16,8 @@ from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.config import load_config
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.launch.cli import evaluate_main, train_main
+from xlm_pkm.train.build import build_model
+from xlm_pkm.train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,3 +192,22 @@ def test_config_errors_name_the_key():
     cfg = load_config(ROOT / "configs" / "paper" / "l16_d1024_m2.yaml", ["optim.lr=1e-4"])
     assert (cfg.model.n_layers, cfg.model.dim, cfg.model.n_memories, cfg.model.n_heads) == (16, 1024, 2, 16)
     assert cfg.optim.lr == 1e-4 and cfg.optim.values_lr == 1e-3 and cfg.model.memory.n_keys == 512
+
+
+def test_the_trainer_resolves_a_copy_of_its_config_and_alone_seeds_the_global_random_stream(tiny_overrides, tmp_path):
+    """The config given is left as it is (trainer.cfg: the resolved copy, config.yaml's); the initial weights
+    come from their own stream (train.seed), so the global one is seeded once, by the trainer, for dropout."""
+    cfg = load_config(None, tiny_overrides(tmp_path, "model.dropout=0.1"))
+    given = copy.deepcopy(cfg)
+    trainer = Trainer(cfg, test=False)
+    try:
+        assert cfg == given and cfg.model.vocab_size == 0 and not cfg.train.exp_id
+        resolved = trainer.cfg
+        assert resolved.model.vocab_size == len(trainer.dictionary) and trainer.run_dir.name == resolved.train.exp_id
+        assert torch.equal(torch.get_rng_state(), torch.Generator().manual_seed(cfg.train.seed * 1000).get_state())
+        state = torch.get_rng_state()
+        rebuilt = build_model(trainer.cfg, torch.device("cpu")).state_dict()
+        assert torch.equal(torch.get_rng_state(), state)
+        assert all(torch.equal(rebuilt[k], v) for k, v in trainer.model.state_dict().items())
+    finally:
+        trainer.close()

@@ -3,11 +3,15 @@
     from xlm_pkm import ProductKeyMemory       # the layer alone: needs only torch
 
 Importing the package imports nothing else; `ProductKeyMemory` and `TransformerLM` are loaded when
-first used (xlm_pkm.model.memory, xlm_pkm.model.transformer), and need only torch. It sets one default
-in the environment: THP_MEM_ALLOC_ENABLE=1, PyTorch's switch for CPU tensors of 2 MB and more on
-transparent huge pages, read at torch's first allocation. A sparse step allocates hundreds of MB of
-fresh gradient rows and optimizer temporaries; on 4 KB pages their page faults cost more than the
-arithmetic (docs/benchmarks.md, "One memory layer"). THP_MEM_ALLOC_ENABLE=0 keeps PyTorch's default.
+first used (xlm_pkm.model.memory, xlm_pkm.model.transformer), and need only torch. Importing it changes
+nothing in the process: no environment variable, thread or global state.
+
+Huge pages: train.py and the other commands set THP_MEM_ALLOC_ENABLE=1 (PyTorch's switch for CPU tensors
+of 2 MB and more on transparent huge pages) before torch is imported: a sparse step on CPU is 1.19x
+faster with it at 512² slots (docs/benchmarks.md, "Huge pages"). PyTorch reads it once, at its first
+CPU allocation, so a library user sets it before importing torch:
+
+    THP_MEM_ALLOC_ENABLE=1 python my_script.py      # or os.environ["THP_MEM_ALLOC_ENABLE"] = "1" first
 
 The subpackages, lowest layer first; each may import only layers below it (its __init__.py says which,
 and tests/test_layout.py checks it):
@@ -23,13 +27,9 @@ and tests/test_layout.py checks it):
     finetune/     init_from, trainable, LoRA, sparse memory finetuning, slot counts
     train/        the trainer, its step and state, evaluation, run directory and log
     inference/    generation, sampling, export
-    launch/       train.py / evaluate.py command lines, SLURM
+    launch/       the commands (train.py, evaluate.py...), their process defaults, SLURM
     experiments/  reproduction, reports, introspection, the continual-learning study
 """
-
-import os
-
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 __version__ = "0.1.0"
 

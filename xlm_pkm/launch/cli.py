@@ -7,8 +7,6 @@ import json
 import sys
 from pathlib import Path
 
-import torch.distributed as dist
-
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import load_config
 from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, UserError, fail
@@ -16,7 +14,7 @@ from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.launch.config_keys import describe_keys
 from xlm_pkm.launch.resume import resume_command
-from xlm_pkm.runtime.distributed import CollectiveError, describe_failure, init_distributed, read_env, shutdown
+from xlm_pkm.runtime.distributed import describe_failure, init_distributed, is_collective_failure, read_env, shutdown
 from xlm_pkm.runtime.precision import check_precision, resolve_device
 from xlm_pkm.train.evaluation import evaluate_checkpoint
 from xlm_pkm.train.trainer import Trainer
@@ -27,16 +25,6 @@ from xlm_pkm.utils.program import program_name
 PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 CHECKOUT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
 DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
-
-
-def _collective_failure(error: BaseException) -> CollectiveError | None:
-    """A failed collective (a rank died or froze) as a one-line error; None for any other exception."""
-    if not dist.is_initialized() or not isinstance(error, (RuntimeError, dist.DistError)):
-        return None
-    if isinstance(error, dist.DistError) or any(w in str(error) for w in ("Connection", "Timed out", "timed out",
-                                                                           "Gloo", "NCCL", "peer")):
-        return describe_failure(read_env(), error)
-    return None
 
 
 def _interrupted(trainer: Trainer | None) -> UserError:
@@ -100,11 +88,10 @@ def train_main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
         return fail(prog, _interrupted(trainer), EXIT_INTERRUPTED)
     except Exception as e:
-        lost = _collective_failure(e)
-        if lost is None:
+        if not is_collective_failure(e):
             raise
         failed = True
-        return fail(prog, lost)
+        return fail(prog, describe_failure(read_env(), e))
     finally:
         shutdown(failed)
     return EXIT_STOPPED if trainer.stopped else 0

@@ -26,6 +26,7 @@ import subprocess
 import sys
 
 from xlm_pkm.errors import EXIT_STOPPED
+from xlm_pkm.launch.commands import set_process_defaults
 
 
 class LaunchError(ValueError):
@@ -41,6 +42,7 @@ class TrainJob:
         self.argv = argv
 
     def __call__(self) -> int:
+        set_process_defaults()  # before torch is imported, as train.py does
         import submitit
 
         from xlm_pkm.launch.cli import train_main  # not at unpickling: before submitit's signal handlers

@@ -1,9 +1,11 @@
 """Process-group set-up from the launcher's environment: torchrun, SLURM's srun, or a single process.
 
-Every collective waits at most `timeout` (train.collective_timeout_minutes). Each rank also beats a
-heartbeat in the rendezvous store (a counter it increments from a thread every few seconds); when a
-collective fails, `describe_failure` names the ranks whose counter stopped (frozen, killed, or on a
-lost host), so the job ends with one line instead of hanging or printing two chained tracebacks.
+Every collective waits at most `timeout` (train.collective_timeout_minutes). The rendezvous store is
+ours (a TCPStore on MASTER_ADDR:MASTER_PORT, hosted by rank 0, or by torchrun's agent under torchrun), so
+that a training process can start a heartbeat in it (`start_heartbeat`): a counter each rank increments
+from a thread every few seconds. When a collective fails (`is_collective_failure`), `describe_failure`
+names the ranks whose counter stopped (frozen, killed, or on a lost host), so the job ends with one line
+instead of hanging or printing two chained tracebacks.
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from xlm_pkm.errors import UserError
 from xlm_pkm.runtime import slurm_env
 from xlm_pkm.utils.sparse_grads import coalesced
 
-_heartbeat: Heartbeat | None = None
+_store: dist.Store | None = None  # the rendezvous store of the process group init_distributed joined
+_heartbeat: Heartbeat | None = None  # this process's, once start_heartbeat started it
+
+# gloo (torch 2.13) raises a plain RuntimeError, no DistError, when a peer died ("[.../gloo/transport/tcp/
+# pair.cc] Connection closed by peer") or a collective timed out ("[.../gloo/transport/tcp/unbound_buffer.cc]
+# Timed out waiting ..."): no exception type tells them from other errors, so gloo's messages are matched.
+GLOO_TRANSPORT_FAILURES = ("gloo/transport/", "Connection closed by peer", "Timed out waiting")
 
 
 class CollectiveError(UserError, RuntimeError):
@@ -58,7 +66,7 @@ def read_env() -> DistEnv:
 
 def init_distributed(device: torch.device, timeout_minutes: float = 10.0) -> DistEnv:
     """Joins the process group (NCCL on GPU, gloo on CPU) when launched on several processes."""
-    global _heartbeat
+    global _store
     env = read_env()
     if not env.is_distributed or dist.is_initialized():
         return env
@@ -67,21 +75,38 @@ def init_distributed(device: torch.device, timeout_minutes: float = 10.0) -> Dis
     os.environ["RANK"], os.environ["WORLD_SIZE"] = str(env.rank), str(env.world_size)
     if device.type == "cuda":
         torch.cuda.set_device(env.local_rank)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo",
-                            timeout=datetime.timedelta(minutes=timeout_minutes))
-    _heartbeat = Heartbeat(env, interval=min(10.0, timeout_minutes * 60 / 4))
+    timeout = datetime.timedelta(minutes=timeout_minutes)
+    _store = rendezvous_store(env, timeout)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", timeout=timeout, rank=env.rank,
+                            world_size=env.world_size, store=dist.PrefixStore("default_pg", _store))  # env://'s prefix
     return env
 
 
-class Heartbeat(threading.Thread):
-    """Increments `xlm_pkm/heartbeat/RANK` in the rendezvous store every `interval` seconds."""
+def rendezvous_store(env: DistEnv, timeout: datetime.timedelta) -> dist.TCPStore:
+    """The store at MASTER_ADDR:MASTER_PORT that init_process_group's env:// would make: under torchrun its
+    agent hosts it (TORCHELASTIC_USE_AGENT_STORE) and every rank is a client; otherwise rank 0 hosts it."""
+    agent_hosts = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), env.world_size,
+                         is_master=env.is_main and not agent_hosts, timeout=timeout, multi_tenant=not agent_hosts)
 
-    def __init__(self, env: DistEnv, interval: float):
+
+def start_heartbeat(env: DistEnv, timeout_minutes: float) -> None:
+    """Starts this rank's heartbeat in the rendezvous store, for describe_failure; nothing on one process.
+    A training process calls it once init_distributed has joined the group; shutdown stops it."""
+    global _heartbeat
+    if _store is None or _heartbeat is not None:
+        return
+    _heartbeat = Heartbeat(_store, env, interval=min(10.0, timeout_minutes * 60 / 4))
+    _heartbeat.start()
+
+
+class Heartbeat(threading.Thread):
+    """Increments `xlm_pkm/heartbeat/RANK` in `store` every `interval` seconds, once started."""
+
+    def __init__(self, store: dist.Store, env: DistEnv, interval: float):
         super().__init__(daemon=True, name="xlm_pkm-heartbeat")
-        self.env, self.interval = env, interval
-        self.store = dist.distributed_c10d._get_default_store()
+        self.store, self.env, self.interval = store, env, interval
         self.stopped = threading.Event()
-        self.start()
 
     def run(self) -> None:
         while not self.stopped.wait(self.interval):
@@ -100,6 +125,17 @@ class Heartbeat(threading.Thread):
         except Exception:  # noqa: BLE001 - the store lived in a process that is gone
             return None
         return [r for r, (a, b) in enumerate(zip(before, after)) if a == b and r != self.env.rank]  # not us
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """Whether `error` is a failed or timed-out collective (a rank died or froze), once a group is joined:
+    torch's DistError (NCCL's DistBackendError, the store's DistNetworkError and DistStoreError), or gloo's
+    RuntimeError from its transport (GLOO_TRANSPORT_FAILURES)."""
+    if not dist.is_initialized():
+        return False
+    if isinstance(error, dist.DistError):
+        return True
+    return isinstance(error, RuntimeError) and any(s in str(error) for s in GLOO_TRANSPORT_FAILURES)
 
 
 def describe_failure(env: DistEnv, error: BaseException) -> CollectiveError:
@@ -218,7 +254,7 @@ def shutdown(failed: bool = False) -> None:
     """Leaves the process group once every rank is done (gloo aborts a rank that leaves first); after
     a failed collective, at once (the other ranks are not coming). A DDP wrapper left by a run that failed
     to start is collected first: its communication hooks must go before the process group does."""
-    global _heartbeat
+    global _heartbeat, _store
     gc.collect()
     if _heartbeat is not None:
         _heartbeat.stopped.set()
@@ -227,3 +263,4 @@ def shutdown(failed: bool = False) -> None:
         if not failed:
             dist.barrier()
         dist.destroy_process_group()
+    _store = None

@@ -1,11 +1,15 @@
 """Builders shared by the trainer, evaluation and benchmarks: data streams, the model, its optimizers.
 
     stream = build_stream(cfg, "train", env)           # also checks that the split is readable
-    model = build_model(cfg, device)                    # seeded: identical on every rank
+    cfg = resolved_config(cfg, len(stream.dictionary), exp_id)  # a new Config: the given one is not changed
+    model = build_model(cfg, device)                    # from train.seed: identical on every rank
     optimizers = build_optimizers(model, cfg)           # sets the model's value gradients sparse or not
 """
 
 from __future__ import annotations
+
+import dataclasses
+from contextlib import contextmanager
 
 import torch
 
@@ -31,12 +35,47 @@ def build_stream(cfg: Config, split: str, env: DistEnv, data_path: str | None = 
                        seed=cfg.train.seed, train=train, shuffle=data.shuffle_blocks)
 
 
-def set_vocab_size(cfg: Config, vocab_size: int) -> None:
-    """cfg.model.vocab_size from the data (0 in the config), or a one-line error if they disagree."""
+def resolved_config(cfg: Config, vocab_size: int, exp_id: str) -> Config:
+    """A copy of `cfg` with what a run resolves before building anything: model.vocab_size from the data
+    (0 in the config; a one-line error if they disagree) and train.exp_id (the run directory's)."""
     if cfg.model.vocab_size not in (0, vocab_size):
         raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but {cfg.data.path}/vocab gives "
                           f"{vocab_size} tokens (set 0 to take it from the data)")
-    cfg.model.vocab_size = vocab_size
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size),
+                               train=dataclasses.replace(cfg.train, exp_id=exp_id))
+
+
+class InitialWeights:
+    """The random stream of a run's initial weights, identical on every rank: torch's generators (the CPU's,
+    and `device`'s) seeded with train.seed on first use, continued at each later one (the model, then LoRA
+    adapters), and set back to what they were on leaving, so that only the trainer seeds the global stream
+    that training draws from (dropout).
+
+        weights = InitialWeights(cfg.train.seed, device)
+        with weights.drawing():
+            model = TransformerLM(cfg.model).to(device)
+    """
+
+    def __init__(self, seed: int, device: torch.device):
+        self.seed = seed
+        self.cuda = [] if device.type != "cuda" else [torch.cuda.current_device() if device.index is None
+                                                      else device.index]  # the CUDA generator drawn from too
+        self.states: list[torch.Tensor] | None = None  # where the stream stopped: the CPU's, then the CUDA one's
+
+    @contextmanager
+    def drawing(self):
+        with torch.random.fork_rng(devices=self.cuda):
+            if self.states is None:
+                torch.random.default_generator.manual_seed(self.seed)
+                for i in self.cuda:
+                    with torch.cuda.device(i):
+                        torch.cuda.manual_seed(self.seed)
+            else:
+                torch.set_rng_state(self.states[0])
+                for i, state in zip(self.cuda, self.states[1:]):
+                    torch.cuda.set_rng_state(state, i)
+            yield
+            self.states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(i) for i in self.cuda)]
 
 
 def check_memory_fits(cfg: Config, device: torch.device) -> None:
@@ -61,12 +100,13 @@ def check_memory_fits(cfg: Config, device: torch.device) -> None:
                           f"sharded across GPUs (model.memory.shard_values)")
 
 
-def build_model(cfg: Config, device: torch.device) -> TransformerLM:
-    """The LM of cfg.model (vocab_size set), initialised from train.seed, value gradients as the values
-    optimizer wants them; refused first if it cannot fit (check_memory_fits)."""
+def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None) -> TransformerLM:
+    """The LM of cfg.model (vocab_size set), initialised from `weights` (by default its own stream from
+    train.seed), value gradients as the values optimizer wants them; refused first if it cannot fit
+    (check_memory_fits). The global random stream is left as it was."""
     check_memory_fits(cfg, device)
-    torch.manual_seed(cfg.train.seed)  # identical initial weights on every rank
-    model = TransformerLM(cfg.model).to(device)
+    with (weights or InitialWeights(cfg.train.seed, device)).drawing():
+        model = TransformerLM(cfg.model).to(device)
     model.set_sparse_values(value_optimizer(cfg.optim).sparse)
     return model
 

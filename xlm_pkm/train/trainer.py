@@ -35,10 +35,10 @@ from xlm_pkm.finetune.trainable import freeze
 from xlm_pkm.optim.optimizers import value_optimizer
 from xlm_pkm.runtime import slurm_env
 from xlm_pkm.runtime.distributed import (all_reduce_sum, any_ranks, average_value_grads_, data_parallel, gather_objects,
-                                         init_distributed, synced_values)
+                                         init_distributed, start_heartbeat, synced_values)
 from xlm_pkm.runtime.hardware import peak_flops
 from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
-from xlm_pkm.train.build import build_model, build_optimizers, build_stream, set_vocab_size
+from xlm_pkm.train.build import InitialWeights, build_model, build_optimizers, build_stream, resolved_config
 from xlm_pkm.train.evaluation import evaluate
 from xlm_pkm.train.run_dir import (lock_run_directory, record_config, refuse_unresumable, remove_temporary_files,
                                    run_directory)
@@ -59,7 +59,8 @@ class NonFiniteLossError(UserError, RuntimeError):
 class Trainer:
     def __init__(self, cfg: Config, test: bool = True):
         """Builds everything a run needs and checks every input it will read (train, valid, and test
-        unless `test` is False) before the first step."""
+        unless `test` is False) before the first step. `cfg` is left as given; self.cfg is the run's, resolved
+        (resolved_config: the data's vocabulary size, the run's id)."""
         self.cfg = cfg
         if cfg.train.wandb.project:
             import_wandb()  # installed? Checked on every rank, before anything is read or written
@@ -71,16 +72,16 @@ class Trainer:
         self.valid_stream = build_stream(cfg, "valid", self.env)  # its shards' checksums verified once a run
         if test:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
-        set_vocab_size(cfg, len(self.dictionary))
-        self.model = build_model(cfg, self.device)
+        train = cfg.train  # the run directory is created below, once every input is checked
+        self.run_dir, exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env, train.max_steps)
+        self.cfg = cfg = resolved_config(cfg, len(self.dictionary), exp_id)
+        self.initial_weights = InitialWeights(cfg.train.seed, self.device)  # the model's, then LoRA adapters'
+        self.model = build_model(cfg, self.device, self.initial_weights)
         if cfg.model.engram.layers:  # the vocabulary's canonical ids, saved with the model
             if self.train_stream.unit == "byte":
                 raise ConfigError(f"model.engram: {cfg.data.path} is character-level data (one token per byte), "
                                   f"whose tokens have no surface form to compress; Engram needs BPE or word data")
             self.model.set_token_compression(self.dictionary.words)
-        train = cfg.train  # the run directory is created below, once every input is checked
-        self.run_dir, train.exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env,
-                                                   train.max_steps)
         self.checkpoints = RunCheckpoints(self.run_dir, self.model, self.env, self.device)
         self.ckpt_path, self.best_path = self.checkpoints.last_path, self.checkpoints.best_path
         self.resumed = self.ckpt_path.exists()
@@ -88,13 +89,14 @@ class Trainer:
         if cfg.train.init_from and not self.resumed:  # before anything wraps or freezes the weights
             self.initialise(cfg.train.init_from)
         self.lora = lora.uses_lora(cfg.optim)  # adapters on the loaded weights; best.pt gets them merged
-        self.trainable = (lora.add_adapters(self.model, cfg.optim) if self.lora
-                          else freeze(self.model, cfg.optim.trainable, cfg.optim.freeze_norm_stats))
+        with self.initial_weights.drawing():  # LoRA's adapters draw their initial weights
+            self.trainable = (lora.add_adapters(self.model, cfg.optim) if self.lora
+                              else freeze(self.model, cfg.optim.trainable, cfg.optim.freeze_norm_stats))
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
         self.forward_model = self._wrap_model()
-        torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # dropout differs across ranks
+        torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # the only seeding: dropout differs across ranks
         random.seed(cfg.train.seed * 1000 + self.env.rank)
         self.state = TrainState(self.train_stream, self.device, self.model)
 
@@ -133,6 +135,7 @@ class Trainer:
         if train.num_threads:
             torch.set_num_threads(train.num_threads)
         env = init_distributed(device, train.collective_timeout_minutes)
+        start_heartbeat(env, train.collective_timeout_minutes)  # lets a failed collective name the silent ranks
         return (torch.device("cuda", env.local_rank) if device.type == "cuda" else device), env
 
     def _wrap_model(self) -> torch.nn.Module:

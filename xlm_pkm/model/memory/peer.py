@@ -114,11 +114,6 @@ class _ExpertInputs(torch.autograd.Function):
         return grad_x, grad_down, None, None, None
 
 
-@torch.compiler.disable  # the Triton kernels launch eagerly, as the fused read's; a compiled model runs around them
-def fused_expert_inputs(x: torch.Tensor, down: torch.Tensor, indices: torch.Tensor, sparse: bool) -> torch.Tensor:
-    return _ExpertInputs.apply(x, down, indices, sparse, "triton")
-
-
 @VALUE_STORES.register("peer")
 class PeerExperts(ValueStore):
     """n_slots single-neuron experts: `down` (n_slots, input_dim) the u_i, `up` (n_slots, output_dim) the
@@ -144,7 +139,8 @@ class PeerExperts(ValueStore):
         N = x.shape[0]
         indices, weights = indices.reshape(N, -1), weights.reshape(N, -1)  # (N, H·K): heads summed below
         if backend == "triton":
-            s = fused_expert_inputs(x, self.down, indices, sparse)  # (N, H·K) u_iᵀ x
+            from xlm_pkm.model.memory.triton_value_read import run_eagerly  # imports Triton only when used
+            s = run_eagerly(_ExpertInputs.apply, x, self.down, indices, sparse, backend)  # (N, H·K) u_iᵀ x
         else:
             s = _ExpertInputs.apply(x, self.down, indices, sparse, backend)
         hidden = weights * self.activation(s)  # (N, H·K) g_i(x) σ(u_iᵀ x)

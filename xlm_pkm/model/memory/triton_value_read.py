@@ -146,5 +146,13 @@ class FusedValueRead(torch.autograd.Function):
 
 
 @torch.compiler.disable  # the kernels launch eagerly; a compiled model runs around them
+def run_eagerly(function, *args):
+    """function(*args) outside any compiled graph: for the autograd functions of other modules that launch
+    these kernels (peer.py). Here, not there: torch.compiler.disable imports torch._dynamo, which sets
+    TORCHINDUCTOR_CACHE_DIR in the environment, and importing the memory layer must change nothing."""
+    return function(*args)
+
+
+@torch.compiler.disable  # the kernels launch eagerly; a compiled model runs around them
 def fused_read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool) -> torch.Tensor:
     return FusedValueRead.apply(table, indices, weights, sparse)
