@@ -22,10 +22,10 @@
 # Every run's command is logged to commands.txt. A finished run is skipped and an interrupted one resumes,
 # so re-running the script finishes what is missing. PYTHON, DUMP, JOBS (finetuning runs at once, default 2)
 # override the defaults; PRETRAIN_ARGS adds overrides to every pretraining run and FT_ARGS to every
-# finetuning run; ONLY (an extended regex) keeps the sweep lines whose "MODEL METHOD SETTING" it matches. A smoke
-# test, a few minutes:
+# finetuning run and SCORE_ARGS to every score; ONLY (an extended regex) keeps the sweep lines whose "MODEL METHOD
+# SETTING" it matches. A smoke test, about half an hour:
 #   DUMP=/tmp/smoke PRETRAIN_ARGS="train.max_steps=30 train.eval_every=30" PASSES=1 FACTS=10 \
-#   ONLY="^(memory|dense) (sparse_memory|sparse_random|full|full_bn_drift) (top_t=200,lr=100|lr=1e-5)$" \
+#   SCORE_ARGS="--max-batches 2" ONLY="^(memory|dense) (sparse_memory|sparse_random|full|full_bn_drift) (top_t=200,lr=100|lr=1e-5)$" \
 #   results/continual/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -58,10 +58,12 @@ run() {
 # score CHECKPOINT MODEL METHOD SETTING SEED: one row of scores (kept: a re-run does not score again)
 score() {
   local file=$DUMP/scores/$2_$3_${4//[^A-Za-z0-9.]/_}_seed$5.jsonl
-  echo "$PY -m xlm_pkm.experiments.continual score $1 --facts $DUMP/facts$5 --data $DATA --model $2 --method $3 --setting $4 --seed $5" \
-    >> "$OUT/commands.txt"
+  local extra
+  read -r -a extra <<< "${SCORE_ARGS:-}"
+  echo "$PY -m xlm_pkm.experiments.continual score $1 --facts $DUMP/facts$5 --data $DATA --model $2 --method $3" \
+    "--setting $4 --seed $5 ${SCORE_ARGS:-}" >> "$OUT/commands.txt"
   [[ -s $file ]] || "$PY" -m xlm_pkm.experiments.continual score "$1" --facts "$DUMP/facts$5" --data "$DATA" \
-    --model "$2" --method "$3" --setting "$4" --seed "$5" --out "$file" > /dev/null
+    --model "$2" --method "$3" --setting "$4" --seed "$5" --out "$file" "${extra[@]}" > /dev/null
 }
 
 # pretrained models: NAME -> config and the overrides its finetuning runs need to rebuild its architecture
