@@ -182,6 +182,8 @@ def test_settings_are_chosen_on_the_selection_seed_and_summarised_on_the_others(
     assert best_settings(rows) == {("memory", "sparse"): "t=10"}  # seed 3; EM ties: less forgetting
     assert best_settings(rows, seed=0) == {("memory", "sparse"): "t=1"}
     assert [round(r["test_change"], 9) for r in with_changes(rows)[2:5]] == [1.0, 2.0, 0.0]
+    other_base = with_changes([*rows, _row("memory", "pretrained", "-", 1, 0.0, test_ppl=24.0)])
+    assert [r["test_change"] for r in other_base[-3:-1]] == [3.0, 2.0]  # seed 0: its own base; seed 1: 24
     assert best_settings(rows, at_em=0.3) == {("memory", "sparse"): "t=10"}  # the least forgetting at EM >= 30%
     assert best_settings(rows, at_em=0.1) == {("memory", "sparse"): "t=1"}
     summary = {(r["method"], r["setting"]): r for r in over_seeds(rows)}  # every setting on seeds other than 3
@@ -222,6 +224,7 @@ def test_forgetting_at_equal_learning_is_a_paired_ratio_to_the_reference_over_th
     assert "| 14% (below the line) | memory | sparse_memory | a | 15.0 ± 0.0% | +1.50 ± 0.50 | reference |" in table
     assert "| 30% (above the line) | memory | sparse_memory | b |" in table  # full does not reach 30%: no row
     assert "| 30% (above the line) | memory | full" not in table and "50%" not in table
+    assert equal_learning(rows, levels=(0.6,)) == "No method reaches EM 60% on the selection facts.\n"
 
 
 def test_the_subject_blind_guess_scores_each_relations_most_frequent_object():

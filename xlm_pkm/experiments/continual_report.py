@@ -56,12 +56,14 @@ def load_rows(path: str | Path) -> list[dict]:
 
 def with_changes(rows: list[dict]) -> list[dict]:
     """Each row with its forgetting: valid_change, test_change (perplexity) and acc_change (test next-token
-    accuracy) from its model's pretrained row (the same on every seed: the facts do not enter them)."""
-    base = {r["model"]: r for r in rows if r["method"] == PRETRAINED}
-    missing = {r["model"] for r in rows} - set(base)
+    accuracy) from its model's pretrained row of the same seed, else of any seed (the facts do not enter them)."""
+    base = {(r["model"], r["seed"]): r for r in rows if r["method"] == PRETRAINED}
+    any_seed = {model: r for (model, _), r in base.items()}
+    missing = {r["model"] for r in rows} - set(any_seed)
     if missing:
         raise ValueError(f"no {PRETRAINED} row for model(s) {', '.join(sorted(missing))}")
-    return [{**r, **{change: r[key] - base[r["model"]][key] for change, key in CHANGES.items()}} for r in rows]
+    return [{**r, **{change: r[key] - base.get((r["model"], r["seed"]), any_seed[r["model"]])[key]
+                     for change, key in CHANGES.items()}} for r in rows]
 
 
 def best_settings(rows: list[dict], seed: int = SELECT_SEED, at_em: float | None = None) -> dict[tuple[str, str], str]:
@@ -148,6 +150,8 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
                 cells.append(cell + [""])
     for (index, comparison), holmed in zip(comparisons, holm([c for _, c in comparisons])):
         cells[index][-1] = ratio_cell(comparison, holmed)
+    if not cells:
+        return f"No method reaches EM {100 * min(levels):.0f}% on the selection facts.\n"
     header = ["EM level", "model", "method", "setting (chosen)", "EM", "Δ test ppl",
               f"R = Δ / Δ {reference[1]} [95%] (verdict)"]
     return markdown(header, cells)
@@ -205,7 +209,7 @@ def plot(rows: list[dict], path: Path, line: float | None = None, select_seed: i
                 if points:
                     ax.scatter([r["test_change"] for r in points], [100 * r["em"] for r in points], s=18,
                                facecolors="none" if held_out else colour[model], edgecolors=colour[model],
-                               label=f"{model} ({'selection' if held_out else 'verdict'} seeds)")
+                               label=f"{model} ({'selection facts' if held_out else 'verdict seeds'})")
         if line is not None:
             ax.axhline(100 * line, color="gray", linestyle="--", linewidth=1)
         ax.set_xscale("symlog", linthresh=1.0)  # linear below 1, logarithmic above
