@@ -103,8 +103,8 @@ class Trainer:
             self.initialise(cfg.train.init_from)
         self.lora = lora.uses_lora(cfg.optim)  # adapters on the loaded weights; best.pt gets them merged
         with self.initial_weights.drawing():  # LoRA's adapters draw their initial weights
-            self.trainable = lora.add_adapters(self.model, cfg.optim) if self.lora else freeze(self.model,
-                                                                                              cfg.optim.trainable)
+            self.trainable = (lora.add_adapters(self.model, cfg.optim) if self.lora
+                              else freeze(self.model, cfg.optim.trainable, cfg.optim.freeze_norm_stats))
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
@@ -263,7 +263,7 @@ class Trainer:
         tokens = words = 0
         aux = self.model.aux_loss if self.model.has_aux_loss() else None  # training-only loss terms
         if self.memory_finetune:
-            self.memory_finetune.begin_step()
+            self.memory_finetune.begin_step(state.step + 1)
         for i in range(accumulate):
             epoch = self.train_stream.epoch
             x, y = next(batches)  # (B, T) each, on the CPU: counting words there needs no device sync
