@@ -328,6 +328,12 @@ def _identity(cell: Cell, overrides: list[str]) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
 
 
+def last_wins(overrides: list[str]) -> list[str]:
+    """`overrides` without those whose key a later one sets again (--data over the scale's data.path)."""
+    keys = [item.partition("=")[0] for item in overrides]
+    return [item for i, item in enumerate(overrides) if keys[i] not in keys[i + 1:]]
+
+
 def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list[str] = (),
          test_max_batches: int = 0, seed: int | None = None) -> tuple[list[Run], list[str]]:
     """The runs of `table` at `scale` in `dump`, and one line per cell that cannot be scaled.
@@ -350,7 +356,7 @@ def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list
         if cell.name in MATCHED and cell not in TABLES[table]:
             continue  # widened for the study only: never the run of another table's cell
         try:
-            overrides = [*scale_overrides(cell, scale), *extra]
+            overrides = last_wins([*scale_overrides(cell, scale), *extra])
             if cell.name in MATCHED:
                 overrides.append(matched_size(cell, overrides, scale))
         except UnscalableCell as e:

@@ -258,7 +258,7 @@ def write_report(cells: dict[str, CellRuns], out: Path, benches: list[dict], com
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.variants_report",
-                                     description=__doc__.split("\n")[0])
+                                     description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="run directories, or directories holding them")
     parser.add_argument("--out", default="results/variants")
     parser.add_argument("--bench", nargs="*", default=[], help="variants_speed benchmark JSON")
