@@ -42,6 +42,12 @@ from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
 from xlm_pkm.settings import check, non_negative, positive
 
+# configs/default.yaml, train.py's config when none is given: the copy installed with the package (pip install .),
+# else the checkout's
+PACKAGED_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+CHECKOUT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
+
 
 @dataclass
 class WandbConfig:

@@ -53,7 +53,6 @@ Extra `--set key=value` overrides go to every run last (e.g. train.num_threads=1
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import hashlib
 import json
@@ -64,12 +63,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from xlm_pkm.config import Config, load_config, to_dict
 from xlm_pkm.errors import EXIT_STOPPED, ConfigError
 from xlm_pkm.experiments.report import HEADS, KEYS, KNNS
-from xlm_pkm.model.transformer import TransformerLM, resolve_memory_layers
+from xlm_pkm.model.transformer import resolve_memory_layers
+from xlm_pkm.runs.sizes import model_size
 from xlm_pkm.utils.atomic import write_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -220,19 +218,6 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
     if scale.data:
         out.append(f"data.path={scale.data}")
     return out
-
-
-def model_size(cfg: Config, seq_len: int) -> dict[str, float]:
-    """total and active parameters (per token: the dense ones, the value rows and Engram rows read), training FLOPs
-    per token, of cfg's model built on the meta device (no memory used; any vocabulary size will do
-    for comparisons: it adds the same to every model of one data set, 1000 here)."""
-    with torch.device("meta"):
-        model = TransformerLM(dataclasses.replace(cfg.model, vocab_size=1000))
-    counts = model.param_counts()
-    read = sum(m.heads * m.knn * sum(p.shape[1] for p in m.values.tables()) for _, m in model.memories())
-    read += len(cfg.model.engram.layers) * (cfg.model.engram.max_ngram - 1) * cfg.model.engram.ngram_dim  # Engram rows
-    return {"total": counts["total"], "active": counts["dense"] + read,
-            "flops": model.dense_flops_per_token(seq_len)}
 
 
 def matched_size(cell: Cell, overrides: list[str], scale: Scale) -> str:

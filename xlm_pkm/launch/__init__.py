@@ -7,5 +7,6 @@
     config_keys.py  train.py --keys: every config key, its default and its doc, read from the settings dataclasses
     slurm.py        one process per GPU on SLURM through submitit, requeued on its time limit
 
-May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train, inference.
+May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train, inference,
+runs.
 """

@@ -21,11 +21,6 @@ from xlm_pkm.train.trainer import Trainer
 from xlm_pkm.utils.atomic import check_writable, write_text
 from xlm_pkm.utils.program import program_name
 
-# configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
-PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
-CHECKOUT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
-DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
-
 
 def _interrupted(trainer: Trainer | None) -> UserError:
     if trainer is None:
@@ -73,7 +68,7 @@ def train_main(argv: list[str] | None = None) -> int:
         return 0
     failed, trainer = False, None
     try:
-        trainer = Trainer(launch_config(args.config, args.overrides, DEFAULT_CONFIG), test=not args.no_test)
+        trainer = Trainer(launch_config(args.config, args.overrides), test=not args.no_test)
         try:
             trainer.train()
             if not args.no_test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:

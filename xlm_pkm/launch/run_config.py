@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from xlm_pkm.config import Config, load_config
+from xlm_pkm.config import DEFAULT_CONFIG, Config, load_config
 from xlm_pkm.train.run_dir import latest_checkpoint
 
 
@@ -29,9 +29,9 @@ def stored_config(cfg: Config) -> Path | None:
     return run_dir / "config.yaml"
 
 
-def launch_config(config_file: str | None, overrides: list[str], default_file: Path) -> Config:
+def launch_config(config_file: str | None, overrides: list[str]) -> Config:
     """The run's config: see the module's docstring. `config_file` is None when the command line gives none."""
-    cfg = load_config(config_file or default_file, overrides)
+    cfg = load_config(config_file or DEFAULT_CONFIG, overrides)
     stored = stored_config(cfg)
     if stored is None:
         return cfg
