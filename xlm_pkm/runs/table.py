@@ -11,6 +11,7 @@ text) or CSV (numbers, a `<column> sd` column beside each that can have one).
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import math
 from dataclasses import dataclass
@@ -62,10 +63,16 @@ def flat_config(run: RunRecord) -> dict:
     return leaves(to_dict(run.config))
 
 
+@functools.cache
+def default_config() -> dict:
+    """configs/default.yaml, resolved, as {dotted.key: value}."""
+    return leaves(to_dict(load_config(DEFAULT_CONFIG)))
+
+
 def launched_with(run: RunRecord) -> list[str]:
     """`key=value` for each key where the run's config differs from configs/default.yaml (where it is and the
     vocabulary size it read from its data left out): what it was started with, --config file and overrides."""
-    default, own = leaves(to_dict(load_config(DEFAULT_CONFIG))), flat_config(run)
+    default, own = default_config(), flat_config(run)
     return [f"{key}={value}" for key, value in own.items()
             if key not in (*IDENTITY, "model.vocab_size") and default.get(key) != value]
 
