@@ -83,6 +83,22 @@ def test_list_gives_each_runs_status_step_perplexities_and_launch_keys(dump, cap
     assert out[2].startswith("| two/pkm-seed0 | finished | 8 | ")
 
 
+def test_a_run_held_by_a_live_process_is_running_and_one_without_a_checkpoint_failed(dump, tmp_path, capsys):
+    from xlm_pkm.train.run_dir import lock_run_directory
+
+    dead = tmp_path / "other" / "dead"  # died before its first checkpoint: its config and log only
+    dead.mkdir(parents=True)
+    for name in ("config.yaml", "train.log"):
+        (dead / name).write_text((dump / "other" / "cut" / name).read_text())
+    held = lock_run_directory(dump / "other" / "cut")
+    try:
+        rows = {row["id"]: row for row in table(capsys, "list", str(dump / "other"), str(dead))}
+    finally:
+        held.release()
+    assert (rows["other/cut"]["status"], rows["other/dead"]["status"], rows["other/dead"]["step"]) == (
+        "running", "failed", "0")
+
+
 def test_compare_gives_a_row_per_design_with_mean_and_sd_over_its_seeds(dump, capsys):
     rows = table(capsys, "compare", str(dump / "two"))
     assert [row["runs"] for row in rows] == ["two/dense-seed0 two/dense-seed1", "two/pkm-seed0 two/pkm-seed1"]

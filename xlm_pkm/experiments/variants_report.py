@@ -270,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"variants_report: error: {e}", file=sys.stderr)
         return 2
     if not cells:
-        print("variants_report: error: no run of the variants study with a test result there", file=sys.stderr)
+        print("variants_report: error: no run of the variants study with a test result there (a table of any "
+              "runs: python -m xlm_pkm.runs compare DIR)", file=sys.stderr)
         return 2
     command = "python -m xlm_pkm.experiments.variants_report " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"wrote {write_report(cells, Path(args.out), benches, command)}")

@@ -1,4 +1,4 @@
-"""List and compare training runs: python -m xlm_pkm.runs (or xlm-pkm-runs) list DIR | compare RUN...
+"""List and compare training runs: python -m xlm_pkm.runs (or xlm-pkm-runs) list DIR... | compare RUN...
 
     python -m xlm_pkm.runs list dumped                    # every run under dumped/: id, status, step, best valid
                                                           # ppl, test ppl, what it was launched with
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=PROG, description=" ".join(__doc__.split("\n\n")[0].split()))
     commands = parser.add_subparsers(dest="command", required=True)
     ls = commands.add_parser("list", help="the runs under a dump folder")
-    ls.add_argument("dir", metavar="DIR", help="a dump folder (train.dump_path), an experiment's, or a run's")
+    ls.add_argument("dirs", nargs="+", metavar="DIR", help="dump folders (train.dump_path), experiments', or runs'")
     ls.add_argument("--format", choices=["markdown", "csv"], default="markdown")
     cmp = commands.add_parser("compare", help="one table of the runs given, or of every run under a folder")
     cmp.add_argument("runs", nargs="+", metavar="RUN", help="run directories, or folders holding runs")
@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                      help="a row per value of these config keys (default: a row per config, its seeds together)")
     cmp.add_argument("--format", choices=["markdown", "csv"], default="markdown")
     args = parser.parse_args(argv)
-    paths = [args.dir] if args.command == "list" else args.runs
+    paths = args.dirs if args.command == "list" else args.runs
     try:
         runs = find_runs(paths)
         if not runs:
