@@ -68,9 +68,8 @@ class RunRecord:
     @property
     def tokens_per_sec(self) -> float | None:
         """The median of its train lines' tokens/s, step 1 (warm-up) left out when there are others."""
-        speeds = [e["tokens_per_sec"] for e in self.logged("train") if e["step"] > 1] or \
-            [e["tokens_per_sec"] for e in self.logged("train")]
-        speeds.sort()
+        lines = [e for e in self.logged("train") if e.get("tokens_per_sec") is not None]
+        speeds = sorted(e["tokens_per_sec"] for e in ([e for e in lines if e["step"] > 1] or lines))
         return (speeds[(len(speeds) - 1) // 2] + speeds[len(speeds) // 2]) / 2 if speeds else None
 
     @property

@@ -101,6 +101,22 @@ def _count(n: float) -> str:
     return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else f"{n:.0f}"
 
 
+def summary(members: list[RunRecord]) -> dict:
+    """The numbers of one row, over `members` (runs of one config, or of one --by value): total and active
+    parameters of the first one's model, then Measures: best valid ppl, test ppl, each memory's usage % and KL
+    (columns "usage % L<layer>", "KL L<layer>"), tokens/s."""
+    cfg = members[0].config
+    size = model_size(cfg, cfg.data.bptt)
+    memories = [memory_results(run) for run in members]
+    layers = sorted({layer for m in memories for layer in m})
+    per_memory = {f"{column} L{layer}": measure(m.get(layer, {}).get(what) for m in memories)
+                  for layer in layers for column, what in (("usage %", "usage"), ("KL", "kl"))}
+    return {"params": int(size["total"]), "active params": int(size["active"]),
+            "valid ppl": measure(run.best_valid_ppl for run in members),
+            "test ppl": measure((run.test or {}).get("ppl") for run in members),
+            **per_memory, "tokens/s": measure(run.tokens_per_sec for run in members)}
+
+
 def compare(runs: list[RunRecord], by: list[str] = ()) -> Table:
     """The table of `runs`: a row per distinct config (seeds together) or, with `by`, per value of those keys."""
     configs = {run.path: flat_config(run) for run in runs}
@@ -115,21 +131,14 @@ def compare(runs: list[RunRecord], by: list[str] = ()) -> Table:
         ident = [(k, config.get(k)) for k in keys] if by else sorted(
             (k, repr(v)) for k, v in config.items() if k not in (*IDENTITY, SEED))
         groups.setdefault(repr(ident), []).append(run)
-    layers = sorted({layer for run in runs for layer in memory_results(run)})
-    header = ["runs", *keys, "seeds", "params", "active params", "valid ppl", "test ppl",
-              *[f"{what} L{layer}" for layer in layers for what in ("usage %", "KL")], "tokens/s"]
-    rows = []
-    for members in groups.values():
-        first = configs[members[0].path]
-        size = model_size(members[0].config, members[0].config.data.bptt)
-        memories = [memory_results(run) for run in members]
-        per_memory = [measure(m.get(layer, {}).get(what) for m in memories)
-                      for layer in layers for what in ("usage", "kl")]
-        rows.append([" ".join(run.name for run in members), *[first.get(k) for k in keys],
-                     " ".join(str(configs[run.path].get(SEED)) for run in members),
-                     int(size["total"]), int(size["active"]), measure(run.best_valid_ppl for run in members),
-                     measure((run.test or {}).get("ppl") for run in members), *per_memory,
-                     measure(run.tokens_per_sec for run in members)])
+    numbers = [summary(members) for members in groups.values()]
+    layers = sorted({int(c.rsplit("L", 1)[1]) for row in numbers for c in row if c.startswith("KL L")})
+    columns = ["params", "active params", "valid ppl", "test ppl",
+               *[f"{what} L{layer}" for layer in layers for what in ("usage %", "KL")], "tokens/s"]
+    rows = [[" ".join(run.name for run in members), *[configs[members[0].path].get(k) for k in keys],
+             " ".join(str(configs[run.path].get(SEED)) for run in members), *[row.get(c) for c in columns]]
+            for members, row in zip(groups.values(), numbers)]
+    header = ["runs", *keys, "seeds", *columns]
     digits = {h: 2 if h.startswith("KL") else 0 if h == "tokens/s" else 1 for h in header}
     return Table(header, rows, digits)
 
