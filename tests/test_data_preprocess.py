@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import os
 import subprocess
 import sys
 from itertools import islice
@@ -124,15 +125,32 @@ def test_rerun_skips_complete_work_and_refuses_other_options(tmp_path):
     corpus = write_jsonl(tmp_path / "tiny.jsonl", 12)
     out = tmp_path / "out"
     preprocess([str(corpus)], out, n_codes=30, valid_docs=2, test_docs=2)
-    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "preprocess.lock"}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert "preprocess.lock" not in mtimes  # removed by its holder when done
     times = preprocess([str(corpus)], out, n_codes=30, valid_docs=2, test_docs=2)
     assert set(times) == {"scan"}
-    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "preprocess.lock"} == mtimes
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
     (out / "train.000.bin").unlink()
     preprocess([str(corpus)], out, n_codes=30, valid_docs=2, test_docs=2)
     assert read_shard(out / "train.000.bin").tokens.size > 0
     with pytest.raises(PlanError, match="other inputs or options"):
         preprocess([str(corpus)], out, n_codes=31, valid_docs=2, test_docs=2)
+    assert not (out / "preprocess.lock").exists()  # also after a failure
+
+
+def test_a_removed_lock_file_is_not_held_by_whoever_locked_it_as_it_went(tmp_path):
+    from xlm_pkm.utils.lock import DirectoryBusy, DirectoryLock
+
+    first = DirectoryLock(tmp_path, "x.lock", "wait", remove=True)
+    with pytest.raises(DirectoryBusy):
+        DirectoryLock(tmp_path, "x.lock", "wait", remove=True)
+    stale = os.open(tmp_path / "x.lock", os.O_RDWR)  # opened just before its holder removes it
+    first.release()
+    assert not (tmp_path / "x.lock").exists()
+    second = DirectoryLock(tmp_path, "x.lock", "wait", remove=True)
+    assert not second._still_there(stale)  # what a process that locked `stale` checks, and then opens again
+    os.close(stale)
+    second.release()
 
 
 def test_given_codes_are_used(tiny_data_dir, tmp_path):

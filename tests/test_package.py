@@ -164,7 +164,7 @@ def run_all(bin_dir: Path, commands: list[list[str]], cwd: Path) -> list[tuple[i
 
 
 def test_console_commands_of_the_installed_package(installed, reference_run, tmp_path, capsys):
-    assert {f"xlm-pkm-{c}" for c in ("train", "evaluate", "generate", "preprocess", "export")} <= \
+    assert {f"xlm-pkm-{c}" for c in ("train", "evaluate", "generate", "preprocess", "export", "runs")} <= \
         {p.name for p in installed.iterdir()}
     best = reference_run().best_path
     capsys.readouterr()

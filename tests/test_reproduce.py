@@ -75,6 +75,13 @@ def test_dry_run_prints_the_commands(tmp_path, capsys):
     assert not (tmp_path / "table3_position1").exists()
 
 
+def test_data_given_replaces_the_scales_data_path_in_the_commands(tmp_path, capsys):
+    assert main(["table3", "--scale", "tiny", "--dump", str(tmp_path), "--only", "table3_position1",
+                 "--data", str(tmp_path / "mine"), "--dry-run"]) == 0
+    train = capsys.readouterr().out.splitlines()[1]
+    assert train.count("data.path=") == 1 and f"data.path={tmp_path / 'mine'} " in train
+
+
 def test_seeds_make_one_run_per_seed_in_its_own_directory(tmp_path, capsys):
     assert main(["table3", "--scale", "tiny", "--dump", str(tmp_path), "--only", "table3_position1",
                  "--seeds", "0", "7", "--dry-run"]) == 0

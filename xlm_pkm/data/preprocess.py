@@ -227,7 +227,7 @@ def preprocess(inputs: list[str | DatasetInput], output: str | Path, n_codes: in
     options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
-    with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it"), executor:
+    with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it", remove=True), executor:
         _remove_temporary_files(out)
         return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice or log.warning)
 

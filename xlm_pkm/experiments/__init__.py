@@ -17,5 +17,5 @@
     paired.py           paired differences over seeds: t interval, Holm's correction, verdict words
 
 May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train,
-inference, launch.
+inference, launch, runs.
 """

@@ -54,7 +54,6 @@ Extra `--set key=value` overrides go to every run last (e.g. train.num_threads=1
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import hashlib
 import json
@@ -65,12 +64,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from xlm_pkm.config import Config, load_config, to_dict
 from xlm_pkm.errors import EXIT_STOPPED, ConfigError
 from xlm_pkm.experiments.report import HEADS, KEYS, KNNS
-from xlm_pkm.model.transformer import TransformerLM, resolve_memory_layers
+from xlm_pkm.model.transformer import resolve_memory_layers
+from xlm_pkm.runs.sizes import model_size
 from xlm_pkm.utils.atomic import write_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -225,19 +223,6 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
     return out
 
 
-def model_size(cfg: Config, seq_len: int) -> dict[str, float]:
-    """total and active parameters (per token: the dense ones, the value rows and Engram rows read), training FLOPs
-    per token, of cfg's model built on the meta device (no memory used; any vocabulary size will do
-    for comparisons: it adds the same to every model of one data set, 1000 here)."""
-    with torch.device("meta"):
-        model = TransformerLM(dataclasses.replace(cfg.model, vocab_size=1000))
-    counts = model.param_counts()
-    read = sum(m.heads * m.knn * sum(p.shape[1] for p in m.values.tables()) for _, m in model.memories())
-    read += len(cfg.model.engram.layers) * (cfg.model.engram.max_ngram - 1) * cfg.model.engram.ngram_dim  # Engram rows
-    return {"total": counts["total"], "active": counts["dense"] + read,
-            "flops": model.dense_flops_per_token(seq_len)}
-
-
 def matched_size(cell: Cell, overrides: list[str], scale: Scale) -> str:
     """The override `key=value` of MATCHED[cell] that gives `cell`'s model the parameters (or FLOPs per
     token) of the VARIANT_REFERENCE cell at the same scale: solved from two sizes a and 2a, as both grow
@@ -331,6 +316,12 @@ def _identity(cell: Cell, overrides: list[str]) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
 
 
+def last_wins(overrides: list[str]) -> list[str]:
+    """`overrides` without those whose key a later one sets again (--data over the scale's data.path)."""
+    keys = [item.partition("=")[0] for item in overrides]
+    return [item for i, item in enumerate(overrides) if keys[i] not in keys[i + 1:]]
+
+
 def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list[str] = (),
          test_max_batches: int = 0, seed: int | None = None) -> tuple[list[Run], list[str]]:
     """The runs of `table` at `scale` in `dump`, and one line per cell that cannot be scaled.
@@ -353,7 +344,7 @@ def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list
         if cell.name in MATCHED and cell not in TABLES[table]:
             continue  # widened for the study only: never the run of another table's cell
         try:
-            overrides = [*scale_overrides(cell, scale), *extra]
+            overrides = last_wins([*scale_overrides(cell, scale), *extra])
             if cell.name in MATCHED:
                 overrides.append(matched_size(cell, overrides, scale))
         except UnscalableCell as e:

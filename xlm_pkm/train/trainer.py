@@ -401,8 +401,9 @@ class Trainer:
         max_steps = self.cfg.train.max_steps
         per_step = (time.perf_counter() - self.session["time"]) / (state.step - self.session["step"])  # evals too
         metrics["eta_s"] = per_step * (max_steps - state.step)
+        threads = f", {torch.get_num_threads()} CPU thread(s)" if self.device.type == "cpu" else ""  # shared machines
         self.log.event("train", state.step, f"/{max_steps} ({100 * state.step / max_steps:.0f}%, "
-                                            f"ETA {format_duration(metrics['eta_s'])})", **metrics)
+                                            f"ETA {format_duration(metrics['eta_s'])}{threads})", **metrics)
 
     def validate(self) -> dict:
         """Valid perplexity and memory statistics; writes best.pt when the perplexity improves."""
