@@ -228,7 +228,8 @@ def read_own_facts(path: str | Path) -> list[Fact]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.facts", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.facts",
+                                     description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--out", required=True, help="output data directory")
     parser.add_argument("--from", dest="own", metavar="FILE",
                         help="one's own facts, a JSON-lines file (this module's docstring), instead of made-up ones")
