@@ -105,6 +105,7 @@ def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
     except RuntimeError as e:
         raise ValueError(f"{out / WEIGHTS}: weights of another architecture than {out / CONFIG} "
                          f"({' '.join(str(e).split())[:300]})") from None
+    checkpoint.refuse_non_finite(model.state_dict(), out / WEIGHTS)
     return TrainedModel(model.eval(), cfg, dictionary, data_dir, int(metadata.get("step", 0)),
                         metadata.get("vocab_fingerprint"), out, metadata)
 

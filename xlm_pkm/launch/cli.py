@@ -18,7 +18,7 @@ from xlm_pkm.runtime.distributed import describe_failure, init_distributed, is_c
 from xlm_pkm.runtime.precision import check_precision, resolve_device
 from xlm_pkm.train.evaluation import evaluate_checkpoint
 from xlm_pkm.train.trainer import Trainer
-from xlm_pkm.utils.atomic import check_writable, write_text
+from xlm_pkm.utils.atomic import check_writable, refuse_foreign_file, write_text
 from xlm_pkm.utils.program import program_name
 
 # configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
@@ -44,8 +44,19 @@ def format_result(result: dict) -> str:
         lines.append(f"  memory at layer {m['layer']}: usage {m['usage']:.1f}% (by count {m['usage_count']:.1f}%), "
                      f"KL {m['kl']:.3f} (by count {m['kl_count']:.3f})")
     for e in result.get("engrams", []):  # absent from results of earlier versions
-        lines.append(f"  Engram at layer {e['layer']}: {e['usage']:.1f}% of its {e['rows']:,} rows read, KL {e['kl']:.3f}")
+        lines.append(f"  Engram at layer {e['layer']}: {e['usage']:.1f}% of its {e['rows']:,} rows read, "
+                     f"KL {e['kl']:.3f}")
     return "\n".join(lines)
+
+
+def is_result_file(path: Path) -> bool:
+    """Whether `path` holds a result that evaluate.py wrote (--json): a JSON object with its keys."""
+    try:
+        with open(path, "rb") as f:
+            result = json.loads(f.read(1 << 20))
+    except (OSError, ValueError):
+        return False
+    return isinstance(result, dict) and {"split", "tokens", "memories"} <= result.keys()
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -114,8 +125,9 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     try:
         if args.batch_size < 0 or args.bptt < 0 or args.max_batches < 0:
             raise ValueError("--batch-size, --bptt and --max-batches must be >= 0 (0: the run's own)")
-        if args.json:
-            check_writable(Path(args.json))  # before evaluating, not after
+        if args.json:  # before evaluating, not after
+            refuse_foreign_file(Path(args.json), is_result_file, "--json", "a result written by evaluate.py")
+            check_writable(Path(args.json))
         device = resolve_device(args.device, "--device")
         check_precision(args.precision, device, "--precision")
         env = init_distributed(device)
