@@ -96,13 +96,15 @@ def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trai
             tiny_trainer(tmp_path, "train.exp_id=busy")
     finally:
         first.close()
-    with pytest.raises(FileExistsError, match="but no checkpoint.pt to resume it from"):  # free again once the
-        tiny_trainer(tmp_path, "train.exp_id=busy")  # first run has ended, and its outputs not overwritten
+    again = tiny_trainer(tmp_path, "train.exp_id=busy")  # free again once the first has ended; it trained no
+    again.close()  # step, so its outputs are taken over (issue 51)
+    assert again.took_over
 
 
 def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
-                               "from xlm_pkm.train.run_dir import lock_run_directory; held = lock_run_directory(Path(sys.argv[1])); "
+                               "from xlm_pkm.train.run_dir import lock_run_directory; "
+                               "held = lock_run_directory(Path(sys.argv[1])); "
                                "print('locked', flush=True); time.sleep(60)", str(tmp_path)],
                               stdout=subprocess.PIPE, text=True, cwd=ROOT)
     assert holder.stdout.readline().strip() == "locked"

@@ -1,13 +1,21 @@
 """Accidents of issue 51 that lost, overwrote or hung a run, each reproduced (docs/reliability.md)."""
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from xlm_pkm.checkpoint.files import NonFiniteError
-from xlm_pkm.launch.cli import evaluate_main, generate_main
+from xlm_pkm.launch.cli import evaluate_main, generate_main, train_main
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TINY_VALUES = "blocks.1.sublayers.1.values.weight"  # the tiny model's value table
 
@@ -58,3 +66,80 @@ def test_a_nan_weight_is_refused_by_evaluate_generate_and_resume(reference_run, 
     with pytest.raises(NonFiniteError, match=f"checkpoint.pt: weight {TINY_VALUES} holds nan or inf") as refused:
         tiny_trainer(tmp_path, "train.exp_id=rot", "train.max_steps=4")
     assert "Last good checkpoint" not in str(refused.value)
+
+
+# ---- 2. SIGHUP (terminal closed), and stop signals outside the training loop ------------------------------
+def start_training(tiny_overrides, tmp_path, exp_id: str, *extra) -> subprocess.Popen:
+    args = ["--no-test", *tiny_overrides(tmp_path, "train.max_steps=100", f"train.exp_id={exp_id}", *extra)]
+    return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_for(condition, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not condition() and time.time() < deadline:
+        time.sleep(0.01)
+
+
+def test_sighup_checkpoints_and_exits_75(tiny_overrides, tmp_path):
+    run = start_training(tiny_overrides, tmp_path, "hup")
+    metrics = tmp_path / "tiny" / "hup" / "metrics.jsonl"
+    wait_for(lambda: metrics.exists() and '"step": 2,' in metrics.read_text())
+    run.send_signal(signal.SIGHUP)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 75, err
+    step = torch.load(tmp_path / "tiny" / "hup" / "checkpoint.pt", weights_only=False)["step"]
+    assert 2 <= step < 100 and f"stopping at step {step} (SIGHUP)" in out
+
+
+@pytest.mark.parametrize("signum, status, line", [
+    (signal.SIGTERM, 75, "train.py: error: stopped by SIGTERM "),
+    (signal.SIGUSR1, 75, "train.py: error: stopped by SIGUSR1 "),
+    (signal.SIGINT, 130, "train.py: error: interrupted (Ctrl-C)"),
+])
+def test_a_signal_during_start_up_is_one_line_and_the_same_command_runs_again(tiny_overrides, tmp_path, signum,
+                                                                              status, line):
+    """Sent while torch is imported or the trainer is built (before the training loop's handlers): it used to
+    end the process silently (143, 138) or with a KeyboardInterrupt traceback."""
+    run = start_training(tiny_overrides, tmp_path, "early", "train.max_steps=2")
+    time.sleep(1.0)  # Python is up (its own start-up takes ~0.05 s), torch is being imported
+    run.send_signal(signum)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == status and err.startswith(line) and len(err.splitlines()) == 1, err
+    again = start_training(tiny_overrides, tmp_path, "early", "train.max_steps=2")
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err
+
+
+def test_a_stop_signal_in_the_last_step_ends_a_finished_run_with_0(tiny_overrides, tmp_path, signal_at_step):
+    signal_at_step(8, signal.SIGTERM)  # the tiny run's max_steps
+    assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=last_step")]) == 0
+
+
+# ---- 3. a run that trained no step does not block its own re-run ------------------------------------------
+def test_bptt_longer_than_max_len_is_refused_with_the_config(tiny_overrides, tmp_path, capsys):
+    assert train_main(tiny_overrides(tmp_path, "train.exp_id=long", "data.bptt=32")) == 2
+    assert "data.bptt=32 is longer than model.max_len=16" in one_line(capsys)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_run_that_failed_at_its_first_step_is_taken_over_by_the_same_command(tiny_overrides, tmp_path, capsys,
+                                                                               monkeypatch):
+    from xlm_pkm.errors import UserError
+    from xlm_pkm.train.trainer import Trainer
+
+    step_once = Trainer.train_step
+
+    def fail_first_step(self, batches):
+        raise UserError("cannot read shard train.000.bin (a stand-in for an OOM or a corrupt shard)")
+
+    monkeypatch.setattr(Trainer, "train_step", fail_first_step)
+    command = ["--no-test", *tiny_overrides(tmp_path, "train.exp_id=failed", "train.max_steps=2")]
+    assert train_main(command) == 2
+    run_dir = tmp_path / "tiny" / "failed"
+    assert (run_dir / "config.yaml").exists() and not (run_dir / "checkpoint.pt").exists()
+    monkeypatch.setattr(Trainer, "train_step", step_once)
+    capsys.readouterr()
+    assert train_main(command) == 0
+    assert "held a run that trained no step" in (run_dir / "train.log").read_text()
+    assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 2]

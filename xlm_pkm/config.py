@@ -42,6 +42,7 @@ from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
 from xlm_pkm.settings import check, non_negative, positive
 
+
 @dataclass
 class WandbConfig:
     """Weights & Biases (train/wandb_log.py), beside TensorBoard: the run's scalars and config. Needs the wandb
@@ -112,6 +113,9 @@ class Config:
 
     def check(self, prefix: str) -> None:
         """The rules between sections."""
+        if self.model.family == "transformer" and self.data.bptt > self.model.max_len:
+            raise ConfigError(f"data.bptt={self.data.bptt} is longer than model.max_len={self.model.max_len}, the "
+                              f"positions the model learns: lower data.bptt or raise model.max_len")
         context = [name for name in self.model.sublayers if name in CONTEXT_SUBLAYERS]
         if context and self.data.shuffle_blocks:
             raise ConfigError(f"data.shuffle_blocks: {context[0]} carries its cache from one batch to the next, so "

@@ -20,6 +20,7 @@ from xlm_pkm.train.evaluation import evaluate_checkpoint
 from xlm_pkm.train.trainer import Trainer
 from xlm_pkm.utils.atomic import check_writable, refuse_foreign_file, write_text
 from xlm_pkm.utils.program import program_name
+from xlm_pkm.utils.stop_signals import StoppedBySignal
 
 # configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
 PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -34,6 +35,14 @@ def _interrupted(trainer: Trainer | None) -> UserError:
         return UserError(f"interrupted (Ctrl-C) at step {trainer.step}, after its checkpoint was written whole: "
                          f"{trainer.ckpt_path}")
     return UserError(f"interrupted (Ctrl-C) at step {trainer.step}, not saved. {trainer.checkpoints.last_good()}")
+
+
+def _stopped_outside_training(trainer: Trainer | None, signal_name: str) -> UserError:
+    if trainer is None:
+        return UserError(f"stopped by {signal_name} during start-up, before any step: nothing trained; run the "
+                         f"same command again")
+    return UserError(f"stopped by {signal_name} after training, during the test evaluation: the run is saved "
+                     f"(step {trainer.saved_step}); run the same command again for its test figures")
 
 
 def format_result(result: dict) -> str:
@@ -98,6 +107,8 @@ def train_main(argv: list[str] | None = None) -> int:
         return fail(prog, e)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
         return fail(prog, _interrupted(trainer), EXIT_INTERRUPTED)
+    except StoppedBySignal as e:  # outside the training loop: start-up, a checkpoint load, the test evaluation
+        return fail(prog, _stopped_outside_training(trainer, e.name), EXIT_STOPPED)
     except Exception as e:
         if not is_collective_failure(e):
             raise
@@ -105,7 +116,7 @@ def train_main(argv: list[str] | None = None) -> int:
         return fail(prog, describe_failure(read_env(), e))
     finally:
         shutdown(failed)
-    return EXIT_STOPPED if trainer.stopped else 0
+    return EXIT_STOPPED if trainer.stopped and trainer.step < trainer.cfg.train.max_steps else 0  # 0: finished
 
 
 def evaluate_main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@ A run lives in `dump_path/exp_name/exp_id/`, locked to one process group at a ti
 Starting a run whose directory holds `checkpoint.pt` resumes it exactly: model, optimizers, loss
 scaler and every rank's TrainState (counters, RNG states, data cursor, log window). Nothing non-finite
 is ever saved: `checkpoint.pt` is always the last good state. A run stopped by a signal or its time
-limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me). Ctrl-C
+limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me); so does
+SIGHUP (the terminal or ssh session closed). Ctrl-C
 (SIGINT) stops the same way; a second one stops at once, but never in the middle of a checkpoint write. Under
 SLURM, the time-limit warning (SIGUSR1/SIGUSR2) also requeues the job; SIGTERM (scancel, or SLURM
 requeueing or pre-empting the job itself) does not: a cancelled job ends, its checkpoint kept.
@@ -34,21 +35,34 @@ from xlm_pkm.finetune.memory_finetune import SparseMemoryFinetuning
 from xlm_pkm.finetune.trainable import freeze
 from xlm_pkm.optim.optimizers import value_optimizer
 from xlm_pkm.runtime import slurm_env
-from xlm_pkm.runtime.distributed import (all_reduce_sum, any_ranks, average_value_grads_, data_parallel, gather_objects,
-                                         init_distributed, start_heartbeat, synced_values)
+from xlm_pkm.runtime.distributed import (
+    all_reduce_sum,
+    any_ranks,
+    average_value_grads_,
+    data_parallel,
+    gather_objects,
+    init_distributed,
+    start_heartbeat,
+    synced_values,
+)
 from xlm_pkm.runtime.hardware import peak_flops
 from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
 from xlm_pkm.train.build import InitialWeights, build_model, build_optimizers, build_stream, resolved_config
 from xlm_pkm.train.evaluation import evaluate
-from xlm_pkm.train.run_dir import (lock_run_directory, record_config, refuse_unresumable, remove_temporary_files,
-                                   run_directory)
+from xlm_pkm.train.run_dir import (
+    lock_run_directory,
+    record_config,
+    refuse_unresumable,
+    remove_temporary_files,
+    run_directory,
+)
 from xlm_pkm.train.run_log import RunLogger
 from xlm_pkm.train.state import TrainState, from_earlier_version
 from xlm_pkm.train.step import loss_backward, optimizer_update
 from xlm_pkm.train.wandb_log import import_wandb
 from xlm_pkm.utils.progress import format_duration
+from xlm_pkm.utils.stop_signals import STOP_SIGNALS
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's warning before the time limit (sbatch --signal)
 
 
@@ -102,7 +116,7 @@ class Trainer:
 
         self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None  # creates the directory
         self.removed_temporary = remove_temporary_files(self.run_dir) if self.env.is_main else 0
-        refuse_unresumable(self.run_dir, self.resumed, self.env)
+        self.took_over = refuse_unresumable(self.run_dir, self.resumed, self.env)  # a run that trained no step
         if self.resumed:
             self.resume()
         self.memory_finetune = None if not cfg.optim.memory_finetune.top_t else SparseMemoryFinetuning(
@@ -152,6 +166,9 @@ class Trainer:
         counts = self.model.param_counts()
         self.log.info(f"run directory {self.run_dir} "
                       f"({'resumed at step ' + str(self.step) if self.resumed else 'new run'})")
+        if self.took_over:
+            self.log.info("this directory held a run that trained no step (it failed at start-up or at its first "
+                          "step): taken over by this one")
         if self.removed_temporary:
             self.log.info(f"removed {self.removed_temporary} temporary file(s) left by a process killed while writing")
         threads, saved = torch.get_num_threads(), self.state.saved_threads
@@ -163,11 +180,13 @@ class Trainer:
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         if self.model.ngram_hash is not None:
             canonical = int(self.model.ngram_hash.canonical.max()) + 1
-            self.log.info(f"Engram at layers {self.cfg.model.engram.layers}: tokenizer compression {len(self.dictionary):,} "
-                          f"-> {canonical:,} canonical ids ({100 * (1 - canonical / len(self.dictionary)):.1f}% fewer), "
+            self.log.info(f"Engram at layers {self.cfg.model.engram.layers}: tokenizer compression "
+                          f"{len(self.dictionary):,} -> {canonical:,} canonical ids "
+                          f"({100 * (1 - canonical / len(self.dictionary)):.1f}% fewer), "
                           f"table rows per layer {[e.slot_stats.n_slots for _, e in self.model.engrams()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
-                      + f"; trainable {self.trainable:,} ({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
+                      + f"; trainable {self.trainable:,} "
+                        f"({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
         if self.memory_finetune:
             self.log.info(self.memory_finetune.describe())
@@ -176,7 +195,8 @@ class Trainer:
                           f"{len(self.train_stream)} facts in order, padding out of the loss and the slot counts")
         self.log.info(f"train lines (step 1, then every {self.cfg.train.log_every}): loss, ppl, tokens/s and "
                       f"words/s are means since the previous line; lr, grad_norm (before clipping) and, with "
-                      f"optim.memory_finetune, slots_read/slots_updated are the last step's; ETA from this run's steps so far, evaluations included")
+                      f"optim.memory_finetune, slots_read/slots_updated are the last step's; ETA from this run's "
+                      f"steps so far, evaluations included")
         accumulate, streams = self.cfg.optim.accumulate, self.cfg.data.batch_size
         if accumulate > 1 and self.model.stream_layers() and self.env.is_main:
             self.log.warning(f"optim.accumulate={accumulate} with stream caches: a step reads {accumulate} "
@@ -226,7 +246,8 @@ class Trainer:
 
     def _log_init(self) -> None:
         if self.resumed and self.cfg.train.init_from:
-            self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: the run resumes from its own checkpoint")
+            self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: the run resumes from its own "
+                          f"checkpoint")
         if self.initialised is None:
             return
         report = self.initialised
