@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -143,3 +144,37 @@ def test_a_run_that_failed_at_its_first_step_is_taken_over_by_the_same_command(t
     assert train_main(command) == 0
     assert "held a run that trained no step" in (run_dir / "train.log").read_text()
     assert [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()] == [1, 2, 2]
+
+
+# ---- 6. every architecture key is refused changed on resume ------------------------------------------------
+@pytest.fixture(scope="module")
+def architecture_run(tiny_run, tmp_path_factory):
+    dump = tmp_path_factory.mktemp("architecture")
+    tiny_run(dump, "train.exp_id=arch", "train.max_steps=2")
+    return dump
+
+
+@pytest.mark.parametrize("override, saved", [
+    ("model.n_heads=4", "2"),  # the same shapes: it was accepted, the attention weights cut into other heads
+    ("model.memory.knn=2", "4"), ("model.mem_layers=[1]", "[2]"), ("model.memory.query_norm=batchnorm", "layernorm"),
+    ("model.memory.score=relu", "softmax"), ("model.pre_norm=true", "False"),
+])
+def test_a_changed_architecture_key_is_refused_on_resume_naming_both_values(architecture_run, tiny_trainer,
+                                                                            override, saved):
+    key = override.split("=")[0]
+    with pytest.raises(ValueError, match=re.escape(f"another architecture: saved with {key}={saved}, resumed with "
+                                                   f"{key}=")):
+        tiny_trainer(architecture_run, "train.exp_id=arch", "train.max_steps=4", override)
+    trainer = tiny_trainer(architecture_run, "train.exp_id=arch", "train.max_steps=4", "model.dropout=0.1")
+    trainer.close()  # not an architecture key: resumes
+    assert trainer.resumed
+
+
+def test_the_architecture_keys_are_declared_on_the_settings_fields():
+    from xlm_pkm.config import Config
+    from xlm_pkm.settings import architecture_keys
+
+    keys = architecture_keys(Config())
+    assert {"model.n_heads", "model.mem_layers", "model.memory.n_keys", "model.memory.values",
+            "model.memory.tucker.rank", "model.engram.layers", "model.span.max_span"} <= keys.keys()
+    assert not {"model.dropout", "model.memory.value_read", "model.memory.shard_values"} & keys.keys()

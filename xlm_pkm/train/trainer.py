@@ -233,7 +233,7 @@ class Trainer:
         return self.checkpoints.saved_step
 
     def resume(self) -> None:
-        state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab")
+        state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab", self.cfg)
         self.optimizers.load_state_dict(state["optimizers"], state["config"], self.ckpt_path)
         self.scaler.load_state_dict(state["scaler"])
         ranks = state["train_state"] if "train_state" in state else from_earlier_version(state)
