@@ -178,3 +178,27 @@ def test_the_architecture_keys_are_declared_on_the_settings_fields():
     assert {"model.n_heads", "model.mem_layers", "model.memory.n_keys", "model.memory.values",
             "model.memory.tucker.rank", "model.engram.layers", "model.span.max_span"} <= keys.keys()
     assert not {"model.dropout", "model.memory.value_read", "model.memory.shard_values"} & keys.keys()
+
+
+# ---- 7. BPE codes are checked where the vocabulary is --------------------------------------------------------
+def test_other_bpe_codes_beside_the_models_vocabulary_are_refused(reference_run, tiny_data_dir, tmp_path, capsys):
+    from xlm_pkm.inference.export import main as export_main
+
+    other = tmp_path / "other"
+    other.mkdir()
+    for name in ("vocab", "meta.json"):
+        shutil.copy(tiny_data_dir / name, other / name)
+    merges = (tiny_data_dir / "codes").read_text().splitlines(keepends=True)
+    (other / "codes").write_text("".join([merges[1], merges[0], *merges[2:]]))  # another merge order
+    best = reference_run().best_path
+    assert generate_main(["--checkpoint", str(best), "--data", str(other), "--max-tokens", "2"]) == 2
+    assert f"{other}/codes: other BPE codes than {best} was trained with" in one_line(capsys)
+    assert export_main([str(best), str(tmp_path / "exported"), "--data", str(other)]) == 2
+    assert "other BPE codes" in one_line(capsys) and not (tmp_path / "exported").exists()
+    older = tmp_path / "older.pt"  # a checkpoint of an earlier version, without the digest: the run's data's codes
+    state = torch.load(best, weights_only=False)
+    del state["codes_digest"]
+    torch.save(state, older)
+    assert generate_main(["--checkpoint", str(older), "--data", str(other), "--max-tokens", "2"]) == 2
+    assert f"in {tiny_data_dir}/codes): text would be split" in one_line(capsys)
+    assert generate_main(["--checkpoint", str(best), "--data", str(tiny_data_dir), "--max-tokens", "2"]) == 0

@@ -113,9 +113,6 @@ class Config:
 
     def check(self, prefix: str) -> None:
         """The rules between sections."""
-        if self.model.family == "transformer" and self.data.bptt > self.model.max_len:
-            raise ConfigError(f"data.bptt={self.data.bptt} is longer than model.max_len={self.model.max_len}, the "
-                              f"positions the model learns: lower data.bptt or raise model.max_len")
         context = [name for name in self.model.sublayers if name in CONTEXT_SUBLAYERS]
         if context and self.data.shuffle_blocks:
             raise ConfigError(f"data.shuffle_blocks: {context[0]} carries its cache from one batch to the next, so "

@@ -21,6 +21,7 @@ import random
 import signal
 import time
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 
@@ -28,6 +29,7 @@ from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.fact_batches import PAD_TARGET
+from xlm_pkm.data.meta import file_digest
 from xlm_pkm.errors import ConfigError, UserError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.init_from import load_weights, summarize
@@ -76,6 +78,9 @@ class Trainer:
         unless `test` is False) before the first step. `cfg` is left as given; self.cfg is the run's, resolved
         (resolved_config: the data's vocabulary size, the run's id)."""
         self.cfg = cfg
+        if cfg.model.family == "transformer" and cfg.data.bptt > cfg.model.max_len:  # (evaluation reads its own)
+            raise ConfigError(f"data.bptt={cfg.data.bptt} is longer than model.max_len={cfg.model.max_len}, the "
+                              f"positions the model learns: lower data.bptt or raise model.max_len")
         if cfg.train.wandb.project:
             import_wandb()  # installed? Checked on every rank, before anything is read or written
         self.device, self.env = self._setup_process()
@@ -83,6 +88,8 @@ class Trainer:
         self.dictionary = self.train_stream.dictionary
         self.vocab_fingerprint = self.dictionary.fingerprint()
         self.word_end = torch.from_numpy(self.dictionary.word_end_mask())
+        codes = Path(cfg.data.path) / "codes"  # BPE data: the codes that split text into this vocabulary
+        self.codes_digest = file_digest(codes) if codes.is_file() else None
         self.valid_stream = build_stream(cfg, "valid", self.env)  # its shards' checksums verified once a run
         if test:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
@@ -208,7 +215,7 @@ class Trainer:
     def _model_record(self) -> dict:
         """What evaluation needs: best.pt is this, checkpoint.pt adds the optimizer and run state."""
         return {"config": to_dict(self.cfg), "model": self.model.state_dict(), "step": self.step,
-                "vocab_fingerprint": self.vocab_fingerprint}
+                "vocab_fingerprint": self.vocab_fingerprint, "codes_digest": self.codes_digest}
 
     def save_checkpoint(self) -> None:
         """checkpoint.pt: the model, optimizers, loss scaler and every rank's TrainState (gathered to rank 0).
