@@ -202,3 +202,29 @@ def test_other_bpe_codes_beside_the_models_vocabulary_are_refused(reference_run,
     assert generate_main(["--checkpoint", str(older), "--data", str(other), "--max-tokens", "2"]) == 2
     assert f"in {tiny_data_dir}/codes): text would be split" in one_line(capsys)
     assert generate_main(["--checkpoint", str(best), "--data", str(tiny_data_dir), "--max-tokens", "2"]) == 0
+
+
+# ---- 8. data unreadable at an evaluation: the in-memory state is saved first ---------------------------------
+def test_data_moved_before_an_evaluation_saves_the_run_then_stops_in_one_line(tiny_data_dir, tiny_overrides, tmp_path,
+                                                                              capsys, monkeypatch):
+    from xlm_pkm.train.trainer import Trainer
+
+    data = tmp_path / "data"
+    shutil.copytree(tiny_data_dir, data)
+    step_once = Trainer.train_step
+
+    def step_then_move_the_data(self, batches):
+        out = step_once(self, batches)
+        if self.step == 3:
+            data.rename(tmp_path / "moved")
+        return out
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_move_the_data)
+    command = ["--no-test", *tiny_overrides(tmp_path, "train.exp_id=moved", f"data.path={data}",
+                                            "train.eval_every=4")]
+    assert train_main(command) == 2
+    line = one_line(capsys)
+    run_dir = tmp_path / "tiny" / "moved"
+    assert f"cannot read shard {data}/valid.000.bin" in line, line
+    assert f"the run was saved first: {run_dir}/checkpoint.pt (step 4)" in line
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] == 4

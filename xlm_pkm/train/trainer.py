@@ -30,6 +30,7 @@ from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.fact_batches import PAD_TARGET
 from xlm_pkm.data.meta import file_digest
+from xlm_pkm.data.shard import ShardError
 from xlm_pkm.errors import ConfigError, UserError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.init_from import load_weights, summarize
@@ -417,8 +418,11 @@ class Trainer:
 
     def validate(self) -> dict:
         """Valid perplexity and memory statistics; writes best.pt when the perplexity improves."""
-        result = evaluate(self.model, self.valid_stream, self.device, self.cfg.train.precision,
-                          self.cfg.train.eval_max_batches, self.env)
+        try:
+            result = evaluate(self.model, self.valid_stream, self.device, self.cfg.train.precision,
+                              self.cfg.train.eval_max_batches, self.env)
+        except (ShardError, OSError) as e:  # the data moved, deleted or damaged since the start
+            raise self._saved_before_stopping(e) from None
         self.log.event("valid", self.step, **result)
         for layer, memory in self.model.memories():
             self.log.histogram(f"memory/layer{layer}_slot_weight", memory.slot_weights(), self.step)
@@ -426,6 +430,13 @@ class Trainer:
             self.state.best_ppl = result["ppl"]
             self.save_best()
         return result
+
+    def _saved_before_stopping(self, error: Exception) -> UserError:
+        """Checkpoints the in-memory state (it is good: only the data failed), then the error that stops the run."""
+        if self.saved_step != self.step:
+            self.save_checkpoint()
+        return UserError(f"{error} (the evaluation at step {self.step}); the run was saved first: {self.ckpt_path} "
+                         f"(step {self.step}); resume it once the data is readable again")
 
     def close(self) -> None:
         """Closes the logs, releases the run directory and drops the DDP wrapper, whose communication
