@@ -77,7 +77,8 @@ def test_clip_scopes_scale_by_the_norm_of_the_group_or_of_all(scope):
 
 
 def test_optimizers_by_name_and_their_checks():
-    assert {"adam", "adagrad"} <= set(DENSE_OPTIMIZERS) and {"adam", "lazy_adam", "adagrad", "sgd"} <= set(VALUE_OPTIMIZERS)
+    assert {"adam", "adagrad"} <= set(DENSE_OPTIMIZERS)
+    assert {"adam", "lazy_adam", "adagrad", "sgd"} <= set(VALUE_OPTIMIZERS)
     cfg = load_config(None, ["optim.optimizer=adagrad", "optim.clip_per_tensor=0.03", "optim.schedule=linear_warmup"])
     assert isinstance(Optimizers(TwoGroups(), cfg.optim).groups[0].optimizer, ClippedAdagrad)
     with pytest.raises(ConfigError, match="optim.optimizer: expected one of adam | adagrad"):
@@ -107,9 +108,10 @@ def test_a_plugin_optimizer_declares_its_state_and_the_memory_check_counts_it(mo
     values = sum(p.numel() for p in model.memory_value_parameters())
     dense = sum(p.numel() for p in model.parameters()) - values
     adam_need = 4 * (values * (1 + 2) + dense * (2 + 2))  # adam's two moments for both groups
-    monkeypatch.setattr(build, "available_memory", lambda device: adam_need)
+    monkeypatch.setattr(build, "available_memory", lambda device: (adam_need, "test"))
     build.check_memory_fits(load_config(None, small), torch.device("cpu"))  # fits exactly
     with pytest.raises(ConfigError, match=r"^the model needs at least .* GiB for its weights and optimizer state"):
         build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))
-    monkeypatch.setattr(build, "available_memory", lambda device: adam_need + 4 * dense * 3)  # 3 more per element
+    more = adam_need + 4 * dense * 3  # 3 more per element
+    monkeypatch.setattr(build, "available_memory", lambda device: (more, "test"))
     build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))

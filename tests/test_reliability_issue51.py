@@ -228,3 +228,34 @@ def test_data_moved_before_an_evaluation_saves_the_run_then_stops_in_one_line(ti
     assert f"cannot read shard {data}/valid.000.bin" in line, line
     assert f"the run was saved first: {run_dir}/checkpoint.pt (step 4)" in line
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] == 4
+
+
+# ---- 5. out of memory: the estimate reads the process's limit; an allocation failure is one line ------------
+def train_under_address_space_limit(tiny_overrides, tmp_path, limit_bytes: int, *extra):
+    import resource
+
+    limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))  # noqa: E731 (ulimit -v)
+    args = ["--no-test", *tiny_overrides(tmp_path, "train.max_steps=2", *extra)]
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, capture_output=True, text=True,
+                          preexec_fn=limit, timeout=300)
+
+
+def test_the_memory_estimate_compares_with_rlimit_as(tiny_overrides, tmp_path):
+    """1.5 GiB of address space, a value table needing 1.5 GiB more: refused before anything is allocated (it
+    compared with the machine's MemAvailable, passed, and ended in an allocator traceback)."""
+    done = train_under_address_space_limit(tiny_overrides, tmp_path, 1536 << 20, "train.exp_id=estimate",
+                                           "model.memory.n_keys=2000")
+    assert done.returncode == 2, done.stderr
+    assert "of address space left under its RLIMIT_AS (ulimit -v): fewer slots" in done.stderr.splitlines()[-1]
+
+
+def test_an_allocation_failure_at_a_step_is_one_line_and_the_run_can_start_again(tiny_overrides, tmp_path):
+    """A batch too large for its activations under a real RLIMIT_AS: one line, exit 2 (a raw DefaultCPUAllocator
+    traceback, exit 1), and the directory does not block the same command with a smaller batch."""
+    done = train_under_address_space_limit(tiny_overrides, tmp_path, 1536 << 20, "train.exp_id=oom",
+                                           "data.batch_size=2048", "model.dim=256")
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("train.py: error: out of memory at step 1 (an allocation of ")
+    assert "lower data.batch_size" in done.stderr and "Traceback" not in done.stderr
+    assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.max_steps=2", "train.exp_id=oom",
+                                                    "model.dim=256")]) == 0

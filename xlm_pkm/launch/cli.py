@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.launch.config_keys import describe_keys
 from xlm_pkm.launch.resume import resume_command
 from xlm_pkm.runtime.distributed import describe_failure, init_distributed, is_collective_failure, read_env, shutdown
+from xlm_pkm.runtime.hardware import is_out_of_memory
 from xlm_pkm.runtime.precision import check_precision, resolve_device
 from xlm_pkm.train.evaluation import evaluate_checkpoint
 from xlm_pkm.train.trainer import Trainer
@@ -43,6 +45,15 @@ def _stopped_outside_training(trainer: Trainer | None, signal_name: str) -> User
                          f"same command again")
     return UserError(f"stopped by {signal_name} after training, during the test evaluation: the run is saved "
                      f"(step {trainer.saved_step}); run the same command again for its test figures")
+
+
+def _out_of_memory(trainer: Trainer | None, error: Exception) -> UserError:
+    where = "while building the run" if trainer is None else f"at step {trainer.step + 1}"
+    saved = "" if trainer is None else f" {trainer.checkpoints.last_good()}"
+    size = re.search(r"[Tt]ried to allocate (\d+ bytes|[\d.]+ [KMGT]iB)", str(error))
+    what = f"an allocation of {size.group(1)} failed" if size else type(error).__name__
+    return UserError(f"out of memory {where} ({what}): lower data.batch_size (optim.accumulate keeps the tokens "
+                     f"per step) or the model's size, or raise the process's memory limit.{saved}")
 
 
 def format_result(result: dict) -> str:
@@ -110,6 +121,8 @@ def train_main(argv: list[str] | None = None) -> int:
     except StoppedBySignal as e:  # outside the training loop: start-up, a checkpoint load, the test evaluation
         return fail(prog, _stopped_outside_training(trainer, e.name), EXIT_STOPPED)
     except Exception as e:
+        if is_out_of_memory(e):
+            return fail(prog, _out_of_memory(trainer, e))
         if not is_collective_failure(e):
             raise
         failed = True

@@ -25,7 +25,7 @@ def _run(default_program: str, load_main, argv: list[str] | None, stop_signals: 
     """Imports the command line (torch with it: seconds) and runs it. A Ctrl-C during the imports, or during
     a command that has no handling of its own, is one line and exit status 130, not a traceback; with
     `stop_signals` (train.py) the stop signals are handled from here on (utils/stop_signals.py)."""
-    from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED
+    from xlm_pkm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_STOPPED
     from xlm_pkm.utils.program import program_name
     from xlm_pkm.utils.stop_signals import StoppedBySignal, install_startup_handlers
 
@@ -38,6 +38,10 @@ def _run(default_program: str, load_main, argv: list[str] | None, stop_signals: 
     except KeyboardInterrupt:
         print(f"{program}: error: interrupted (Ctrl-C)", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except MemoryError:  # a limit (ulimit -v, a cgroup) too low for the imports themselves
+        print(f"{program}: error: out of memory while starting (importing torch): raise the process's memory "
+              f"limit (ulimit -v, the job's --mem)", file=sys.stderr)
+        return EXIT_ERROR
     except StoppedBySignal as e:  # during the imports: nothing done yet
         print(f"{program}: error: stopped by {e.name} while starting, nothing done: run the same command again",
               file=sys.stderr)
