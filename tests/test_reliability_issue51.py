@@ -259,3 +259,33 @@ def test_an_allocation_failure_at_a_step_is_one_line_and_the_run_can_start_again
     assert "lower data.batch_size" in done.stderr and "Traceback" not in done.stderr
     assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.max_steps=2", "train.exp_id=oom",
                                                     "model.dim=256")]) == 0
+
+
+# ---- 4. torchrun on a run directory that a live run holds --------------------------------------------------
+def test_torchrun_on_a_held_run_directory_ends_every_rank_at_once_with_the_line(tiny_overrides, tmp_path):
+    """Rank 0 printed "in use by pid ...", rank 1 went on and waited for it in a collective until
+    train.collective_timeout_minutes, then a gloo traceback: now every rank ends with the line, in seconds."""
+    run_dir = tmp_path / "tiny" / "held"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
+                               "from xlm_pkm.train.run_dir import lock_run_directory; "
+                               "held = lock_run_directory(Path(sys.argv[1])); print('locked', flush=True); "
+                               "time.sleep(120)", str(run_dir)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        logs = tmp_path / "logs"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+               f"--log-dir={logs}", "--redirects=3", str(ROOT / "train.py"), "--no-test",
+               *tiny_overrides(tmp_path, "train.exp_id=held", "train.collective_timeout_minutes=1")]
+        start = time.monotonic()
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        elapsed = time.monotonic() - start
+    finally:
+        holder.kill()
+        holder.wait()
+    assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun's status when a rank fails
+    err = {int(p.parent.name): p.read_text().strip().splitlines() for p in logs.rglob("stderr.log")}
+    assert sorted(err) == [0, 1] and all(len(lines) == 1 for lines in err.values()), err
+    assert all(lines[0].startswith(f"train.py: error: {run_dir} is in use by pid {holder.pid}")
+               for lines in err.values()), err
+    assert elapsed < 45, elapsed  # start-up included; a rank waiting out the 60 s timeout would not be

@@ -22,7 +22,7 @@ from xlm_pkm.train.evaluation import evaluate_checkpoint
 from xlm_pkm.train.trainer import Trainer
 from xlm_pkm.utils.atomic import check_writable, refuse_foreign_file, write_text
 from xlm_pkm.utils.program import program_name
-from xlm_pkm.utils.stop_signals import StoppedBySignal
+from xlm_pkm.utils.stop_signals import StoppedBySignal, restore_defaults
 
 # configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
 PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -128,6 +128,7 @@ def train_main(argv: list[str] | None = None) -> int:
         failed = True
         return fail(prog, describe_failure(read_env(), e))
     finally:
+        restore_defaults()
         shutdown(failed)
     return EXIT_STOPPED if trainer.stopped and trainer.step < trainer.cfg.train.max_steps else 0  # 0: finished
 

@@ -42,6 +42,7 @@ from xlm_pkm.runtime.distributed import (
     all_reduce_sum,
     any_ranks,
     average_value_grads_,
+    broadcast_object,
     data_parallel,
     gather_objects,
     init_distributed,
@@ -122,7 +123,7 @@ class Trainer:
         random.seed(cfg.train.seed * 1000 + self.env.rank)
         self.state = TrainState(self.train_stream, self.device, self.model)
 
-        self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None  # creates the directory
+        self.lock = self._lock_run_directory()  # rank 0's; creates the directory
         self.removed_temporary = remove_temporary_files(self.run_dir) if self.env.is_main else 0
         self.took_over = refuse_unresumable(self.run_dir, self.resumed, self.env)  # a run that trained no step
         if self.resumed:
@@ -144,6 +145,22 @@ class Trainer:
         self.flops_per_token = self.model.dense_flops_per_token(cfg.data.bptt)
         self.peak_flops = peak_flops(self.device, cfg.train.precision)
         self._log_start()
+
+    def _lock_run_directory(self):
+        """Rank 0 takes the run directory's lock; every rank learns whether it could (a live run holding it, an
+        unwritable folder), so that all end with the one line at once, not rank 0 alone while the others wait
+        for it in a collective until the timeout."""
+        lock, refused = None, None
+        if self.env.is_main:
+            try:
+                lock = lock_run_directory(self.run_dir)
+            except UserError as e:
+                refused = (type(e), str(e))
+        refused = broadcast_object(refused, self.env)
+        if refused is not None:
+            error_type, message = refused
+            raise error_type(message)
+        return lock
 
     @property
     def step(self) -> int:

@@ -33,3 +33,10 @@ def install_startup_handlers() -> None:
     """Every stop signal but SIGINT raises StoppedBySignal; SIGINT raises KeyboardInterrupt."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else _raise_stopped)
+
+
+def restore_defaults() -> None:
+    """The default actions again, once the command has said how it ends: a signal then (torchrun ending a rank
+    that is exiting too) ends the process without a second line."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
