@@ -289,3 +289,25 @@ def test_torchrun_on_a_held_run_directory_ends_every_rank_at_once_with_the_line(
     assert all(lines[0].startswith(f"train.py: error: {run_dir} is in use by pid {holder.pid}")
                for lines in err.values()), err
     assert elapsed < 45, elapsed  # start-up included; a rank waiting out the 60 s timeout would not be
+
+
+# ---- smaller ones -------------------------------------------------------------------------------------------
+def test_a_key_given_twice_in_a_yaml_config_is_refused(tmp_path):
+    from xlm_pkm.config import load_config
+    from xlm_pkm.errors import ConfigError
+
+    config = tmp_path / "twice.yaml"
+    config.write_text("model:\n  dim: 32\n  n_heads: 2\n  dim: 64\n")
+    with pytest.raises(ConfigError, match=f"{config}: not valid YAML: key 'dim' given twice .* line 4"):
+        load_config(config)
+
+
+@pytest.mark.parametrize("override, said", [
+    ("data.batch_size=8", "saved with data.batch_size=4, resumed with data.batch_size=8"),
+    ("data.bptt=8", "saved with data.bptt=16, resumed with data.bptt=8"),
+    ("train.seed=3", "saved with train.seed=0, resumed with train.seed=3"),
+])
+def test_a_resume_with_another_data_setting_names_the_setting_not_the_data(architecture_run, tiny_trainer, override,
+                                                                           said):
+    with pytest.raises(ValueError, match=re.escape(said) + ": its data position does not carry over"):
+        tiny_trainer(architecture_run, "train.exp_id=arch", "train.max_steps=4", override)

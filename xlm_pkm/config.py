@@ -169,6 +169,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
     return validate(_build(Config, raw, ""))
 
 
+def _unique_keys_loader():
+    """yaml.SafeLoader refusing a key given twice in one mapping (PyYAML keeps the last one without a word)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            keys = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in keys:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice",
+                                                            key_node.start_mark)
+                keys.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
 def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """A config file as a dict; `base: other.yaml` (relative to the file) is read first, then updated."""
     import yaml
@@ -176,9 +194,10 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.load(f, Loader=_unique_keys_loader()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     if "base" not in raw:
