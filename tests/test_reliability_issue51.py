@@ -311,3 +311,43 @@ def test_a_resume_with_another_data_setting_names_the_setting_not_the_data(archi
                                                                            said):
     with pytest.raises(ValueError, match=re.escape(said) + ": its data position does not carry over"):
         tiny_trainer(architecture_run, "train.exp_id=arch", "train.max_steps=4", override)
+
+
+def processes_running(marker: str) -> list[int]:
+    """Pids of the processes whose command line holds `marker` (a test's own temporary path)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and marker in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                pids.append(int(entry.name))
+        except OSError:
+            pass
+    return pids
+
+
+def test_ranks_whose_torchrun_launcher_is_killed_checkpoint_and_release_the_run(tiny_overrides, tmp_path):
+    """kill -9 of torchrun left its ranks training on as orphans holding the run's lock: each rank watches its
+    parent, and stops as for a signal (checkpoint, lock released)."""
+    from xlm_pkm.train.run_dir import lock_run_directory
+
+    run_dir = tmp_path / "tiny" / "orphans"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+           f"--log-dir={tmp_path / 'logs'}", "--redirects=3", str(ROOT / "train.py"), "--no-test",
+           *tiny_overrides(tmp_path, "train.exp_id=orphans", "train.max_steps=100000")]
+    launcher = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        wait_for(lambda: (run_dir / "metrics.jsonl").exists() and '"step": 2,' in (run_dir / "metrics.jsonl")
+                 .read_text())
+        launcher.kill()
+        launcher.wait()
+        ranks = f"train.dump_path={tmp_path}"  # in the ranks' command lines
+        assert processes_running(ranks)  # orphans now
+        wait_for(lambda: not processes_running(ranks), timeout=60)
+        assert not processes_running(ranks)
+    finally:
+        for pid in processes_running(f"train.dump_path={tmp_path}"):
+            os.kill(pid, signal.SIGKILL)
+    lock_run_directory(run_dir).release()  # free
+    assert "(the torchrun launcher is gone)" in (run_dir / "train.log").read_text()
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] >= 2

@@ -5,7 +5,7 @@ Starting a run whose directory holds `checkpoint.pt` resumes it exactly: model, 
 scaler and every rank's TrainState (counters, RNG states, data cursor, log window). Nothing non-finite
 is ever saved: `checkpoint.pt` is always the last good state. A run stopped by a signal or its time
 limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me); so does
-SIGHUP (the terminal or ssh session closed). Ctrl-C
+SIGHUP (the terminal or ssh session closed), and so does a rank whose torchrun launcher is gone. Ctrl-C
 (SIGINT) stops the same way; a second one stops at once, but never in the middle of a checkpoint write. Under
 SLURM, the time-limit warning (SIGUSR1/SIGUSR2) also requeues the job; SIGTERM (scancel, or SLURM
 requeueing or pre-empting the job itself) does not: a cancelled job ends, its checkpoint kept.
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import random
 import signal
 import time
@@ -132,6 +133,9 @@ class Trainer:
             self.model, cfg.optim.memory_finetune, value_optimizer(cfg.optim).sparse, self.env,
             check_fingerprint=not self.resumed)
         self.stopped = False  # by a signal or the time limit, before max_steps
+        # torchrun's process, the parent of this rank: a rank whose launcher was killed (kill -9) stops like one
+        # sent a signal (checkpoint, lock released), rather than train on as an orphan holding the run's lock
+        self.launcher_pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else None
         self.stop_signal: int | None = None  # the signal that asked to stop, if one did
         self.writing = self.interrupt_after_write = False  # a checkpoint being written; a second Ctrl-C during it
         self.log = RunLogger(self.run_dir, self.env.is_main, resume_step=self.state.step if self.resumed else None,
@@ -353,17 +357,20 @@ class Trainer:
                     self.save_checkpoint()
                 out_of_time = cfg.max_time_minutes > 0 and time.time() - start > 60 * cfg.max_time_minutes
                 stop = self.stop_signal is not None
+                orphaned = self.launcher_pid is not None and os.getppid() != self.launcher_pid
                 minutes_due = (self.env.is_main and cfg.save_every_minutes > 0  # rank 0's clock decides
                                and time.time() - last_save >= 60 * cfg.save_every_minutes)
                 # one host sync per step (if distributed) for both: a stop asked anywhere, a save due by time
-                stop_anywhere, minutes_due = any_ranks([stop or out_of_time, minutes_due], self.env, self.device)
+                stop_anywhere, minutes_due = any_ranks([stop or out_of_time or orphaned, minutes_due], self.env,
+                                                       self.device)
                 if self.saved_step != state.step and (minutes_due or self._steps_due()):
                     self.save_checkpoint()
                 if self.saved_step == state.step:
                     last_save = time.time()
                 if stop_anywhere:
                     self._stop(signal.Signals(self.stop_signal).name if stop else
-                               "time limit" if out_of_time else "a signal to another rank")
+                               "time limit" if out_of_time else "the torchrun launcher is gone" if orphaned
+                               else "a signal to another rank, or its launcher gone")
                     break
         finally:
             for s, h in handlers.items():
