@@ -351,3 +351,37 @@ def test_ranks_whose_torchrun_launcher_is_killed_checkpoint_and_release_the_run(
     lock_run_directory(run_dir).release()  # free
     assert "(the torchrun launcher is gone)" in (run_dir / "train.log").read_text()
     assert torch.load(run_dir / "checkpoint.pt", weights_only=False)["step"] >= 2
+
+
+def test_a_pipe_as_preprocessing_input_is_told_as_such(tmp_path):
+    from xlm_pkm.data.corpus import CorpusError
+    from xlm_pkm.data.preprocess import preprocess
+
+    read, write = os.pipe()  # what `--input <(cat f)` gives: /dev/fd/63
+    try:
+        with pytest.raises(CorpusError, match=f"input /dev/fd/{read} is a pipe .* can be read only once"):
+            preprocess([f"/dev/fd/{read}"], tmp_path / "out", n_codes=10)
+    finally:
+        os.close(read)
+        os.close(write)
+
+
+def test_learnbpe_out_of_memory_is_told_as_such(tmp_path, monkeypatch, fastbpe_bin):
+    """fastBPE's learnbpe under a real `ulimit -v` (std::bad_alloc): it was "failed writing .../codes"."""
+    import random
+    import string
+
+    from xlm_pkm.data.fastbpe import FastBPEError, learn_codes
+
+    limited = tmp_path / "fast"
+    limited.write_text(f'#!/bin/sh\nulimit -v 20000\nexec {fastbpe_bin} "$@"\n')
+    limited.chmod(0o755)
+    monkeypatch.setenv("FASTBPE", str(limited))
+    rng = random.Random(0)
+    text = tmp_path / "train.tok"
+    text.write_text("\n".join(" ".join("".join(rng.choices(string.ascii_letters, k=12)) for _ in range(10))
+                              for _ in range(20000)))  # 200,000 distinct words
+    with pytest.raises(FastBPEError, match=re.escape(f"fastBPE learnbpe ran out of memory making {tmp_path}/codes "
+                                                     f"(std::bad_alloc)")):
+        learn_codes(100, [text], tmp_path / "codes")
+    assert not (tmp_path / "codes").exists()
