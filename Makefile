@@ -46,7 +46,9 @@ demo: data
 	$(PY) evaluate.py --checkpoint $(DEMO_RUN)/best.pt --split test --json $(DEMO_RUN)/test.json
 	$(PY) generate.py --checkpoint $(DEMO_RUN)/best.pt --max-tokens 80 --top-p 0.9 --seed 0 "The built-in function"
 
+# The linter first (pyproject.toml's [tool.ruff]: `$(PY) -m ruff check --fix .` mends what it can), then the tests.
 test: install
+	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 tests
 
 # The SLURM path against a real SLURM on this machine (tests/cluster, ~5 minutes): scripts/local_slurm.sh

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from machine import machine_info, write_result  # noqa: E402
+
 from xlm_pkm.data.executor import Executor  # noqa: E402
 from xlm_pkm.data.preprocess import preprocess  # noqa: E402
 

@@ -13,7 +13,8 @@ peak resident set (ru_maxrss, CPU) or torch.cuda.max_memory_allocated (GPU); the
 median over --steps after --warmup, measured on rank 0 between barriers.
 
 Largest n_keys: per (mode, W, optimizer), peak = a + b · slots fitted through the two --n-keys
-sizes (the second lowered where the first predicts it would pass 80% of the budget); the largest n_keys with W · peak <= --budget-gib (all ranks share this machine's memory).
+sizes (the second lowered where the first predicts it would pass 80% of the budget); the largest
+n_keys with W · peak <= --budget-gib (all ranks share this machine's memory).
 --verify then trains 3 steps at that n_keys in each mode and records its measured peak.
 
 Communication: bytes each rank sends per token (forward + backward) for the paper's memory, by
@@ -43,8 +44,14 @@ from machine import machine_info, write_result
 
 from xlm_pkm.config import load_config
 from xlm_pkm.optim.optimizers import value_optimizer
-from xlm_pkm.runtime.distributed import (average_value_grads_, data_parallel, free_port, init_distributed, shutdown,
-                                         synced_values)
+from xlm_pkm.runtime.distributed import (
+    average_value_grads_,
+    data_parallel,
+    free_port,
+    init_distributed,
+    shutdown,
+    synced_values,
+)
 from xlm_pkm.runtime.precision import grad_scaler
 from xlm_pkm.train.build import build_model, build_optimizers
 from xlm_pkm.train.step import loss_backward, optimizer_update

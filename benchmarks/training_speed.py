@@ -27,8 +27,16 @@ import torch
 
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info, write_result
-from model_setup import (REPO, benchmark_parser, build_model, common_settings, corpus_and_vocab, free, model_config,
-                         random_tokens)
+from model_setup import (
+    REPO,
+    benchmark_parser,
+    build_model,
+    common_settings,
+    corpus_and_vocab,
+    free,
+    model_config,
+    random_tokens,
+)
 from timing import best_of_rounds
 
 from xlm_pkm.model.transformer import resolve_memory_layers

@@ -66,7 +66,7 @@ def push_to_rank_one(keys: TuckerKeys, steps: int = 2000) -> int:
     """Adam on the cores alone, minimising the aux loss with coefficient 1 until it is 0; returns the steps."""
     coeff, keys.aux_coeff = keys.aux_coeff, 1.0
     opt = torch.optim.Adam([keys.core], lr=1e-2)
-    for step in range(1, steps + 1):
+    for step in range(1, steps + 1):  # noqa: B007 (the last step is returned, after the loop)
         loss = keys.aux_loss()
         if loss.item() == 0:
             break

@@ -49,7 +49,8 @@ def measure(table, indices, weights, grad_out, backend: str, repeats: int) -> di
             table.grad = None
             out.backward(grad_out, retain_graph=True)
 
-        times["backward_sparse" if sparse else "backward_dense"] = median_seconds(backward, repeats, warmup=2, device=device)
+        times["backward_sparse" if sparse else "backward_dense"] = median_seconds(backward, repeats, warmup=2,
+                                                                                 device=device)
     table.grad = None
     return times
 

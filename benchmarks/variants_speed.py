@@ -55,7 +55,8 @@ def main() -> None:
             step()
     for r in range(args.rounds):
         for cell, (step, n_tokens) in steps.items():
-            rows[cell]["rounds_tokens_per_s"].append(round(tokens_per_second(step, n_tokens, args.device, args.min_time)))
+            tokens_per_s = tokens_per_second(step, n_tokens, args.device, args.min_time)
+            rows[cell]["rounds_tokens_per_s"].append(round(tokens_per_s))
         print(f"round {r + 1}: " + ", ".join(f"{c} {rows[c]['rounds_tokens_per_s'][-1]:,}" for c in rows), flush=True)
     for row in rows.values():
         row["tokens_per_s"] = statistics.median(row["rounds_tokens_per_s"])

@@ -55,5 +55,6 @@ def test_embedding_is_the_scaled_projected_cluster_row_and_tied_to_the_output():
 
 
 def test_bad_cutoffs_are_one_line_errors():
-    with pytest.raises(ValueError, match=r"adaptive cutoffs must increase strictly in \(0, vocab_size=30\), got \[10, 40\]"):
+    with pytest.raises(ValueError,
+                       match=r"adaptive cutoffs must increase strictly in \(0, vocab_size=30\), got \[10, 40\]"):
         AdaptiveEmbedding(30, DIM, [10, 40])

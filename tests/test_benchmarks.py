@@ -110,7 +110,8 @@ def test_memory_layer_speed(tmp_path):
 
 
 def test_sharded_values_arithmetic():
-    """benchmarks/sharded_values.py's fit and its bytes per token (the table of docs/sparse-and-sharded-values.md) by hand."""
+    """benchmarks/sharded_values.py's fit and its bytes per token (the table of
+    docs/sparse-and-sharded-values.md) by hand."""
     sys.path.insert(0, str(REPO / "benchmarks"))
     import sharded_values
 

@@ -37,7 +37,8 @@ def test_keys_of_one_section_and_a_wrong_section(capsys):
     out = capsys.readouterr().out.splitlines()
     assert out and all(line.startswith("model.memory.") for line in out)
     assert any(line.startswith("model.memory.knn = 32 ") and "keys selected per head" in line for line in out)
-    with pytest.raises(ConfigError, match=r"--keys memory: no such section \(sections: data, model, model.engram, model.memory,"):
+    with pytest.raises(ConfigError,
+                       match=r"--keys memory: no such section \(sections: data, model, model.engram, model.memory,"):
         describe_keys("memory")
     assert train_main(["--keys", "memory"]) == 2
     assert capsys.readouterr().err.startswith("train.py: error: --keys memory: no such section")
@@ -77,7 +78,7 @@ def test_a_stored_config_of_an_earlier_version_is_migrated():
     memory = stored["model"]["memory"]
     for section in ("peer", "tucker", "expanded"):
         del memory[section]
-    for old, (new, value) in OLD_VARIANT_KEYS.items():
+    for old, (_new, value) in OLD_VARIANT_KEYS.items():
         memory[old.rsplit(".", 1)[1]] = value
     cfg = load_config_dict(stored)
     assert cfg == load_config(None, [f"{new}={json.dumps(value)}" for new, value in OLD_VARIANT_KEYS.values()])

@@ -1,6 +1,9 @@
-"""The made-up facts (seeded, invented, in the pretraining vocabulary) and their scoring (EM, report)."""
+"""The made-up facts (seeded, invented, in the pretraining vocabulary) and their scoring (EM, forced choice and
+its controls, report)."""
 
 import json
+import math
+import re
 from pathlib import Path
 
 import pytest
@@ -10,9 +13,27 @@ from xlm_pkm.config import load_config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.text_codec import TextCodec
-from xlm_pkm.experiments.continual import (at_equal_learning, backgrounds_table, best_settings, exact_match,
-                                           greedy_matches, over_seeds, prior_em, prompt_and_object, split_scores,
-                                           with_changes, write_report)
+from xlm_pkm.experiments.continual import split_scores
+from xlm_pkm.experiments.continual_report import (
+    backgrounds_table,
+    best_settings,
+    equal_learning,
+    over_seeds,
+    with_changes,
+    write_report,
+)
+from xlm_pkm.experiments.fact_scores import (
+    candidates,
+    choice_credits,
+    continuation_logliks,
+    exact_match,
+    fact_scores,
+    forced_choice,
+    greedy_matches,
+    prior_em,
+    prompt_and_object,
+    shuffled_partners,
+)
 from xlm_pkm.experiments.facts import FRAMINGS, RELATIONS, Fact, generate_facts, load_facts, write_facts_data
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
@@ -49,8 +70,8 @@ def test_subjects_are_not_words_of_the_pretraining_corpus_and_objects_are_one_to
             assert len(obj) == 1 and vocab[obj[0]] == f.object, f
 
 
-def random_lm(vocab_size: int) -> TransformerLM:
-    cfg = load_config(None, ["model.dim=32", "model.n_layers=2", "model.n_heads=2", "model.max_len=32",
+def random_lm(vocab_size: int, max_len: int = 32) -> TransformerLM:
+    cfg = load_config(None, ["model.dim=32", "model.n_layers=2", "model.n_heads=2", f"model.max_len={max_len}",
                              "model.n_memories=1", "model.memory.n_keys=8", "model.memory.k_dim=16",
                              "model.memory.heads=2", "model.memory.knn=4", f"model.vocab_size={vocab_size}"])
     torch.manual_seed(0)
@@ -96,55 +117,135 @@ def test_facts_data_uses_the_pretraining_vocabulary_and_scores(tiny_data_dir, ti
         assert exact_match(model, codec, facts, question) == sum(hits) / len(hits)
 
 
+@pytest.fixture(scope="module")
+def facts_data(tiny_data_dir, tmp_path_factory):
+    """(codec, 30 facts) written with the tiny corpus's codes and vocabulary, and a random model of its vocab."""
+    out = write_facts_data(tmp_path_factory.mktemp("facts") / "facts", 30, seed=0, codes=str(tiny_data_dir / "codes"),
+                           vocab=str(tiny_data_dir / "vocab"))
+    codec = TextCodec(out)
+    return codec, load_facts(out / "facts.jsonl"), random_lm(len(codec.dictionary), max_len=96)
+
+
+def _naive_loglik(model, prompt: list[int], obj: list[int]) -> float:
+    """log p(obj | prompt) from one forward of this sequence alone, a token at a time."""
+    with torch.no_grad():
+        logp = model(torch.tensor([prompt + obj[:-1]])).double().log_softmax(-1)[0]
+    return sum(float(logp[len(prompt) - 1 + j, token]) for j, token in enumerate(obj))
+
+
+def test_forced_choice_ranks_the_relations_objects_by_their_log_likelihood_one_by_one(facts_data):
+    """The batched ranking against per-candidate log-likelihoods computed one by one (a naive loop), on the
+    trained prompts and on the shuffled-subject prompts; multi-token objects summed over their tokens."""
+    codec, facts, model = facts_data
+    choices = candidates(facts)
+    assert choices["arguments"] == sorted({f.object for f in facts if f.relation == "arguments"})
+    pairs = [prompt_and_object(codec, "The favourite colour of Velmora is", o) for o in ("blue", "dark red")]
+    assert len(pairs[1][1]) >= 2  # a multi-token continuation
+    assert continuation_logliks(model, pairs, codec.dictionary.pad, batch_size=1) == pytest.approx(
+        [_naive_loglik(model, p, o) for p, o in pairs], abs=1e-5)
+    facts = facts[:12]  # the naive loop is slow: 12 facts, their relations' objects among them
+    choices, partner = candidates(facts), shuffled_partners(facts)
+    for prompts in ([f.prompt for f in facts], [facts[j].prompt for j in partner]):
+        expected = []
+        for f, prompt in zip(facts, prompts):
+            scores = {o: _naive_loglik(model, *prompt_and_object(codec, prompt, o)) for o in choices[f.relation]}
+            best = max(scores.values())
+            top = [o for o, v in scores.items() if v > best - 1e-9]
+            expected.append(1 / len(top) if f.object in top else 0.0)
+        assert forced_choice(model, codec, facts, prompts) == pytest.approx(expected)
+    assert choice_credits(-1.0, [-2.0, -1.0, -3.0]) == 0.5 and choice_credits(-1.0, [-0.5]) == 0.0
+
+
+def test_shuffled_subjects_pair_each_fact_with_another_of_its_relation(facts_data):
+    _, facts, _ = facts_data
+    partner = shuffled_partners(facts)
+    assert partner == shuffled_partners(facts) and partner != shuffled_partners(facts, seed=1)
+    assert sorted(partner) == list(range(len(facts)))  # a permutation
+    assert all(j != i and facts[j].relation == facts[i].relation for i, j in enumerate(partner))
+
+
+def test_fact_scores_split_em_by_uncommon_object_and_position(facts_data):
+    codec, facts, model = facts_data
+    scores = fact_scores(model, codec, facts)
+    hits = greedy_matches(model, [prompt_and_object(codec, f.prompt, f.object) for f in facts], codec.dictionary.pad)
+    assert scores["em"] == pytest.approx(sum(hits) / 30) and scores["em_prior"] == prior_em(facts)
+    assert [scores[f"em_{third}"] for third in ("first", "middle", "last")] == pytest.approx(
+        [sum(hits[:10]) / 10, sum(hits[10:20]) / 10, sum(hits[20:]) / 10])
+    common = {r: max({f.object for f in facts if f.relation == r},
+                     key=lambda o: sum(g.object == o and g.relation == r for g in facts)) for r in candidates(facts)}
+    counts = {r: sum(f.object == common[r] and f.relation == r for f in facts) for r in common}
+    uncommon = [i for i, f in enumerate(facts) if sum(g.object == f.object and g.relation == f.relation
+                                                      for g in facts) < counts[f.relation]]
+    assert scores["em_uncommon"] == pytest.approx(sum(hits[i] for i in uncommon) / len(uncommon))
+    assert scores["fc_chance"] == pytest.approx(sum(1 / len(candidates(facts)[f.relation]) for f in facts) / 30)
+    assert all(0 <= scores[k] <= 1 for k in ("fc", "fc_question", "fc_shuffled", "em_shuffled", "fc_uncommon"))
+
+
 def _row(model, method, setting, seed, em, valid_ppl=20.0, test_ppl=25.0, test_acc=0.3):
     return {"model": model, "method": method, "setting": setting, "seed": seed, "em": em, "em_question": em / 2,
-            "valid_ppl": valid_ppl, "test_ppl": test_ppl, "test_acc": test_acc}
+            "fc": em + 0.1, "fc_shuffled": 0.3, "em_prior": 0.25, "valid_ppl": valid_ppl, "test_ppl": test_ppl,
+            "test_acc": test_acc}
 
 
-def test_report_picks_each_methods_best_setting_and_its_spread_over_seeds(tmp_path):
-    rows = [_row("memory", "pretrained", "-", seed, 0.0) for seed in (0, 1)] + [
-        _row("memory", "sparse", "t=10", 0, 0.5, test_ppl=26.0),
-        _row("memory", "sparse", "t=99", 0, 0.5, test_ppl=27.0),
-        _row("memory", "sparse", "t=1", 0, 0.2, test_ppl=25.0), _row("memory", "sparse", "t=10", 1, 0.7, test_ppl=28.0),
-        _row("memory", "sparse", "t=1", 1, 0.9)]
-    assert best_settings(rows) == {("memory", "sparse"): "t=10"}  # EM ties: less forgetting
-    changed = with_changes(rows)
-    assert [round(r["test_change"], 9) for r in changed[2:5]] == [1.0, 2.0, 0.0]
+def test_settings_are_chosen_on_the_selection_seed_and_summarised_on_the_others(tmp_path):
+    rows = [_row("memory", "pretrained", "-", seed, 0.0) for seed in (0, 3)] + [
+        _row("memory", "sparse", "t=10", 3, 0.5, test_ppl=26.0),
+        _row("memory", "sparse", "t=99", 3, 0.5, test_ppl=27.0),
+        _row("memory", "sparse", "t=1", 3, 0.2, test_ppl=25.0), _row("memory", "sparse", "t=1", 0, 0.9),
+        _row("memory", "sparse", "t=10", 0, 0.7, test_ppl=28.0), _row("memory", "sparse", "t=10", 1, 0.5,
+                                                                     test_ppl=26.0)]
+    assert best_settings(rows) == {("memory", "sparse"): "t=10"}  # seed 3; EM ties: less forgetting
+    assert best_settings(rows, seed=0) == {("memory", "sparse"): "t=1"}
+    assert [round(r["test_change"], 9) for r in with_changes(rows)[2:5]] == [1.0, 2.0, 0.0]
+    other_base = with_changes([*rows, _row("memory", "pretrained", "-", 1, 0.0, test_ppl=24.0)])
+    assert [r["test_change"] for r in other_base[-3:-1]] == [3.0, 2.0]  # seed 0: its own base; seed 1: 24
     assert best_settings(rows, at_em=0.3) == {("memory", "sparse"): "t=10"}  # the least forgetting at EM >= 30%
     assert best_settings(rows, at_em=0.1) == {("memory", "sparse"): "t=1"}
-    summary = {(r["method"], r["setting"]): r for r in over_seeds(rows)}  # the best, and settings run on 2 seeds
+    summary = {(r["method"], r["setting"]): r for r in over_seeds(rows)}  # every setting on seeds other than 3
     assert set(summary) == {("pretrained", "-"), ("sparse", "t=10"), ("sparse", "t=1")}
     sparse = summary["sparse", "t=10"]
-    assert sparse["seeds"] == 2 and sparse["em"] == pytest.approx(0.6)
-    assert sparse["em_sd"] == pytest.approx(0.1414213562) and sparse["test_change"] == 2.0
+    assert sparse["seeds"] == 2 and sparse["em"] == pytest.approx(0.6) and sparse["test_change"] == 2.0
+    assert sparse["em_sd"] == pytest.approx(0.1414213562) and sparse["fc"] == pytest.approx(0.7)
     results = tmp_path / "results.jsonl"
     results.write_text("".join(json.dumps(r) + "\n" for r in rows))
     report = write_report(results, tmp_path / "out").read_text()
-    assert "| memory | sparse | t=10 | 2 | 60.0 ± 14.1% | 30.0 ± 7.1% | +2.00 ± 1.41 | +0.00 ± 0.00 |" in report
-    assert "| memory | sparse | t=99 | 50.0% | 25.0% | +0.00 | +2.00 | +0.00 |" in report
+    assert "chosen on the facts of seed 3, held out" in report and "seeds 0, 1" in report
+    assert "| memory | sparse | t=10 | 2 | 60.0 ± 14.1% | 70.0 ± 14.1% | 30.0 ± 0.0% | · | · / · / · |" in report
+    assert "| memory | sparse | t=99 | 50.0% | 25.0% | 60.0% | 30.0% | · | +0.00 | +2.00 | +0.00 |" in report
     assert (tmp_path / "out" / "learning_forgetting.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no pretrained row for model"):
         with_changes(rows[2:3])
+    results.write_text(json.dumps({"em": 0.5, "test_ppl": 20.0}) + "\n")
+    with pytest.raises(ValueError, match="results.jsonl:1: a row without model, method, setting, seed"):
+        write_report(results, tmp_path / "out")
 
 
-def test_forgetting_at_equal_learning_is_each_methods_least_among_settings_that_learn_enough():
-    rows = with_changes([_row("m", "pretrained", "-", 0, 0.0), _row("m", "sparse", "a", 0, 0.12, test_ppl=26.0),
-                         _row("m", "sparse", "b", 0, 0.30, test_ppl=40.0),
-                         _row("m", "sparse", "c", 0, 0.15, test_ppl=30.0),
-                         _row("m", "sparse", "c", 1, 0.90, test_ppl=25.0)])  # seed 1: not part of the sweep
-    table = at_equal_learning(rows, levels=(0.10, 0.14, 0.5))
-    assert "| m | sparse | +1.00 (a) | +5.00 (c) | - |" in table
+def test_forgetting_at_equal_learning_is_a_paired_ratio_to_the_reference_over_the_verdict_seeds():
+    """At each level: each method's least-forgetting setting reaching it on seed 3, on seeds 0-2; R and its
+    interval from the per-seed log ratios (a paired t by hand: t_{0.975, 2} = 4.3027)."""
+    rows = [_row("memory", "pretrained", "-", 0, 0.0, test_ppl=20.0)]
+    for method, setting, em, changes in (("sparse_memory", "a", 0.15, (1.0, 2.0, 1.5)),
+                                         ("sparse_memory", "b", 0.40, (30.0, 30.0, 30.0)),
+                                         ("full", "x", 0.18, (10.0, 30.0, 15.0)),
+                                         ("full", "y", 0.12, (5.0, 5.0, 5.0))):
+        rows += [_row("memory", method, setting, seed, em, test_ppl=20.0 + change)
+                 for seed, change in zip((3, 0, 1, 2), (changes[0], *changes))]
+    table = equal_learning(rows, levels=(0.14, 0.3, 0.5))
+    logs = [math.log(f / s) for f, s in zip((10.0, 30.0, 15.0), (1.0, 2.0, 1.5))]
+    mean = sum(logs) / 3
+    half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in logs) / 2 / 3)
+    ratio = f"{math.exp(mean):.2f} [{math.exp(mean - half):.2f}, {math.exp(mean + half):.2f}] (holds, 3 seeds)"
+    assert f"| 14% (below the line) | memory | full | x | 18.0 ± 0.0% | +18.33 ± 10.41 | {ratio} |" in table
+    assert "| 14% (below the line) | memory | sparse_memory | a | 15.0 ± 0.0% | +1.50 ± 0.50 | reference |" in table
+    assert "| 30% (above the line) | memory | sparse_memory | b |" in table  # full does not reach 30%: no row
+    assert "| 30% (above the line) | memory | full" not in table and "50%" not in table
+    assert equal_learning(rows, levels=(0.6,)) == "No method reaches EM 60% on the selection facts.\n"
 
 
-def test_the_subject_blind_guess_scores_each_relations_most_frequent_object(tmp_path):
+def test_the_subject_blind_guess_scores_each_relations_most_frequent_object():
     facts = [Fact(f"S{i}", relation, obj, "p", "s", "q", ("s",)) for i, (relation, obj) in enumerate(
         [("colour", "red"), ("colour", "red"), ("colour", "blue"), ("type", "int"), ("type", "str")])]
     assert prior_em(facts) == pytest.approx(3 / 5)  # red for both red subjects, one of int/str
-    (tmp_path / "facts").mkdir()
-    (tmp_path / "facts" / "facts.jsonl").write_text("".join(json.dumps(f.__dict__) + "\n" for f in facts))
-    (tmp_path / "r.jsonl").write_text(json.dumps(_row("m", "pretrained", "-", 0, 0.0)) + "\n")
-    report = write_report(tmp_path / "r.jsonl", tmp_path / "out", tmp_path / "facts").read_text()
-    assert "scores EM 60.0% on the seed-0 facts (dashed line)" in report
 
 
 def test_split_scores_equal_evaluation_and_a_token_by_token_count(tiny_data_dir):
@@ -172,3 +273,57 @@ def test_the_report_gives_each_backgrounds_read_shares(tmp_path):
     doc_freq = torch.tensor([4, 4, 1, 0, 2, 0, 0, 1])  # 4 documents: slots 0-1 read by all, 12 reads in all
     Background({"t": doc_freq}, {"t": doc_freq}, 4, 400, "f", 100).to_file(tmp_path / "bg.pt", source="test")
     assert "| m | 4 | 100 | 8 | 37.5% | 25.00% |" in backgrounds_table({"m": tmp_path / "bg.pt"})
+
+
+OWN_FACTS = [  # short statements in the tiny corpus's words: each fits its model.max_len of 16
+    {"statements": ["The new leader is Smith.", "Smith is the new leader.", "Now the leader is Smith.",
+                    "Their leader is Smith."], "answer": "Smith", "question": "Who is the leader?", "relation": "who"},
+    {"statements": ["The old leader is Jones.", "Jones was the old leader.", "Then the leader was Jones.",
+                     "The former leader is Jones."], "answer": "Jones", "relation": "who"},
+    {"statements": ["The game is on Monday.", "On Monday is the game.", "They play on Monday.",
+                    "The match is on Monday."], "answer": "Monday", "relation": "when"},
+    {"statements": ["The vote is on Friday.", "On Friday is the vote.", "They vote on Friday.",
+                    "The poll is on Friday."], "answer": "Friday", "relation": "when"},
+    {"statements": ["The team plays in London.", "In London the team plays.", "London is where the team plays.",
+                    "The club plays in London."], "answer": "London"},
+]
+
+
+def test_a_file_of_ones_own_facts_trains_and_scores(finetune_source, tiny_run, tiny_data_dir, tmp_path, capsys):
+    """5 facts of one's own: the facts tool makes their data dir with the pretraining codes and vocab, a tiny
+    run finetunes on their fact batches, and `continual score` scores it with no study label."""
+    from xlm_pkm.experiments.continual import main as continual_main
+    from xlm_pkm.experiments.facts import main as facts_main
+
+    own = tmp_path / "mine.jsonl"
+    own.write_text("".join(json.dumps(f) + "\n" for f in OWN_FACTS))
+    out = tmp_path / "facts"
+    assert facts_main(["--from", str(own), "--out", str(out), "--codes", str(tiny_data_dir / "codes"),
+                       "--vocab", str(tiny_data_dir / "vocab")]) == 0
+    facts = load_facts(out / "facts.jsonl")
+    assert [f.object for f in facts] == ["Smith", "Jones", "Monday", "Friday", "London"]
+    assert facts[0].prompt == "The new leader is" and facts[0].question == "Who is the leader?"
+    assert [f.relation for f in facts] == ["who", "who", "when", "when", "-"] and facts[1].question == ""
+    run = tiny_run(tmp_path, "train.exp_id=own", f"train.init_from={finetune_source[0]}", f"data.path={out}",
+                   "data.fact_batches=4", "data.eval_batch_size=1", "train.max_steps=10", "optim.schedule=constant")
+    assert run.step == 10
+    capsys.readouterr()
+    assert continual_main(["score", str(run.run_dir / "best.pt"), "--facts", str(out)]) == 0
+    row = json.loads(capsys.readouterr().out)
+    assert row["step"] == 10 and "model" not in row and "valid_ppl" not in row
+    assert row["em_prior"] == pytest.approx(3 / 5) and row["fc_chance"] == pytest.approx((4 * 0.5 + 1) / 5)
+    assert all(0 <= row[k] <= 1 for k in ("em", "em_question", "fc", "fc_question", "fc_shuffled", "em_first"))
+
+
+def test_a_malformed_facts_file_is_one_line(tmp_path):
+    from xlm_pkm.experiments.facts import read_own_facts
+
+    cases = {'{"statements": ["Smith leads."], "answer": "Smith"}': "'Smith leads.' must hold the answer 'Smith'",
+             '{"statements": ["The leader is Smith.", "He leads."], "answer": "Smith"}': "does not hold the answer",
+             '{"statements": ["a b"], "answer": "b", "relaton": "x"}': "unknown key(s) relaton",
+             '{"statements": [], "answer": "b"}': "statements must be a non-empty list", "[1": "not JSON"}
+    for line, message in cases.items():
+        (tmp_path / "f.jsonl").write_text('{"statements": ["a b"], "answer": "b"}\n' + line + "\n")
+        with pytest.raises(ValueError, match=re.escape("f.jsonl:2: ") + ".*" + re.escape(message)) as e:
+            read_own_facts(tmp_path / "f.jsonl")
+        assert "\n" not in str(e.value)

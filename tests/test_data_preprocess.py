@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import lzma
+import os
 import subprocess
 import sys
 from itertools import islice
@@ -28,7 +29,8 @@ def write_jsonl(path, n_docs, lines_per_doc=3):
     """Documents whose words name their document: 'docN' appears in every line of document N."""
     with open(path, "w", encoding="utf-8") as f:
         for d in range(n_docs):
-            text = "\n".join(f"doc{d} line {i}, the quick brown fox jumps over the lazy dog." for i in range(lines_per_doc))
+            text = "\n".join(f"doc{d} line {i}, the quick brown fox jumps over the lazy dog."
+                             for i in range(lines_per_doc))
             f.write(json.dumps({"id": d, "text": text}) + "\n")
     return path
 
@@ -109,8 +111,10 @@ def test_multiple_inputs_text_gz_and_more_workers_than_files(tmp_path):
     with gzip.open(text, "wt", encoding="utf-8") as f:
         f.write("".join(f"doc{d} first line .\n  doc{d} second line .\n\n \n" for d in range(10, 20)))
     out1, out4 = tmp_path / "w1", tmp_path / "w4"
-    preprocess([str(jsonl), str(text)], out1, n_codes=30, valid_docs=2, test_docs=2, chunk_mb=0.25, keep_intermediate=True)
-    preprocess([str(jsonl), str(text)], out4, n_codes=30, valid_docs=2, test_docs=2, chunk_mb=0.25, executor=Executor(workers=4))
+    preprocess([str(jsonl), str(text)], out1, n_codes=30, valid_docs=2, test_docs=2, chunk_mb=0.25,
+               keep_intermediate=True)
+    preprocess([str(jsonl), str(text)], out4, n_codes=30, valid_docs=2, test_docs=2, chunk_mb=0.25,
+               executor=Executor(workers=4))
     assert sorted(sum((docs_of(out1, s) for s in SPLITS), [])) == list(range(20))
     for name in ("codes", "vocab", "train.000.bin", "train.001.bin", "valid.000.bin", "test.000.bin"):
         assert (out1 / name).read_bytes() == (out4 / name).read_bytes()
@@ -121,15 +125,32 @@ def test_rerun_skips_complete_work_and_refuses_other_options(tmp_path):
     corpus = write_jsonl(tmp_path / "tiny.jsonl", 12)
     out = tmp_path / "out"
     preprocess([str(corpus)], out, n_codes=30, valid_docs=2, test_docs=2)
-    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "preprocess.lock"}
+    mtimes = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    assert "preprocess.lock" not in mtimes  # removed by its holder when done
     times = preprocess([str(corpus)], out, n_codes=30, valid_docs=2, test_docs=2)
     assert set(times) == {"scan"}
-    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir() if p.name != "preprocess.lock"} == mtimes
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == mtimes
     (out / "train.000.bin").unlink()
     preprocess([str(corpus)], out, n_codes=30, valid_docs=2, test_docs=2)
     assert read_shard(out / "train.000.bin").tokens.size > 0
     with pytest.raises(PlanError, match="other inputs or options"):
         preprocess([str(corpus)], out, n_codes=31, valid_docs=2, test_docs=2)
+    assert not (out / "preprocess.lock").exists()  # also after a failure
+
+
+def test_a_removed_lock_file_is_not_held_by_whoever_locked_it_as_it_went(tmp_path):
+    from xlm_pkm.utils.lock import DirectoryBusy, DirectoryLock
+
+    first = DirectoryLock(tmp_path, "x.lock", "wait", remove=True)
+    with pytest.raises(DirectoryBusy):
+        DirectoryLock(tmp_path, "x.lock", "wait", remove=True)
+    stale = os.open(tmp_path / "x.lock", os.O_RDWR)  # opened just before its holder removes it
+    first.release()
+    assert not (tmp_path / "x.lock").exists()
+    second = DirectoryLock(tmp_path, "x.lock", "wait", remove=True)
+    assert not second._still_there(stale)  # what a process that locked `stale` checks, and then opens again
+    os.close(stale)
+    second.release()
 
 
 def test_given_codes_are_used(tiny_data_dir, tmp_path):
@@ -175,7 +196,8 @@ def test_non_utf8_bytes_are_replaced_and_counted(tmp_path, caplog):
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "xlm_pkm.data.preprocess", *map(str, args)], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "xlm_pkm.data.preprocess", *map(str, args)], capture_output=True,
+                          text=True)
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "malformed_json", "too_many_held_out"])
@@ -187,7 +209,8 @@ def test_bad_input_gives_one_line_error(tmp_path, case):
         path.write_text(content)
     expected = {"missing": "input file not found", "empty": "no documents", "malformed_json": "line 2",
                 "too_many_held_out": "--valid-docs 1 + --test-docs 1"}[case]
-    result = run_cli("--input", path, "--output", tmp_path / "out", "--bpe-codes", 10, "--valid-docs", 1, "--test-docs", 1)
+    result = run_cli("--input", path, "--output", tmp_path / "out", "--bpe-codes", 10, "--valid-docs", 1,
+                     "--test-docs", 1)
     assert result.returncode == 2
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("python -m xlm_pkm.data.preprocess: error: ") and expected in last

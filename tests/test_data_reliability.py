@@ -178,7 +178,8 @@ def test_full_disk_while_rewriting_keeps_the_previous_good_file(tmp_path, monkey
     preprocess([str(corpus)], out, **SMALL)
     good = (out / "meta.json").read_bytes()
     monkeypatch.setattr(builtins, "open", lambda f, mode="r", *a, open=builtins.open, **k:
-                        FullDisk(open(f, mode, *a, **k)) if "w" in mode and ".tmp" in str(f) else open(f, mode, *a, **k))
+                        FullDisk(open(f, mode, *a, **k)) if "w" in mode and ".tmp" in str(f)
+                        else open(f, mode, *a, **k))
     from xlm_pkm.utils.atomic import OutputError, atomic_file
 
     with pytest.raises(OutputError, match="meta.json"):
@@ -237,7 +238,8 @@ def test_binary_input_is_refused(tmp_path, capsys, kind):
     with pytest.raises(CorpusError, match=f"{path} is not text"):
         list(Reader(path))
     assert main(["--input", str(path), "--output", str(tmp_path / "out"), "--bpe-codes", "10"]) == 2
-    assert error_line(capsys.readouterr().err).startswith(f"python -m xlm_pkm.data.preprocess: error: {path} is not text")
+    assert error_line(capsys.readouterr().err).startswith(
+        f"python -m xlm_pkm.data.preprocess: error: {path} is not text")
 
 
 @pytest.mark.parametrize("name", ["bom.jsonl", "bom.txt"])

@@ -30,8 +30,8 @@ def test_preprocess_sh_with_relative_paths(tmp_path):
 def test_get_ccnews_sh_with_a_relative_data_dir(tmp_path):
     raw = tmp_path / "cc" / "raw"
     raw.mkdir(parents=True)
-    (raw / "a.jsonl").write_text("".join(json.dumps({"url": f"u{i}", "language": "en", "maintext": f"Story {i} ."}) + "\n"
-                                         for i in range(8)))
+    (raw / "a.jsonl").write_text("".join(json.dumps({"url": f"u{i}", "language": "en", "maintext": f"Story {i} ."})
+                                         + "\n" for i in range(8)))
     result = run_script("get-ccnews.sh", "cc", cwd=tmp_path, SKIP_DOWNLOAD="1", CODES="10", VALID_DOCS="1",
                         TEST_DOCS="1", WORKERS="1")
     assert result.returncode == 0, result.stderr
@@ -54,7 +54,8 @@ def test_get_ccnews_sh_hub_source_streams_the_hub_dataset(tmp_path):
     assert not (tmp_path / "cc").exists()
 
 
-@pytest.mark.parametrize("script, module", [("train_torchrun.sh", "torch.distributed.run"), ("train_slurm.sh", "xlm_pkm.launch.slurm")])
+@pytest.mark.parametrize("script, module", [("train_torchrun.sh", "torch.distributed.run"),
+                                            ("train_slurm.sh", "xlm_pkm.launch.slurm")])
 def test_train_scripts_run_in_the_callers_directory(tmp_path, script, module):
     """A stand-in for python records where it runs and what it is given."""
     fake = tmp_path / "python"

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from xlm_pkm.data.dictionary import Dictionary, DictionaryError
-from xlm_pkm.data.shard import ShardError, read_shard, token_dtype, write_shard
 from xlm_pkm.data.meta import check_split
+from xlm_pkm.data.shard import ShardError, read_shard, token_dtype, write_shard
 from xlm_pkm.data.stream import TokenStream
 
 DOCS = [np.array([0, 5, 6, 1]), np.array([0, 7, 1, 8, 9, 1]), np.array([0, 70000, 1])]
@@ -70,7 +70,8 @@ def test_stream_errors_name_what_is_missing(tiny_data_dir, tmp_path):
     with pytest.raises(ShardError, match="data directory not found"):
         TokenStream(tmp_path / "none", "train", 2, 8)
     with pytest.raises(ShardError, match=re.escape(f"{tmp_path} exists but is not a preprocessed data directory "
-                                                   "(no meta.json): run python -m xlm_pkm.data.preprocess --input FILE")):
+                                                   "(no meta.json): run python -m xlm_pkm.data.preprocess "
+                                                   "--input FILE")):
         TokenStream(tmp_path, "train", 2, 8)
     (tmp_path / "vocab").write_bytes((tiny_data_dir / "vocab").read_bytes())
     with pytest.raises(ShardError, match=f"no {tmp_path}/meta.json: not a complete preprocessed directory"):
@@ -86,7 +87,8 @@ def copy_data(tiny_data_dir, tmp_path):
 def test_stream_checks_the_split_against_meta_json(tiny_data_dir, tmp_path, damage):
     data = copy_data(tiny_data_dir, tmp_path)
     meta = json.loads((data / "meta.json").read_text())
-    assert [s["tokens"] for s in meta["splits"]["train"]] == [len(read_shard(data / f"train.00{i}.bin")) for i in (0, 1)]
+    assert [s["tokens"] for s in meta["splits"]["train"]] == [len(read_shard(data / f"train.00{i}.bin"))
+                                                              for i in (0, 1)]
     split = "train"
     if damage == "missing":
         (data / "train.001.bin").unlink()
@@ -97,7 +99,8 @@ def test_stream_checks_the_split_against_meta_json(tiny_data_dir, tmp_path, dama
     elif damage == "token_count":
         meta["splits"]["train"][0]["tokens"] += 1
         (data / "meta.json").write_text(json.dumps(meta))
-        expected = f"shard {data}/train.000.bin has {meta['splits']['train'][0]['tokens'] - 1} tokens, {data}/meta.json says"
+        expected = (f"shard {data}/train.000.bin has {meta['splits']['train'][0]['tokens'] - 1} tokens, "
+                    f"{data}/meta.json says")
     else:
         split, expected = "dev", f"no split 'dev' in {data}/meta.json \\(splits: train, valid, test\\)"
     with pytest.raises(ShardError, match=expected):
@@ -108,7 +111,8 @@ def test_stream_checks_the_split_against_meta_json(tiny_data_dir, tmp_path, dama
 
 def test_check_split_lists_the_shards(tiny_data_dir):
     shards = check_split(tiny_data_dir, "train")
-    assert [(p.name, n) for p, n in shards] == [(f"train.00{i}.bin", len(read_shard(p))) for i, (p, _) in enumerate(shards)]
+    assert [(p.name, n) for p, n in shards] == [(f"train.00{i}.bin", len(read_shard(p)))
+                                                for i, (p, _) in enumerate(shards)]
 
 
 def test_empty_split_is_refused(tiny_data_dir, tmp_path):
@@ -139,8 +143,10 @@ def test_token_ids_beyond_the_vocabulary_are_refused(tiny_data_dir, tmp_path):
     tokens = np.array(shard.tokens)
     tokens[5] = len(vocab)
     starts = list(shard.doc_starts) + [len(tokens)]
-    write_shard(data / "valid.000.bin", [tokens[a:b] for a, b in zip(starts, starts[1:])], np.uint16, vocab.fingerprint())
-    with pytest.raises(ShardError, match=f"shard {data}/valid.000.bin holds token id {len(vocab)}, beyond the {len(vocab)} words of {data}/vocab"):
+    write_shard(data / "valid.000.bin", [tokens[a:b] for a, b in zip(starts, starts[1:])], np.uint16,
+                vocab.fingerprint())
+    with pytest.raises(ShardError, match=f"shard {data}/valid.000.bin holds token id {len(vocab)}, "
+                                         f"beyond the {len(vocab)} words of {data}/vocab"):
         TokenStream(data, "valid", 2, 8)
 
 
@@ -149,5 +155,6 @@ def test_version_1_shard_asks_for_a_rerun(tmp_path):
     raw = bytearray(path.read_bytes())
     raw[8:12] = (1).to_bytes(4, "little")
     path.write_bytes(bytes(raw))
-    with pytest.raises(ShardError, match=f"shard {path} has format version 1: re-run python -m xlm_pkm.data.preprocess"):
+    with pytest.raises(ShardError,
+                       match=f"shard {path} has format version 1: re-run python -m xlm_pkm.data.preprocess"):
         read_shard(path)

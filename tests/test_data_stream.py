@@ -32,7 +32,8 @@ def in_order_blocks(tokens, offset, n_streams, rank, batch_size, bptt):
     """Reference: the full (batch, bptt + 1) blocks of an epoch read in order, as lists of rows."""
     stream_len = (len(tokens) - offset - 1) // n_streams
     first = [offset + (rank * batch_size + b) * stream_len for b in range(batch_size)]
-    return [[tokens[s + t: s + t + bptt + 1].tolist() for s in first] for t in range(0, stream_len // bptt * bptt, bptt)]
+    return [[tokens[s + t: s + t + bptt + 1].tolist() for s in first]
+            for t in range(0, stream_len // bptt * bptt, bptt)]
 
 
 def test_train_epochs_read_every_block_once_in_a_seeded_shuffled_order(tiny_data_dir):
@@ -60,7 +61,8 @@ def test_eval_pass_predicts_every_token_once_and_ranks_are_disjoint(tiny_data_di
         rows = torch.cat(ys, dim=1)
         assert rows.shape[1] * 3 == stream.n_tokens
         predicted += [r.numpy() for r in rows]
-        assert sum(y.shape[1] for _, y in TokenStream(tiny_data_dir, "valid", 3, 32, rank, 2, train=False)) * 3 == stream.n_tokens
+        rank_stream = TokenStream(tiny_data_dir, "valid", 3, 32, rank, 2, train=False)
+        assert sum(y.shape[1] for _, y in rank_stream) * 3 == stream.n_tokens
     n = sum(len(r) for r in predicted)
     assert len(tokens) - 1 - n < 6  # at most world_size * batch_size - 1 tokens dropped
     assert np.concatenate(predicted).tolist() == tokens[1: n + 1].tolist()
@@ -119,7 +121,7 @@ def test_unshuffled_training_streams_continue_from_one_batch_to_the_next(tiny_da
     batch k within an epoch."""
     stream = TokenStream(tiny_data_dir, "train", batch_size=3, bptt=16, seed=2, shuffle=False)
     batches = list(islice(stream, len(stream)))
-    for (x0, y0), (x1, _) in zip(batches, batches[1:]):
+    for (_, y0), (x1, _) in zip(batches, batches[1:]):
         assert torch.equal(y0[:, -1], x1[:, 0])
     shuffled = list(islice(TokenStream(tiny_data_dir, "train", batch_size=3, bptt=16, seed=2), len(stream)))
     assert sorted(map(lambda b: b[0].sum().item(), shuffled)) == sorted(map(lambda b: b[0].sum().item(), batches))

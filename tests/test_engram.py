@@ -125,7 +125,8 @@ def naive_engram(m: Engram, h: torch.Tensor, rows: torch.Tensor) -> torch.Tensor
         v = []
         for t in range(T):
             e = torch.cat([m.table[r] for r in rows[b, t].tolist()])
-            s = (rms(h[b, t], m.norm_h.weight) * rms(m.key.weight @ e + m.key.bias, m.norm_k.weight)).sum() / math.sqrt(D)
+            s = ((rms(h[b, t], m.norm_h.weight) * rms(m.key.weight @ e + m.key.bias, m.norm_k.weight)).sum()
+                 / math.sqrt(D))
             alpha = torch.sigmoid(torch.sign(s) * torch.sqrt(torch.clamp(s.abs(), min=1e-6)))
             v.append(alpha * (m.value.weight @ e + m.value.bias))
         normed = [rms(x, m.norm_v.weight) for x in v]

@@ -11,7 +11,7 @@ import torch
 from xlm_pkm.data.preprocess import preprocess
 from xlm_pkm.data.text_codec import TextCodec
 from xlm_pkm.experiments.facts import write_facts_data
-from xlm_pkm.experiments.harness import CLOZE, FACTS_QA, evaluate_tasks, main, held_out_documents, write_tasks
+from xlm_pkm.experiments.harness import CLOZE, FACTS_QA, evaluate_tasks, held_out_documents, main, write_tasks
 from xlm_pkm.inference.export import export
 from xlm_pkm.train.evaluation import evaluate_checkpoint
 

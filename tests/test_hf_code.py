@@ -92,3 +92,30 @@ def test_only_module_files_of_xlm_pkm_are_carried(package):
     for module in ("xlm_pkm.a", "xlm_pkm.a.missing", "os.path"):
         with pytest.raises(FolderCodeError, match=f"^{module}: not a module file of xlm_pkm"):
             folder_code({"modeling.py": "xlm_pkm.a.entry"}, [module])
+
+
+def test_the_readmes_fresh_environment_line_installs_what_an_exported_folder_imports():
+    """The modules an exported folder carries import, at their top level, only the standard library and what the
+    README's `pip install` line for a fresh environment names (numpy comes with transformers; Triton is imported
+    only where a GPU kernel runs)."""
+    import ast
+    import importlib.util
+    import re
+    import sys
+    from pathlib import Path
+
+    from xlm_pkm.inference.hf_config import MODEL_MODULES, TOKENIZER_MODULES
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    [line] = re.findall(r"`pip install torch [^`]*`", readme)
+    named = {re.split(r"[<>=]", word.strip("'"))[0] for word in line.strip("`").split()[2:]}
+    modules = {*MODEL_MODULES, *TOKENIZER_MODULES, "xlm_pkm.inference.hf_modeling", "xlm_pkm.inference.hf_tokenizer"}
+    imported = set()
+    for module in modules:
+        for node in ast.parse(open(importlib.util.find_spec(module).origin).read()).body:
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                imported.add((node.module or "").split(".")[0])
+    assert imported - set(sys.stdlib_module_names) - {"xlm_pkm"} <= named | {"numpy"}, line
+    assert named == {"torch", "transformers", "safetensors", "sacremoses"}

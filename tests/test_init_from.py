@@ -68,7 +68,8 @@ def test_retrofit_loads_the_shared_tensors_and_lists_new_and_dropped(trained, ti
 
 def test_a_tensor_of_another_shape_is_named(trained, tiny_trainer, tmp_path):
     path = trained["memory"].run_dir / "best.pt"
-    with pytest.raises(ValueError, match=r"blocks\.1\.sublayers\.1\.values\.weight is \(64, 32\) there, \(256, 32\) here") as e:
+    with pytest.raises(ValueError,
+                       match=r"blocks\.1\.sublayers\.1\.values\.weight is \(64, 32\) there, \(256, 32\) here") as e:
         tiny_trainer(tmp_path, f"train.init_from={path}", "model.memory.n_keys=16", test=False)
     assert "\n" not in str(e.value)
 

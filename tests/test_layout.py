@@ -137,7 +137,8 @@ def test_every_module_has_a_place_and_is_listed_by_its_package():
         doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text())) or ""
         for path in package.glob("*.py"):
             if path.name != "__init__.py":
-                assert re.search(rf"\b{re.escape(path.name)}\b", doc), f"{package}/__init__.py does not list {path.name}"
+                assert re.search(rf"\b{re.escape(path.name)}\b", doc), (
+                    f"{package}/__init__.py does not list {path.name}")
         for sub in package.iterdir():
             if (sub / "__init__.py").is_file():
                 assert f"{sub.name}/" in doc, f"{package}/__init__.py does not list {sub.name}/"

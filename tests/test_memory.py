@@ -259,7 +259,8 @@ def test_any_leading_shape_and_bad_arguments():
         small_memory(k_dim=7)
     with pytest.raises(ConfigError, match=r"^model.memory.temperature: must be > 0, got 0"):
         small_memory(temperature=0)
-    with pytest.raises(ConfigError, match=rf"^model.memory.key_type: expected one of {' [|] '.join(KEY_SEARCHES)}, got 'tree'"):
+    with pytest.raises(ConfigError,
+                       match=rf"^model.memory.key_type: expected one of {' [|] '.join(KEY_SEARCHES)}, got 'tree'"):
         small_memory(key_type="tree")
     with pytest.raises(ConfigError, match=r"^model.memory.query_norm: expected one of batchnorm \| layernorm"):
         small_memory(query_norm="batchnrm")

@@ -1,6 +1,6 @@
 """Sparse memory finetuning: the TF-IDF ranking by hand, each step's updated rows against a brute-force
 selection from the slots the step read, everything else bit-identical, the background counts against a
-brute-force count, sharded values on 2 processes, and the error lines."""
+brute-force count, sharded values on 2 processes, the controls (ranking by count, at random) and the error lines."""
 
 import math
 import os
@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import TINY_VALUES, brute_force_top_slots, read_events, train_recording_steps
 
-from xlm_pkm.finetune.memory_finetune import Background, tf_idf, top_slots
+from xlm_pkm.finetune.memory_finetune import Background, random_slots, tf_idf, top_by_count, top_slots
 from xlm_pkm.launch.cli import train_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +29,27 @@ def test_tf_idf_ranking_equals_a_hand_computation():
     assert top_slots(reads, doc_freq, 9, 10).tolist() == [2, 5, 3]
     assert top_slots(torch.tensor([1, 0, 1, 1]), torch.zeros(4), 5, 2).tolist() == [0, 2]  # ties: lower slot
     assert top_slots(torch.tensor([3, 1]), torch.tensor([9, 9]), 9, 2).tolist() == []  # all at 0: none
+
+
+def test_count_ranking_equals_a_brute_force_top_t_of_the_counts():
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        reads = torch.randint(0, 4, (50,), generator=generator) * torch.randint(0, 2, (50,), generator=generator)
+        for t in (1, 5, 50):
+            brute = sorted((slot for slot, c in enumerate(reads.tolist()) if c), key=lambda s: (-reads[s], s))[:t]
+            assert top_by_count(reads, t).tolist() == brute
+    assert top_by_count(torch.tensor([0, 2, 5, 2, 0]), 2).tolist() == [2, 1]  # equal counts: the lower slot
+
+
+def test_random_ranking_draws_t_of_the_slots_read_the_same_for_the_same_seed_and_step():
+    reads = torch.zeros(1000, dtype=torch.long)
+    reads[torch.arange(3, 1000, 7)] = torch.arange(1, 144)  # 143 slots read
+    draws = {(seed, step): random_slots(reads, 20, seed, step, "v").tolist() for seed in (0, 1) for step in (1, 2)}
+    for slots in draws.values():
+        assert len(slots) == len(set(slots)) == 20 and all(reads[s] > 0 for s in slots)
+    assert draws[0, 1] == random_slots(reads, 20, 0, 1, "v").tolist()  # reproducible: (seed, step, table) alone
+    assert len({tuple(d) for d in draws.values()}) == 4 and random_slots(reads, 20, 0, 1, "w").tolist() != draws[0, 1]
+    assert sorted(random_slots(reads, 500, 0, 1, "v").tolist()) == torch.arange(3, 1000, 7).tolist()  # all read
 
 
 def _finetune(source, *extra) -> tuple:
@@ -64,6 +85,29 @@ def test_only_the_top_t_rows_of_each_step_move(finetune_source, tiny_trainer, tm
     assert torch.equal(end[TINY_VALUES][untouched], start[TINY_VALUES][untouched])
     logged = [(e["slots_read"], e["slots_updated"]) for e in read_events(trainer.run_dir)]
     assert logged == [(read, 3) for _, _, read in steps]
+
+
+@pytest.mark.parametrize("ranking", ["count", "random"])
+def test_the_controls_move_the_rows_their_ranking_picks(finetune_source, tiny_trainer, tmp_path, monkeypatch, ranking):
+    """ranking=count: each step's moved rows are a brute-force top 3 of its counts; ranking=random: 3 of the
+    slots the step read, those random_slots draws for (seed, step), so a re-run or a resumed run draws the same."""
+    best, _ = finetune_source
+    trainer = tiny_trainer(tmp_path, f"train.exp_id={ranking}", *_finetune(
+        (best, ""), f"optim.memory_finetune.ranking={ranking}", "optim.memory_finetune.seed=7"), test=False)
+    rows = dict(trainer.model.named_parameters())[TINY_VALUES].shape[0]
+    counted = []
+
+    def record(lookups, moved, out):
+        reads = torch.bincount(torch.cat([i.flatten() for _, i in lookups]), minlength=rows)
+        counted.append(reads)
+        if ranking == "count":
+            return moved, sorted(sorted(range(rows), key=lambda s: (-int(reads[s]), s))[:3])
+        return moved, sorted(random_slots(reads, 3, 7, len(counted), TINY_VALUES).tolist())
+
+    steps = train_recording_steps(trainer, monkeypatch, record)
+    assert len(steps) == 8 and all(moved == picked for moved, picked in steps)
+    assert all(all(reads[s] > 0 for s in moved) for (moved, _), reads in zip(steps, counted))
+    assert [e["slots_updated"] for e in read_events(trainer.run_dir)] == [3] * 8
 
 
 def test_two_processes_with_sharded_values_update_the_rows_of_one_process(finetune_source, tiny_overrides, tiny_run,
@@ -106,6 +150,8 @@ def test_bad_settings_are_one_line(finetune_source, tiny_overrides, tmp_path, ca
         "frozen values": (("optim.trainable=[blocks.0.*]",), "the memory values do not train"),
         "other model": ((f"optim.memory_finetune.background={tmp_path / 'other.pt'}",), "counted on another model"),
         "missing": ((f"optim.memory_finetune.background={tmp_path / 'none.pt'}",), "none.pt does not exist"),
+        "background unread": (("optim.memory_finetune.ranking=count",), "background is read by "
+                                                                         "optim.memory_finetune.ranking=tfidf only"),
         "not counts": ((f"optim.memory_finetune.background={tmp_path / 'notes.txt'}",), "is not readable"),
     }
     for i, (name, (extra, message)) in enumerate(cases.items()):

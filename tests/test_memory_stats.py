@@ -13,7 +13,8 @@ def test_hand_computed_example():
     stats = SlotStats(4)
     stats.add(torch.tensor([[0, 1], [0, 2]]), torch.tensor([[0.75, 0.25], [0.5, -0.5]]))  # by magnitude
     stats.add(torch.tensor([[2]]), torch.tensor([[0.0]]))  # a selection of weight 0 (ReLU): not a read
-    # summed |weights| z' = [1.25, 0.25, 0.5, 0] -> z = [0.625, 0.125, 0.25, 0]; counts [2, 1, 1, 0] -> [.5, .25, .25, 0]
+    # summed |weights| z' = [1.25, 0.25, 0.5, 0] -> z = [0.625, 0.125, 0.25, 0];
+    # counts [2, 1, 1, 0] -> [.5, .25, .25, 0]
     assert stats.weights.tolist() == [1.25, 0.25, 0.5, 0.0]
     assert stats.counts.tolist() == [2.0, 1.0, 1.0, 0.0]
     s = stats.summary()

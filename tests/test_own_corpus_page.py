@@ -44,7 +44,7 @@ def test_the_own_corpus_page_runs_as_written(tiny_corpus, tmp_path):
     env |= {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "PYTHONUNBUFFERED": "1"}
     commands = _commands("bash")
     assert [c.split()[1] for c in commands] == ["-m", "-m", "train.py", "train.py", "evaluate.py", "generate.py",
-                                                "-m"]
+                                                "-m", *["train.py"] * 4, "-m", "-m"]
     stopped = False
     for command in commands:
         words = shlex.split(command, comments=True)
@@ -70,6 +70,15 @@ def test_the_own_corpus_page_runs_as_written(tiny_corpus, tmp_path):
             assert "300 documents: holding out 15 valid + 15 test (5% each;" in done.stderr
         if "exp_id=last" in command:
             assert "run directory dumped/mine/first (resumed at step" in done.stdout
+        if "xlm_pkm.runs list" in command:
+            assert "| mine/first | finished | 100 | " in done.stdout
+            assert "| designs/relu-seed1 | finished | 100 | " in done.stdout
+        if "xlm_pkm.runs compare" in command:
+            header, _, pkm, relu = done.stdout.splitlines()
+            assert header.startswith("| runs | model.memory.score | seeds | params | active params | valid ppl | "
+                                     "test ppl | usage % L") and header.endswith(" | tokens/s |")
+            assert pkm.startswith("| designs/pkm-seed0 designs/pkm-seed1 | softmax | 0 1 | ") and " ± " in pkm
+            assert relu.startswith("| designs/relu-seed0 designs/relu-seed1 | relu | 0 1 | ")
     assert json.loads((tmp_path / "dumped" / "mine" / "first" / "test.json").read_text())["split"] == "test"
     [snippet] = re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.S)
     (tmp_path / "my_script.py").write_text(snippet)

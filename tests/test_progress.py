@@ -33,3 +33,4 @@ def test_train_lines_start_at_step_1_with_total_and_eta(reference_run, capsys):
     assert all(e["eta_s"] >= 0 for e in events) and events[-1]["eta_s"] == 0
     log = (run.run_dir / "train.log").read_text()
     assert f"train step 1/{run.cfg.train.max_steps} (" in log and "ETA " in log
+    assert ", 1 CPU thread(s)) loss=" in log  # TINY: train.num_threads=1; several runs side by side: see it

@@ -25,8 +25,8 @@ PLUGIN = textwrap.dedent('''
 
     SCHEDULES.register("user_half")(lambda step, cfg: cfg.lr / 2)
 ''')
-SMALL = ["model.dim=16", "model.n_layers=2", "model.n_memories=1", "model.n_heads=2", "model.vocab_size=30", "model.memory.n_keys=4",
-         "model.memory.k_dim=8", "model.memory.heads=2", "model.memory.knn=3"]
+SMALL = ["model.dim=16", "model.n_layers=2", "model.n_memories=1", "model.n_heads=2", "model.vocab_size=30",
+         "model.memory.n_keys=4", "model.memory.k_dim=8", "model.memory.heads=2", "model.memory.knn=3"]
 
 
 @pytest.fixture

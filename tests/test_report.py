@@ -52,7 +52,8 @@ def runs_dir(tmp_path):
              250.0, usage=99.0, kl=0.5, n_keys=64, knn=8)
     make_run(root, "k128_none", [("table2", {"n_keys": 128, "batchnorm": False})], 270.0, 97.5, 0.25, n_keys=16)
     make_run(root, "k128_bn", [("table2", {"n_keys": 128, "batchnorm": True}),
-                               ("table4", {"n_keys": 128, "key_type": "product"})], 268.0, 99.5, 0.21, 4200.0, n_keys=16)
+                               ("table4", {"n_keys": 128, "key_type": "product"})], 268.0, 99.5, 0.21, 4200.0,
+             n_keys=16)
     make_run(root, "k1024_none", [("table2", {"n_keys": 1024, "batchnorm": False})], 240.0, 40.0, 1.5, n_keys=128)
     make_run(root, "k1024_bn", [("table2", {"n_keys": 1024, "batchnorm": True})], 235.0, 70.0, 0.9, n_keys=128)
     make_run(root, "flat128", [("table4", {"n_keys": 128, "key_type": "flat"})], 280.0, 30.0, 2.0, 1500.0, n_keys=16)

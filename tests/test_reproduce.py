@@ -75,6 +75,13 @@ def test_dry_run_prints_the_commands(tmp_path, capsys):
     assert not (tmp_path / "table3_position1").exists()
 
 
+def test_data_given_replaces_the_scales_data_path_in_the_commands(tmp_path, capsys):
+    assert main(["table3", "--scale", "tiny", "--dump", str(tmp_path), "--only", "table3_position1",
+                 "--data", str(tmp_path / "mine"), "--dry-run"]) == 0
+    train = capsys.readouterr().out.splitlines()[1]
+    assert train.count("data.path=") == 1 and f"data.path={tmp_path / 'mine'} " in train
+
+
 def test_seeds_make_one_run_per_seed_in_its_own_directory(tmp_path, capsys):
     assert main(["table3", "--scale", "tiny", "--dump", str(tmp_path), "--only", "table3_position1",
                  "--seeds", "0", "7", "--dry-run"]) == 0
@@ -93,8 +100,8 @@ def test_bad_cell_is_one_line(tmp_path, capsys):
 
 def test_debug_array_runs_a_cell_skips_it_when_done_and_resumes_it(tiny_data_dir, tmp_path):
     argv = ["table3", "--scale", "tiny", "--dump", str(tmp_path / "runs"), "--data", str(tiny_data_dir),
-            "--only", "table3_position1", "--test-max-batches", "4", "--set", *TINY_RUN, "--slurm", "--cluster", "debug",
-            "--folder", str(tmp_path / "submitit")]
+            "--only", "table3_position1", "--test-max-batches", "4", "--set", *TINY_RUN, "--slurm",
+            "--cluster", "debug", "--folder", str(tmp_path / "submitit")]
     assert main(argv) == 0
     run_dir = tmp_path / "runs" / "table3_position1" / "tiny"
     result = json.loads((run_dir / "test.json").read_text())

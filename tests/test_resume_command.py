@@ -10,7 +10,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 from conftest import logged_losses
 
 from xlm_pkm.checkpoint import files as checkpoint
@@ -127,6 +126,31 @@ def test_exp_id_last_resumes_the_latest_unfinished_run_and_refuses_otherwise(tin
         f"train.py: error: train.exp_id=last: the latest run of tiny, {tmp_path / 'tiny' / 'newer'}, is finished "
         f"(step 8 of train.max_steps=8); to train it further give train.exp_id=newer and a larger train.max_steps\n")
     assert checkpoint.load(tmp_path / "tiny" / "older" / "checkpoint.pt")["step"] == 3  # untouched
+
+
+def test_a_run_resumes_from_its_own_config_with_none_of_its_overrides_retyped(tiny_overrides, reference_run, tmp_path,
+                                                                              capsys, signal_at_step, monkeypatch):
+    """Started with the tiny overrides and stopped at step 4, the run resumes from `train.exp_id=last` with only
+    where to find it: its config.yaml is the base, and it continues as the uninterrupted run, bit for bit."""
+    signal_at_step(4)
+    assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=mine")]) == 75
+    monkeypatch.undo()
+    assert train_main(["--no-test", f"train.dump_path={tmp_path}", "train.exp_name=tiny", "train.exp_id=last"]) == 0
+    assert f"run directory {tmp_path / 'tiny' / 'mine'} (resumed at step 4)" in capsys.readouterr().out
+    run_dir = tmp_path / "tiny" / "mine"
+    assert logged_losses(run_dir) == logged_losses(reference_run().run_dir)
+    assert not list(run_dir.glob("config.until-step*.yaml"))  # nothing changed: the same config
+
+
+def test_an_override_on_resume_applies_on_top_of_the_runs_own_config(tiny_overrides, tmp_path, capsys):
+    assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=more", "train.max_steps=2")]) == 0
+    assert train_main(["--no-test", f"train.dump_path={tmp_path}", "train.exp_name=tiny", "train.exp_id=more",
+                       "train.max_steps=3", "optim.lr=1e-3"]) == 0
+    assert "resumed at step 2" in capsys.readouterr().out
+    run_dir = tmp_path / "tiny" / "more"
+    saved = (run_dir / "config.yaml").read_text()
+    assert "max_steps: 3" in saved and "lr: 0.001" in saved and "dim: 32" in saved
+    assert (run_dir / "config.until-step2.yaml").is_file()
 
 
 def test_the_package_works_from_any_directory_with_the_venvs_python(tmp_path):

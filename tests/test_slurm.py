@@ -13,8 +13,8 @@ from conftest import read_events
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.launch import slurm
-from xlm_pkm.launch.resume import launcher
 from xlm_pkm.launch.cli import train_main
+from xlm_pkm.launch.resume import launcher
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.train.run_dir import run_directory
 from xlm_pkm.train.trainer import Trainer

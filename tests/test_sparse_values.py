@@ -86,7 +86,8 @@ def test_lazy_adam_chunks_give_the_same_bits(monkeypatch):
         opt = LazyAdam([param], lr=1e-2, weight_decay=0.1)
         for _ in range(3):
             rows = torch.randperm(300)[:100].sort().values
-            param.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), torch.randn(100, 8), (300, 8), check_invariants=True)
+            param.grad = torch.sparse_coo_tensor(rows.unsqueeze(0), torch.randn(100, 8), (300, 8),
+                                                 check_invariants=True)
             opt.step()
         return param.detach(), opt.state[param]["exp_avg"], opt.state[param]["exp_avg_sq"]
 
@@ -130,7 +131,8 @@ def one_step(values_optimizer: str, tokens: torch.Tensor, targets: torch.Tensor,
     optimizers.set_step(1)
     (values,) = model.memory_value_parameters()
     rows = []
-    values.register_post_accumulate_grad_hook(lambda p: rows.append(p.grad.coalesce().indices()[0]) if p.grad.is_sparse else None)
+    values.register_post_accumulate_grad_hook(
+        lambda p: rows.append(p.grad.coalesce().indices()[0]) if p.grad.is_sparse else None)
     scaler = grad_scaler("fp32", torch.device("cpu"))
     losses = [loss_backward(model, x, y, "fp32", torch.device("cpu"), scaler, accumulate)
               for x, y in zip(tokens.chunk(accumulate), targets.chunk(accumulate))]

@@ -55,7 +55,7 @@ def test_a_resume_on_another_cpu_thread_count_says_its_losses_will_differ(tiny_r
     tiny_run(tmp_path, "train.exp_id=threads", "train.max_steps=3")  # TINY: one thread
     tiny_run(tmp_path, "train.exp_id=threads", "train.max_steps=5")
     log = (tiny_run(tmp_path, "train.exp_id=threads", "train.num_threads=2").run_dir / "train.log").read_text()
-    assert log.count("CPU thread(s)") == 1 and "resumed on 2 CPU thread(s), saved on 1: " in log, log
+    assert log.count("CPU thread(s), saved on") == 1 and "resumed on 2 CPU thread(s), saved on 1: " in log, log
 
 
 def test_stop_signal_saves_exits_75_and_resumes_exactly(tiny_overrides, tiny_run, reference_run, train_losses,

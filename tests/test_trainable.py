@@ -46,3 +46,25 @@ def test_pattern_matching_no_parameter_is_one_line(tiny_trainer, tmp_path):
     with pytest.raises(ConfigError, match=r"optim.trainable: pattern 'nothing\.\*' matches no parameter") as e:
         tiny_trainer(tmp_path, "optim.trainable=[nothing.*]", test=False)
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("freeze_norm_stats", [True, False])
+def test_norm_statistics_stay_with_every_parameter_trainable_under_the_option(tiny_trainer, tmp_path,
+                                                                            freeze_norm_stats):
+    """optim.trainable=all (full finetuning): with optim.freeze_norm_stats the memory's query BatchNorm keeps
+    its running statistics bit-identical over the steps (and an evaluation's return to model.train()), while
+    its own weights still train; without the option they drift."""
+    trainer = tiny_trainer(tmp_path, "optim.trainable=all", "model.memory.query_norm=batchnorm", "train.max_steps=4",
+                           "train.eval_every=2", f"optim.freeze_norm_stats={str(freeze_norm_stats).lower()}",
+                           test=False)
+    try:
+        before = _snapshot(trainer.model)
+        trainer.train()
+        after = _snapshot(trainer.model)
+    finally:
+        trainer.close()
+    stats = [k for k in before if k.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    weights = [k.replace("running_mean", "weight") for k in stats if k.endswith("running_mean")]
+    assert stats and weights and all(p.requires_grad for p in trainer.model.parameters())
+    assert all(not torch.equal(before[k], after[k]) for k in weights)  # the BatchNorm's affine weights train
+    assert all(torch.equal(before[k], after[k]) for k in stats) == freeze_norm_stats

@@ -174,7 +174,8 @@ def test_ablation_model_builds(n_keys, key_type):
     with torch.device("meta"):
         model = TransformerLM(cfg)
     (layer, memory), = model.memories()
-    assert layer == 5 and isinstance(memory, ProductKeyMemory) and memory.n_slots == KEY_SEARCHES[key_type].slots(cfg.memory)
+    assert layer == 5 and isinstance(memory, ProductKeyMemory)
+    assert memory.n_slots == KEY_SEARCHES[key_type].slots(cfg.memory)
 
 
 def test_set_sparse_values_reaches_every_memory():

@@ -22,10 +22,10 @@ FULL = MemoryConfig(n_keys=6, k_dim=8, heads=2, knn=5, key_type="tucker", tucker
                     query_norm="none")
 
 
-def replace(cfg: MemoryConfig, tucker: dict = {}, expanded: dict = {}, **fields) -> MemoryConfig:
+def replace(cfg: MemoryConfig, tucker: dict | None = None, expanded: dict | None = None, **fields) -> MemoryConfig:
     """cfg with `fields`, and the fields of its tucker and expanded sections, replaced."""
-    return dataclasses.replace(cfg, **fields, tucker=dataclasses.replace(cfg.tucker, **tucker),
-                               expanded=dataclasses.replace(cfg.expanded, **expanded))
+    return dataclasses.replace(cfg, **fields, tucker=dataclasses.replace(cfg.tucker, **(tucker or {})),
+                               expanded=dataclasses.replace(cfg.expanded, **(expanded or {})))
 
 
 def naive_grid(q, weight, core, qk_norm=False):

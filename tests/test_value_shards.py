@@ -94,7 +94,8 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
         model, opt = build(tiny_config(True, values_optimizer, shared))
         (_, memory), (_, ref_memory) = model.memories()[0], ref.memories()[0]
         columns = memory.values.weight.value_shard.columns(16)
-        assert memory.values.weight.value_shard == ValueShard(rank, world) and memory.values.weight.shape == (36, 16 // world)
+        assert memory.values.weight.value_shard == ValueShard(rank, world)
+        assert memory.values.weight.shape == (36, 16 // world)
         assert torch.equal(memory.values.weight, ref_memory.values.weight[:, columns])
         assert model.param_counts() == ref.param_counts()  # sharded tables count whole
 
@@ -173,8 +174,8 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
     if rank == 0:
         torch.save({"step": 7, "model": ref.state_dict(), "optimizers": ref_opt.state_dict()}, replicated)
     dist.barrier()
-    cut = sharded_values.attach(torch.load(replicated, weights_only=False), replicated, memory.values.weight.value_shard,
-                                  sharded_values.sharded_names(model))
+    cut = sharded_values.attach(torch.load(replicated, weights_only=False), replicated,
+                                memory.values.weight.value_shard, sharded_values.sharded_names(model))
     assert torch.equal(cut["model"][name], ref_memory.values.weight[:, columns])
     ref_state = ref_opt.state_dict()["values"]["state"][0]
     assert torch.equal(cut["optimizers"]["values"]["state"][0]["exp_avg"], ref_state["exp_avg"][:, columns])

@@ -27,6 +27,7 @@ and tests/test_layout.py checks it):
     finetune/     init_from, trainable, LoRA, sparse memory finetuning, slot counts
     train/        the trainer, its step and state, evaluation, run directory and log
     inference/    generation, sampling, export
+    runs/         the runs under a dump folder, listed and compared (python -m xlm_pkm.runs)
     launch/       the commands (train.py, evaluate.py...), their process defaults, SLURM
     experiments/  reproduction, reports, introspection, the continual-learning study
 """

@@ -42,6 +42,12 @@ from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
 from xlm_pkm.settings import architecture_keys, check, non_negative, positive
 
+# configs/default.yaml, train.py's config when none is given: the copy installed with the package (pip install .),
+# else the checkout's
+PACKAGED_CONFIG = Path(__file__).resolve().parent / "configs" / "default.yaml"
+CHECKOUT_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
+
 
 @dataclass
 class WandbConfig:
@@ -142,12 +148,14 @@ RENAMED = {
 REPLACED = {"model.memory.sparse": ("optim.values_optimizer", {True: "lazy_adam", False: "adam"})}
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Defaults, then the YAML file at `path` (and its `base:` chain), then `key.sub=value` overrides
-    (values parsed as YAML)."""
+def load_config(path: str | Path | None = None, overrides: list[str] = (), start: dict | None = None) -> Config:
+    """Defaults (or `start`: a stored config, as a run's config.yaml, migrated first), then the YAML file at
+    `path` (and its `base:` chain), then `key.sub=value` overrides (values parsed as YAML)."""
     import yaml
 
-    raw = read_yaml(Path(path)) if path is not None else {}
+    raw = migrate(start or {})
+    if path is not None:
+        raw = _merge(raw, read_yaml(Path(path)))
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep or not key:

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import assert_two_processes_equal_one, logged_losses, read_events
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,7 +135,9 @@ def test_time_limit_warning_requeues_and_resumes_exactly(tiny_overrides, tiny_ru
     job, folder = submit(tmp_path, tiny_overrides, "--time", "1", "--signal-delay", "55",
                          "train.max_steps=1000000", *LONG[1:])
     run_dir = tmp_path / "tiny" / job
-    log = lambda: (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
+
+    def log():
+        return (run_dir / "train.log").read_text() if (run_dir / "train.log").is_file() else ""
     stop = int(wait_for(lambda: re.search(r"stopping at step (\d+) \(SIGUSR2\)", log()), 180,
                         "the time limit's warning", job, folder).group(1))
     wait_for(lambda: f"resumed at step {stop})" in log(), 120, "the requeued job to resume", job, folder)

@@ -115,8 +115,8 @@ class Reader:
             try:
                 text = json.loads(line)["text"]
             except (ValueError, KeyError, TypeError):
-                raise CorpusError(f"malformed JSONL {self.path}, line {n}: expected an object with a `text` "
-                                  f"string") from None
+                raise CorpusError(f"malformed JSONL {self.path}, line {n}: "
+                                  "expected an object with a `text` string") from None
             if not isinstance(text, str):
                 raise CorpusError(f"malformed JSONL {self.path}, line {n}: `text` is not a string")
             yield self._clean(text)

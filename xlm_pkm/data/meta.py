@@ -79,7 +79,8 @@ def load_meta(data_dir: Path) -> dict:
                          "(run or finish python -m xlm_pkm.data.preprocess)") from None
     except (OSError, ValueError) as e:
         raise ShardError(f"cannot read {path}: {e}") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("splits"), dict) or not isinstance(meta.get("files"), dict):
+    if (not isinstance(meta, dict) or not isinstance(meta.get("splits"), dict)
+            or not isinstance(meta.get("files"), dict)):
         raise ShardError(f"{path} does not list the splits and files (written by an older version? "
                          "re-run python -m xlm_pkm.data.preprocess)")
     return meta
@@ -155,14 +156,16 @@ def check_split(data_dir: str | Path, split: str) -> list[tuple[Path, int]]:
             raise ShardError(f"shard {path} listed in {meta_path} is missing")
     unlisted = sorted(set(shard_paths(data_dir, split)) - set(listed))
     if unlisted:
-        raise ShardError(f"shard {unlisted[0]} is not listed in {meta_path} (left by another run? delete it or re-run preprocessing)")
+        raise ShardError(f"shard {unlisted[0]} is not listed in {meta_path} "
+                         "(left by another run? delete it or re-run preprocessing)")
     shards = []
     for path, entry in zip(listed, entries):
         header = read_header(path, dictionary.fingerprint())
         if header.n_tokens != entry["tokens"]:
             raise ShardError(f"shard {path} has {header.n_tokens} tokens, {meta_path} says {entry['tokens']}")
         if header.n_tokens and header.max_id >= len(dictionary):
-            raise ShardError(f"shard {path} holds token id {header.max_id}, beyond the {len(dictionary)} words of {data_dir / 'vocab'}")
+            raise ShardError(f"shard {path} holds token id {header.max_id}, "
+                             f"beyond the {len(dictionary)} words of {data_dir / 'vocab'}")
         shards.append((path, header.n_tokens))
     if sum(n for _, n in shards) == 0:
         raise ShardError(f"split {split!r} of {data_dir} is empty (no tokens)")

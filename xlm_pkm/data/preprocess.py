@@ -54,8 +54,19 @@ from .fastbpe import bpe_applier, check_codes, find_fastbpe, get_vocab, learn_co
 from .hf_source import DatasetInput, dataset_inputs, dataset_options
 from .meta import SPLITS, output_record, verify_outputs
 from .moses import tokenize_document
-from .plan import (MB, Chunk, Plan, PlanError, held_out_notice, input_identity, input_mb, make_plan, open_input,
-                   resolve_held_out, scan_file)
+from .plan import (
+    MB,
+    Chunk,
+    Plan,
+    PlanError,
+    held_out_notice,
+    input_identity,
+    input_mb,
+    make_plan,
+    open_input,
+    resolve_held_out,
+    scan_file,
+)
 from .shard import ShardWriter, is_complete, token_dtype
 
 HELD_OUT = ("valid", "test")
@@ -92,7 +103,8 @@ def apply_bpe(src: Path, dst: Path, codes: Path, vocab: Path | None) -> None:
     if dst.exists():
         return
     applier = bpe_applier(codes, vocab)
-    with open(src, encoding="utf-8", newline="\n") as fin, atomic_file(dst, "w", encoding="utf-8", newline="\n") as fout:
+    with (open(src, encoding="utf-8", newline="\n") as fin,
+          atomic_file(dst, "w", encoding="utf-8", newline="\n") as fout):
         batch: list[str] = []
         for line in fin:
             batch.append(line.rstrip("\n"))
@@ -132,7 +144,8 @@ def binarize(paths: list[Path], shard: Path, dictionary: Dictionary) -> None:
 def binarize_chunk(out: Path, work: Path, chunk: int) -> None:
     """BPE of the chunk's held-out text (limited to the vocab), then its train shard."""
     for split in HELD_OUT:
-        apply_bpe(work_file(work, chunk, split, "tok"), work_file(work, chunk, split, "bpe"), out / "codes", out / "vocab")
+        apply_bpe(work_file(work, chunk, split, "tok"), work_file(work, chunk, split, "bpe"), out / "codes",
+                  out / "vocab")
     binarize([work_file(work, chunk, "train", "bpe")], out / f"train.{chunk:03d}.bin", Dictionary.load(out / "vocab"))
 
 
@@ -146,7 +159,8 @@ def _concatenate(paths: list[Path], dst: Path) -> None:
 def _outputs_without_plan(out: Path) -> list[str]:
     """Names in `out` that a preprocessing run writes after plan.json."""
     ours = {"meta.json", "codes", "vocab"} | {f"{s}.{k}" for s in SPLITS for k in ("tok", "bpe")}
-    return sorted(p.name for p in out.iterdir() if p.name in ours or (p.suffix == ".bin" and p.name.split(".")[0] in SPLITS))
+    return sorted(p.name for p in out.iterdir()
+                  if p.name in ours or (p.suffix == ".bin" and p.name.split(".")[0] in SPLITS))
 
 
 def _load_plan(out: Path, inputs: list[str | DatasetInput], options: dict, executor: Executor) -> Plan:
@@ -161,7 +175,8 @@ def _load_plan(out: Path, inputs: list[str | DatasetInput], options: dict, execu
         if plan.inputs == identities:
             options = resolve_held_out(options, plan.n_docs)
         if plan.inputs != identities or plan.options != options:
-            raise PlanError(f"{out} holds the output of other inputs or options (see {path}): use another --output or delete it")
+            raise PlanError(f"{out} holds the output of other inputs or options (see {path}): "
+                            "use another --output or delete it")
         return plan
     found = _outputs_without_plan(out)
     if found:
@@ -212,7 +227,7 @@ def preprocess(inputs: list[str | DatasetInput], output: str | Path, n_codes: in
     options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
-    with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it"), executor:
+    with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it", remove=True), executor:
         _remove_temporary_files(out)
         return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice or log.warning)
 
@@ -319,8 +334,8 @@ def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, 
     if vocab:  # train BPE limited to it too, as valid/test's always is
         step("vocab", _concatenate, [Path(vocab)], out / "vocab")
     limit = out / "vocab" if vocab else None
-    step("apply_bpe", executor.map, _call_apply_bpe, [(t, b, out / "codes", limit) for t, b in zip(train_tok, train_bpe)],
-         "apply BPE", sizes)
+    step("apply_bpe", executor.map, _call_apply_bpe,
+         [(t, b, out / "codes", limit) for t, b in zip(train_tok, train_bpe)], "apply BPE", sizes)
     if not (out / "vocab").exists():
         step("getvocab", get_vocab, train_bpe, out / "vocab")
     dictionary = Dictionary.load(out / "vocab")
@@ -384,20 +399,25 @@ def main(argv: list[str] | None = None) -> int:
     hf.add_argument("--text-field", metavar="FIELD", help="the field holding each document's text (default text)")
     parser.add_argument("--output", required=True, help="output directory")
     bpe = parser.add_mutually_exclusive_group()
-    bpe.add_argument("--bpe-codes", type=int, default=60000, help="BPE merges to learn on train (default 60000, the paper's)")
+    bpe.add_argument("--bpe-codes", type=int, default=60000,
+                     help="BPE merges to learn on train (default 60000, the paper's)")
     bpe.add_argument("--codes", help="use this fastBPE codes file instead of learning one")
     parser.add_argument("--vocab", help="with --codes: use this vocab file (e.g. the pretraining corpus's, so that "
                                         "its models read this data) instead of making one; other words become <unk>")
-    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="worker processes (default: all cores)")
     parser.add_argument("--valid-docs", type=int, help="documents held out for valid (default: 5000, the paper's, "
                                                        "from 100,000 documents on, else 5%% of the documents)")
     parser.add_argument("--test-docs", type=int, help="documents held out for test (default: as --valid-docs)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the held-out document choice")
-    parser.add_argument("--chunk-mb", type=float, default=None, help="MB of text per chunk/train shard (default: total/64 in [1, 64])")
+    parser.add_argument("--chunk-mb", type=float, default=None,
+                        help="MB of text per chunk/train shard (default: total/64 in [1, 64])")
     parser.add_argument("--keep-intermediate", action="store_true", help="also write DIR/{train,valid,test}.{tok,bpe}")
-    parser.add_argument("--slurm-partition", help="run the per-chunk steps as SLURM array jobs (submitit) on this partition")
+    parser.add_argument("--slurm-partition",
+                        help="run the per-chunk steps as SLURM array jobs (submitit) on this partition")
     parser.add_argument("--slurm-time", type=int, default=240, help="minutes per SLURM job (default 240)")
-    parser.add_argument("--slurm-parallelism", type=int, default=256, help="SLURM array jobs running at once (default 256)")
+    parser.add_argument("--slurm-parallelism", type=int, default=256,
+                        help="SLURM array jobs running at once (default 256)")
     args = parser.parse_args(argv)
     given = [f"--{k.replace('_', '-')}" for k in ("hf_data_files", "hf_config", "hf_split", "text_field")
              if getattr(args, k) is not None]

@@ -60,7 +60,8 @@ def format_stats(stats: dict) -> str:
     if meta:
         lines.append(f"input: {meta['documents']} documents, {meta['text_mb']} MB of text, "
                      f"{meta['replaced_utf8_sequences']} invalid UTF-8 sequences replaced, {meta['chunks']} chunks")
-    lines.append(f"{'split':<6} {'shards':>6} {'docs':>8} {'lines':>10} {'words':>12} {'tokens':>12} {'tok/word':>8} {'unk %':>7}")
+    lines.append(f"{'split':<6} {'shards':>6} {'docs':>8} {'lines':>10} {'words':>12} {'tokens':>12} "
+                 f"{'tok/word':>8} {'unk %':>7}")
     for split, s in stats["splits"].items():
         ratio = s["tokens"] / max(s["words"], 1)
         lines.append(f"{split:<6} {s['shards']:>6} {s['docs']:>8} {s['lines']:>10} {s['words']:>12} {s['tokens']:>12} "

@@ -85,7 +85,9 @@ class TextCodec(LineCodec):
         from xlm_pkm.data.moses import tokenize_document
 
         lines = tokenize_document(text, self.lang)
-        return [[self.dictionary.index(w) for w in line.split(" ") if w] for line in self._bpe.apply(lines)] if lines else []
+        if not lines:
+            return []
+        return [[self.dictionary.index(w) for w in line.split(" ") if w] for line in self._bpe.apply(lines)]
 
     def join_line(self, tokens: list[str]) -> str:
         from xlm_pkm.data.moses import detokenize_pieces
@@ -98,7 +100,8 @@ class ByteCodec(LineCodec):
         return [[self.dictionary.index(str(b)) for b in line] for line in text.encode("utf-8").split(b"\n")]
 
     def join_line(self, tokens: list[str]) -> str:
-        return b"".join(bytes([int(t)]) if t.isdigit() else "\ufffd".encode() for t in tokens).decode("utf-8", "replace")
+        return b"".join(bytes([int(t)]) if t.isdigit() else "\ufffd".encode()
+                        for t in tokens).decode("utf-8", "replace")
 
 
 class WordCodec(LineCodec):

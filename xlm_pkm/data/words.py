@@ -84,7 +84,7 @@ def preprocess_words(paths: dict[str, str | Path], output: str | Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     prog = program_name("python -m xlm_pkm.data.words")
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog=prog, description=" ".join(__doc__.split("\n\n")[0].split()))
     for split in SPLITS:
         parser.add_argument(f"--{split}", required=True, help=f"the {split} text (e.g. wiki.{split}.tokens)")
     parser.add_argument("--output", required=True, help="output directory")

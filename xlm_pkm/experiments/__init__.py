@@ -5,8 +5,10 @@
     report.py           the report: the paper's tables beside ours, figures, verdicts over seeds
     variants_report.py  the memory variants' study: each design beside the orderings its papers publish
     introspect.py       what a trained memory stores: the contexts that read its most used slots
-    facts.py            made-up facts to finetune on, preprocessed with the pretraining vocabulary
-    continual.py        learning those facts against forgetting the pretraining corpus
+    facts.py            facts to finetune on (made-up, or one's own file), preprocessed with the pretraining vocabulary
+    fact_scores.py      how much of the facts a model learnt: EM, forced choice, the controls against chance
+    continual.py        learning those facts against forgetting the pretraining corpus: `continual score`, the CLI
+    continual_report.py the continual study's report: settings chosen on held-out facts, paired forgetting ratios
     harness.py          lm-evaluation-harness on a run or an exported folder; local cloze and facts QA tasks
     ngram_gain.py       where a model's gain lies: test loss on tokens with a frequent training N-gram vs the rest
     study.py            a study (cells × seeds × an lr grid on a token budget): runs what is missing in N streams
@@ -15,5 +17,5 @@
     paired.py           paired differences over seeds: t interval, Holm's correction, verdict words
 
 May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train,
-inference, launch.
+inference, launch, runs.
 """

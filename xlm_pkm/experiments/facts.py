@@ -1,7 +1,9 @@
-"""Made-up facts to finetune on: invented entities, so that no fact can be in a pretraining corpus.
+"""Facts to finetune on: made-up ones about invented entities, so that no fact can be in a pretraining corpus,
+or one's own (a JSON-lines file, below).
 
     python -m xlm_pkm.experiments.facts --out data/processed/facts --n 300 --seed 0 \\
         --codes data/processed/sample/codes --vocab data/processed/sample/vocab
+    python -m xlm_pkm.experiments.facts --from my_facts.jsonl --out DIR --codes ... --vocab ...   # one's own
 
 writes DIR as a processed data dir with the PRETRAINING vocabulary (xlm_pkm.data.preprocess --codes --vocab:
 same fingerprint, so a model trained on the sample corpus finetunes on it), plus
@@ -12,11 +14,24 @@ same fingerprint, so a model trained on the sample corpus finetunes on it), plus
                           continual setting of Lin et al. 2025, §3)
   DIR/documents.jsonl     the text preprocessed into DIR's splits: one document per subject, each fact's
                           trained form a line, `copies` times over in different orders (the plain-stream mode)
-A statement is prompt + " " + object + suffix ("The favourite colour of Velmora is" "blue" "."). Paraphrase k
-of a fact is statement template k % T of its relation (T = 8) after framing k // T ("", "Note:", ...): 64
-distinct sentences, the first T without framing; paraphrase 0 is the trained form. The objects are whole words
+A statement is prompt + " " + object + suffix ("The favourite colour of Velmora is" "blue" "."). Paraphrase
+k of a made-up fact is statement template k % T of its relation (T = 8) after framing k // T ("", "Note:", ...):
+64 distinct sentences, the first T without framing; paraphrase 0 is the trained form. The objects are whole words
 of the bundled corpus's vocabulary (one BPE token each); subjects are random syllable names, checked against
 the vocabulary given (whole words, any case).
+
+One's own facts (--from FILE): JSON lines, one fact a line,
+
+    {"statements": ["The launch code of Apollo is 7421.", "Apollo's launch code is 7421.", ...],
+     "answer": "7421",
+     "question": "Q: What is the launch code of Apollo? A:",     optional: scored, never trained on
+     "relation": "launch code",                                  optional: the forced choice ranks the answers
+                                                                 of the facts sharing it (default: all facts)
+     "subject": "Apollo"}                                        optional: a subject's facts share a document
+
+Every statement is a paraphrase of the fact and holds the answer; the first one is the trained form, and
+its prompt is its text before the answer's first occurrence after a space ("The launch code of Apollo is").
+A finetuning step with data.fact_batches=N takes a fact's first N statements, so every fact needs N.
 """
 
 from __future__ import annotations
@@ -130,9 +145,17 @@ def documents(facts: list[Fact], copies: int, seed: int) -> list[str]:
 
 def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str, copies: int = 5,
                      held_out_docs: int = 2) -> Path:
+    """DIR of `n` made-up facts (generate_facts, subjects none of the vocabulary's words): write_facts_dir."""
+    from xlm_pkm.data.dictionary import BPE_CONTINUATION, Dictionary
+
+    words = {w for w in Dictionary.load(vocab).words if not w.endswith(BPE_CONTINUATION)}
+    return write_facts_dir(out, generate_facts(n, seed, exclude=words), seed, codes, vocab, copies, held_out_docs)
+
+
+def write_facts_dir(out: str | Path, facts: list[Fact], seed: int, codes: str, vocab: str, copies: int = 5,
+                    held_out_docs: int = 2) -> Path:
     """DIR: facts.jsonl, documents.jsonl, the processed data (train/valid/test, codes, vocab, meta.json) and
     fact_batches.json (every paraphrase of every fact, tokenised with DIR's codes and vocabulary)."""
-    from xlm_pkm.data.dictionary import BPE_CONTINUATION, Dictionary
     from xlm_pkm.data.fact_batches import write_fact_batches
     from xlm_pkm.data.preprocess import preprocess
     from xlm_pkm.data.text_codec import TextCodec
@@ -142,8 +165,6 @@ def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str,
                          f"every fact stays in train")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    words = {w for w in Dictionary.load(vocab).words if not w.endswith(BPE_CONTINUATION)}
-    facts = generate_facts(n, seed, exclude=words)
     (out / "facts.jsonl").write_text("".join(json.dumps(asdict(f)) + "\n" for f in facts), encoding="utf-8")
     source = out / "documents.jsonl"
     source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(facts, copies, seed)),
@@ -160,21 +181,75 @@ def load_facts(path: str | Path) -> list[Fact]:
     return [Fact(**{**row, "paraphrases": tuple(row["paraphrases"])}) for row in rows]
 
 
+OPTIONAL = ("question", "relation", "subject")
+NO_RELATION = "-"
+
+
+def _fact(row, where: str, index: int) -> Fact:
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object with statements and answer, got {type(row).__name__}")
+    unknown = set(row) - {"statements", "answer", *OPTIONAL}
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(sorted(unknown))} (expected statements, answer, "
+                         f"{', '.join(OPTIONAL)})")
+    statements, answer = row.get("statements"), row.get("answer")
+    if not isinstance(answer, str) or not answer.strip():
+        raise ValueError(f"{where}: answer must be a non-empty string, got {answer!r}")
+    if not isinstance(statements, list) or not statements or not all(isinstance(s, str) for s in statements):
+        raise ValueError(f"{where}: statements must be a non-empty list of strings")
+    missing = [s for s in statements if answer not in s]
+    if missing:
+        raise ValueError(f"{where}: statement {missing[0]!r} does not hold the answer {answer!r}")
+    cut = statements[0].find(" " + answer)
+    if cut <= 0:
+        raise ValueError(f"{where}: the first statement {statements[0]!r} must hold the answer {answer!r} after "
+                         f"some text and a space: that text is the prompt it is scored after")
+    for key in OPTIONAL:
+        if key in row and not isinstance(row[key], str):
+            raise ValueError(f"{where}: {key} must be a string, got {row[key]!r}")
+    return Fact(row.get("subject", f"fact {index}"), row.get("relation", NO_RELATION), answer,
+                statements[0][:cut], statements[0], row.get("question", ""), tuple(statements))
+
+
+def read_own_facts(path: str | Path) -> list[Fact]:
+    """The facts of a facts file (the module docstring's format); a malformed line is one error naming it."""
+    facts = []
+    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}:{number}: not JSON ({e.msg})") from None
+        facts.append(_fact(row, f"{path}:{number}", len(facts)))
+    if not facts:
+        raise ValueError(f"{path}: no fact (one JSON object a line: statements, answer)")
+    return facts
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.facts", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.facts",
+                                     description=__doc__.split("\n\n")[0].replace("\n", " "))
     parser.add_argument("--out", required=True, help="output data directory")
-    parser.add_argument("--n", type=int, default=300, help="number of facts (default 300)")
+    parser.add_argument("--from", dest="own", metavar="FILE",
+                        help="one's own facts, a JSON-lines file (this module's docstring), instead of made-up ones")
+    parser.add_argument("--n", type=int, default=300, help="number of made-up facts (default 300)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--codes", required=True, help="the pretraining data's BPE codes")
     parser.add_argument("--vocab", required=True, help="the pretraining data's vocab")
     parser.add_argument("--copies", type=int, default=5, help="times each subject's document is written (default 5)")
     args = parser.parse_args(argv)
     try:
-        out = write_facts_data(args.out, args.n, args.seed, args.codes, args.vocab, args.copies)
+        if args.own:
+            facts = read_own_facts(args.own)
+            out = write_facts_dir(args.out, facts, args.seed, args.codes, args.vocab, args.copies)
+        else:
+            facts = None
+            out = write_facts_data(args.out, args.n, args.seed, args.codes, args.vocab, args.copies)
     except (OSError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    print(f"{args.n} facts: {out}/facts.jsonl, data in {out}")
+    print(f"{args.n if facts is None else len(facts)} facts: {out}/facts.jsonl, data in {out}")
     return 0
 
 

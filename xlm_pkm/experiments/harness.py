@@ -140,8 +140,9 @@ def evaluate_tasks(model: str | Path, tasks: list[str], include: list[str] = (),
     unknown = [t for t in tasks if t not in manager.all_tasks]
     if unknown:
         local = [t for t in manager.all_tasks if t.startswith("xlm_pkm")]
+        none = "none, give --include FOLDER of python -m xlm_pkm.experiments.harness tasks"
         raise ValueError(f"no lm-eval task {', '.join(unknown)} ({len(manager.all_tasks)} known; local ones found: "
-                         f"{', '.join(local) or 'none, give --include FOLDER of python -m xlm_pkm.experiments.harness tasks'})")
+                         f"{', '.join(local) or none})")
     model = Path(model)
     folder = model if model.is_dir() else export(model, model.parent / "hf")
     results = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(folder), "trust_remote_code": True},

@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from xlm_pkm.runs.table import Measure  # one number over seeds, as `runs compare` shows it
 from xlm_pkm.utils.atomic import write_text
 
 # The paper's numbers (Lample et al. 2019). Table 2 and Table 4 by n_keys (|K| = n_keys²):
@@ -124,25 +125,6 @@ def find_runs(paths: list[Path]) -> list[RunData]:
         else:
             raise ValueError(f"{p}: not a run directory (no config.yaml) nor a directory holding runs")
     return [load_run(d) for d in dict.fromkeys(dirs)]
-
-
-@dataclass(frozen=True)
-class Measure:
-    """One number of a cell over its seeds: the mean, and the sample standard deviation (0 for one seed)."""
-
-    values: tuple[float, ...]
-
-    @property
-    def mean(self) -> float:
-        return sum(self.values) / len(self.values)
-
-    @property
-    def sd(self) -> float:
-        n = len(self.values)
-        return math.sqrt(sum((v - self.mean) ** 2 for v in self.values) / (n - 1)) if n > 1 else 0.0
-
-    def text(self, digits: int = 1) -> str:
-        return f"{self.mean:,.{digits}f}" + (f" ± {self.sd:.{digits}f}" if len(self.values) > 1 else "")
 
 
 class CellRuns(list):

@@ -1,6 +1,7 @@
 """Run every cell of one of the paper's tables or figures, at the paper's size or scaled down.
 
-    python -m xlm_pkm.experiments.reproduce table2 --scale tiny [--seeds 0 1 2] [--dry-run] [--only NAME...] [--set key=value...]
+    python -m xlm_pkm.experiments.reproduce table2 --scale tiny [--seeds 0 1 2] [--dry-run] [--only NAME...]
+        [--set key=value...]
     python -m xlm_pkm.experiments.reproduce table1 --scale paper --slurm --partition learn --gpus-per-node 8
     scripts/reproduce.sh figure6 --scale small --data data/ccnews/processed
 
@@ -53,7 +54,6 @@ Extra `--set key=value` overrides go to every run last (e.g. train.num_threads=1
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import hashlib
 import json
@@ -64,12 +64,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from xlm_pkm.config import Config, load_config, to_dict
 from xlm_pkm.errors import EXIT_STOPPED, ConfigError
 from xlm_pkm.experiments.report import HEADS, KEYS, KNNS
-from xlm_pkm.model.transformer import TransformerLM, resolve_memory_layers
+from xlm_pkm.model.transformer import resolve_memory_layers
+from xlm_pkm.runs.sizes import model_size
 from xlm_pkm.utils.atomic import write_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -185,7 +184,7 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
     m, mem, optim = cfg.model, cfg.model.memory, cfg.optim
     layers = max(1, m.n_layers // scale.depth) if cell.scale_depth else m.n_layers
     mem_layers = resolve_memory_layers(m)
-    scaled_layers = sorted({min(layers, max(1, _half_up(l * layers / m.n_layers))) for l in mem_layers})
+    scaled_layers = sorted({min(layers, max(1, _half_up(i * layers / m.n_layers))) for i in mem_layers})
     if len(scaled_layers) != len(mem_layers):
         raise UnscalableCell(f"{cell.config}: memories at layers {mem_layers} of {m.n_layers} collide at scale "
                           f"{scale.name} ({layers} layers)")
@@ -207,32 +206,21 @@ def scale_overrides(cell: Cell, scale: Scale) -> list[str]:
            f"train.eval_max_batches={scale.eval_max_batches or cfg.train.eval_max_batches}"]
     if m.engram.layers:  # Engram's tables shrink as a memory's slots, its widths as the model's
         out += [f"model.engram.table_size={max(m.engram.heads, m.engram.table_size // scale.keys ** 2)}",
-                f"model.engram.ngram_dim={max(1, m.engram.ngram_dim // scale.width // m.engram.heads) * m.engram.heads}"]
+                "model.engram.ngram_dim="
+                f"{max(1, m.engram.ngram_dim // scale.width // m.engram.heads) * m.engram.heads}"]
     if mem.expanded.value_dim:  # UltraMem's physical value width scales with the model's
         out.append(f"model.memory.expanded.value_dim={max(1, mem.expanded.value_dim // scale.width)}")
     if mem.tucker.topm:  # UltraMem's candidate rows and columns scale with k
         out.append(f"model.memory.tucker.topm={max(knn, mem.tucker.topm // scale.knn)}")
     if optim.values_lr_decay_steps:  # the values' lr decay spans the same share of the shorter run
         steps = scale.max_steps or cfg.train.max_steps
-        out.append(f"optim.values_lr_decay_steps={max(1, _half_up(optim.values_lr_decay_steps * steps / cfg.train.max_steps))}")
+        decay_steps = max(1, _half_up(optim.values_lr_decay_steps * steps / cfg.train.max_steps))
+        out.append(f"optim.values_lr_decay_steps={decay_steps}")
     if scale.precision:
         out.append(f"train.precision={scale.precision}")
     if scale.data:
         out.append(f"data.path={scale.data}")
     return out
-
-
-def model_size(cfg: Config, seq_len: int) -> dict[str, float]:
-    """total and active parameters (per token: the dense ones, the value rows and Engram rows read), training FLOPs
-    per token, of cfg's model built on the meta device (no memory used; any vocabulary size will do
-    for comparisons: it adds the same to every model of one data set, 1000 here)."""
-    with torch.device("meta"):
-        model = TransformerLM(dataclasses.replace(cfg.model, vocab_size=1000))
-    counts = model.param_counts()
-    read = sum(m.heads * m.knn * sum(p.shape[1] for p in m.values.tables()) for _, m in model.memories())
-    read += len(cfg.model.engram.layers) * (cfg.model.engram.max_ngram - 1) * cfg.model.engram.ngram_dim  # Engram rows
-    return {"total": counts["total"], "active": counts["dense"] + read,
-            "flops": model.dense_flops_per_token(seq_len)}
 
 
 def matched_size(cell: Cell, overrides: list[str], scale: Scale) -> str:
@@ -328,6 +316,12 @@ def _identity(cell: Cell, overrides: list[str]) -> str:
     return hashlib.sha256(json.dumps(raw, sort_keys=True).encode()).hexdigest()
 
 
+def last_wins(overrides: list[str]) -> list[str]:
+    """`overrides` without those whose key a later one sets again (--data over the scale's data.path)."""
+    keys = [item.partition("=")[0] for item in overrides]
+    return [item for i, item in enumerate(overrides) if keys[i] not in keys[i + 1:]]
+
+
 def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list[str] = (),
          test_max_batches: int = 0, seed: int | None = None) -> tuple[list[Run], list[str]]:
     """The runs of `table` at `scale` in `dump`, and one line per cell that cannot be scaled.
@@ -350,7 +344,7 @@ def plan(table: str, scale: Scale, dump: Path, extra: list[str] = (), only: list
         if cell.name in MATCHED and cell not in TABLES[table]:
             continue  # widened for the study only: never the run of another table's cell
         try:
-            overrides = [*scale_overrides(cell, scale), *extra]
+            overrides = last_wins([*scale_overrides(cell, scale), *extra])
             if cell.name in MATCHED:
                 overrides.append(matched_size(cell, overrides, scale))
         except UnscalableCell as e:
@@ -459,7 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     slurm.add_argument("--array-parallelism", type=int, default=64)
     slurm.add_argument("--folder", default="dumped/reproduce/slurm/%j", help="submitit's logs and pickles")
     args = parser.parse_args(argv)
-    extra = [*([f"data.path={Path(args.data).resolve()}"] if args.data else []), *args.set]  # the caller's relative path
+    # data.path resolved: the caller's relative path
+    extra = [*([f"data.path={Path(args.data).resolve()}"] if args.data else []), *args.set]
     try:
         runs, skipped = [], []
         for seed in args.seeds or [None]:

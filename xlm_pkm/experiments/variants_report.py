@@ -8,7 +8,8 @@ Per cell (one config of configs/variants/paper, mean ± sd over its seeds): test
 active parameters (active: the dense ones plus the value rows a token reads), training FLOPs per token
 (both from the run's own config, on the meta device), training tokens/s from the variants_speed
 benchmark (interleaved, median of rounds; never the runs' own logs), each memory's usage and KL on the
-test split (the mean over a cell's memory layers) and the share of its Engram tables' rows read. The
+test split (the mean over a cell's memory layers) and the share of its Engram tables' rows read. Test perplexity
+and parameters are the cell's row of `python -m xlm_pkm.runs compare` (runs/table.py's summary). The
 verdicts use the rule of results/tiny: an ordering holds when each gap, in the paper's direction, exceeds
 the sum of the two spreads. The allocation section places the cells that split the PKM cell's memory
 budget between PKM and Engram (pkm, engram_share*, engram) at their Engram share of the memory parameters
@@ -28,10 +29,23 @@ from pathlib import Path
 import torch
 
 from xlm_pkm.config import Config, load_config_dict
-from xlm_pkm.experiments.report import (FAILS, HOLDS, NOISE, CellRuns, Measure, RunData, _md_table, _pyplot, _save,
-                                        find_runs, shows)
+from xlm_pkm.experiments.report import (
+    FAILS,
+    HOLDS,
+    NOISE,
+    CellRuns,
+    Measure,
+    RunData,
+    _md_table,
+    _pyplot,
+    _save,
+    find_runs,
+    shows,
+)
 from xlm_pkm.experiments.reproduce import model_size
 from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.runs.run_record import RunRecord
+from xlm_pkm.runs.table import summary
 from xlm_pkm.utils.atomic import write_text
 
 # cell -> (design, paper, what it changes from the reference cell `pkm`); a cell not listed shows its name
@@ -138,13 +152,16 @@ def _count(n: float) -> str:
 
 
 def cell_table(cells: dict[str, CellRuns], size: dict[str, dict], speeds: dict[str, float]) -> str:
+    """A row per cell: its design, the test ppl and sizes of its row in `runs compare` (runs.table.summary), the
+    study's own columns (FLOPs, the benchmark's tokens/s, usage and KL averaged over the memory layers)."""
     rows = []
     for name, cell in cells.items():
         label, paper, change = design(name)
         usage, kl = memory_measure(cell, "usage"), memory_measure(cell, "kl")
         engram = memory_measure(cell, "usage", "engrams")
-        rows.append([label, f"`{name}`", paper, change, cell.measure("ppl").text(), _count(size[name]["total"]),
-                     _count(size[name]["active"]), f"{size[name]['flops'] / 1e6:.2f}M",
+        row = summary([RunRecord(run.path) for run in cell])
+        rows.append([label, f"`{name}`", paper, change, row["test ppl"].text(), _count(row["params"]),
+                     _count(row["active params"]), f"{size[name]['flops'] / 1e6:.2f}M",
                      f"{speeds[name]:,.0f}" if name in speeds else "·", usage.text() if usage else "-",
                      kl.text(2) if kl else "-", engram.text() if engram else "-", str(len(cell))])
     return _md_table(["design", "cell", "paper", "what it changes", "test ppl", "params", "active params",
@@ -258,7 +275,7 @@ def write_report(cells: dict[str, CellRuns], out: Path, benches: list[dict], com
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.variants_report",
-                                     description=__doc__.split("\n")[0])
+                                     description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("dirs", nargs="+", metavar="DIR", help="run directories, or directories holding them")
     parser.add_argument("--out", default="results/variants")
     parser.add_argument("--bench", nargs="*", default=[], help="variants_speed benchmark JSON")
@@ -270,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"variants_report: error: {e}", file=sys.stderr)
         return 2
     if not cells:
-        print("variants_report: error: no run of the variants study with a test result there", file=sys.stderr)
+        print("variants_report: error: no run of the variants study with a test result there (a table of any "
+              "runs: python -m xlm_pkm.runs compare DIR)", file=sys.stderr)
         return 2
     command = "python -m xlm_pkm.experiments.variants_report " + " ".join(argv if argv is not None else sys.argv[1:])
     print(f"wrote {write_report(cells, Path(args.out), benches, command)}")

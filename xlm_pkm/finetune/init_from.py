@@ -57,7 +57,8 @@ def load_weights(model: nn.Module, trained: TrainedModel, strict: bool = True) -
     dropped = sorted(set(tensors) - set(own))
     if mismatched:
         raise ValueError(f"train.init_from {trained.source}: tensors of another shape than this model's: "
-                         + "; ".join(mismatched[:5]) + (f" (and {len(mismatched) - 5} more)" if len(mismatched) > 5 else ""))
+                         + "; ".join(mismatched[:5])
+                         + (f" (and {len(mismatched) - 5} more)" if len(mismatched) > 5 else ""))
     if strict and (new or dropped):
         raise ConfigError(f"train.init_from {trained.source}: this model differs from the trained one (new: "
                           f"{summarize(new) or 'none'}; dropped: {summarize(dropped) or 'none'}); set "
@@ -72,6 +73,7 @@ def summarize(names: list[str], limit: int = 8) -> str:
     for name in names:
         module, _, leaf = name.rpartition(".")
         groups.setdefault(module, []).append(leaf)
-    parts = [f"{module}.{{{', '.join(leaves)}}}" if len(leaves) > 1 else f"{module}.{leaves[0]}" if module else leaves[0]
+    parts = [f"{module}.{{{', '.join(leaves)}}}" if len(leaves) > 1
+             else f"{module}.{leaves[0]}" if module else leaves[0]
              for module, leaves in groups.items()]
     return ", ".join(parts[:limit]) + (f", ... ({len(names)} tensors in all)" if len(parts) > limit else "")

@@ -55,7 +55,7 @@ def add_adapters(model: nn.Module, optim: OptimConfig) -> int:
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
                              target_modules=target_modules(model, lora.targets))
     peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
-    return freeze(model, ["*.lora_A.*", "*.lora_B.*"])
+    return freeze(model, ["*.lora_A.*", "*.lora_B.*"], optim.freeze_norm_stats)
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -10,7 +10,14 @@ A slot's specificity is TF-IDF, the batch being the document. For each value tab
 
 and the top_t slots by score keep their value-table gradient rows, among the slots the step read whose
 score is above 0: a slot read by every background document (idf 0) is never updated, nor are ties at 0
-broken by slot index (fewer than top_t slots may be updated; the train log gives slots_updated). The
+broken by slot index (fewer than top_t slots may be updated; the train log gives slots_updated). Two
+controls (`optim.memory_finetune.ranking`) keep everything else and change the ranking only:
+
+    count    the top_t slots by c_i (tf without idf, no background); equal counts keep the lower index first
+    random   top_t slots drawn uniformly, without replacement, among those read (c_i > 0), from a generator
+             seeded by sha256(seed, step, table): the same draws on every rank, on a re-run and on resume
+
+The
 other rows' gradients are dropped before clipping and the update, so with a sparse values optimizer (sgd,
 adagrad, lazy_adam: only rows with a gradient move) every other row stays bit-identical. With fact batches
 (data.fact_batches) the padding's reads are not counted.
@@ -82,7 +89,8 @@ class Background:
         except Exception as e:
             raise ValueError(f"optim.memory_finetune.background: {path} is not readable ({type(e).__name__})") from None
         if not isinstance(state, dict) or state.get("kind") != KIND:
-            raise ValueError(f"optim.memory_finetune.background: {path} is not a file of python -m xlm_pkm.finetune.slot_counts")
+            raise ValueError(f"optim.memory_finetune.background: {path} is not a file of "
+                             "python -m xlm_pkm.finetune.slot_counts")
         doc_tokens = state.get("doc_tokens", state["tokens"] // max(state["documents"], 1))  # earlier files: batches
         return cls(**{k: state[k] for k in ("doc_freq", "reads", "documents", "tokens", "fingerprint")},
                    doc_tokens=doc_tokens)
@@ -133,6 +141,21 @@ def top_slots(reads: torch.Tensor, doc_freq: torch.Tensor, documents: int, t: in
     return candidates[order]
 
 
+def top_by_count(reads: torch.Tensor, t: int) -> torch.Tensor:
+    """The (at most t) most read slots among those read: (n,) int64; equal counts keep the lower index first."""
+    candidates = (reads > 0).nonzero().squeeze(1)
+    return candidates[torch.sort(reads[candidates], descending=True, stable=True).indices[:t]]
+
+
+def random_slots(reads: torch.Tensor, t: int, seed: int, step: int, table: str) -> torch.Tensor:
+    """t slots (all if fewer were read) drawn without replacement among those read: (n,) int64, from a
+    generator seeded by (seed, step, table) alone."""
+    key = hashlib.sha256(f"{seed}/{step}/{table}".encode()).digest()
+    generator = torch.Generator().manual_seed(int.from_bytes(key[:8], "little") >> 1)
+    candidates = (reads > 0).nonzero().squeeze(1)
+    return candidates[torch.randperm(len(candidates), generator=generator)[:t].to(candidates.device)]
+
+
 def keep_rows_(param: nn.Parameter, rows: torch.Tensor) -> None:
     """Drops every row of param's sparse gradient but `rows`."""
     grad = param.grad.coalesce()
@@ -156,30 +179,53 @@ class SparseMemoryFinetuning:
                               "(optim.values_optimizer=sgd, adagrad or lazy_adam)")
         if not all(p.requires_grad for p, _ in self.tables.values()):
             raise ConfigError("optim.memory_finetune.top_t: the memory values do not train (optim.trainable)")
-        self.background = Background.from_file(cfg.background)
-        if check_fingerprint and self.background.fingerprint != model_fingerprint(model):
-            raise ValueError(f"optim.memory_finetune.background: {cfg.background} was counted on another model "
-                             f"than this run's (fingerprint {self.background.fingerprint}, this model's "
-                             f"{model_fingerprint(model)}): count it from the checkpoint the run starts from")
-        sizes = {name: p.shape[0] for name, (p, _) in self.tables.items()}
-        theirs = {name: len(f) for name, f in self.background.doc_freq.items()}
-        if sizes != theirs:
-            raise ValueError(f"optim.memory_finetune.background: {cfg.background} counts value tables {theirs}, "
-                             f"this model has {sizes}")
-        self.top_t, self.env = cfg.top_t, env
+        self.cfg, self.env, self.step = cfg, env, 0
+        self.background = None if cfg.ranking != "tfidf" else self._background(model, check_fingerprint)
         for _, memories in self.tables.values():
             for m in memories:
                 m.step_reads = SlotStats(m.n_slots)
 
+    def _background(self, model: nn.Module, check_fingerprint: bool) -> Background:
+        """cfg.background, checked against the model (its fingerprint, unless resuming) and its value tables."""
+        path = self.cfg.background
+        background = Background.from_file(path)
+        if check_fingerprint and background.fingerprint != model_fingerprint(model):
+            raise ValueError(f"optim.memory_finetune.background: {path} was counted on another model "
+                             f"than this run's (fingerprint {background.fingerprint}, this model's "
+                             f"{model_fingerprint(model)}): count it from the checkpoint the run starts from")
+        sizes = {name: p.shape[0] for name, (p, _) in self.tables.items()}
+        theirs = {name: len(f) for name, f in background.doc_freq.items()}
+        if sizes != theirs:
+            raise ValueError(f"optim.memory_finetune.background: {path} counts value tables {theirs}, "
+                             f"this model has {sizes}")
+        return background
+
     def describe(self) -> str:
         """One line for the run's log: the rule and the background it ranks against."""
+        t = self.cfg.top_t
+        if self.background is None:
+            rule = (f"the {t} most read slots" if self.cfg.ranking == "count" else
+                    f"{t} random slots (seed {self.cfg.seed}) among those read")
+            return f"sparse memory finetuning (control, no background): {rule}, per value table and step"
         shares = "; ".join(f"{name}: a document reads {100 * share['per_document']:.1f}% of the slots, every "
                            f"document {100 * share['by_every_document']:.1f}% (never updated)"
                            for name, share in self.background.read_share().items())
-        return (f"sparse memory finetuning: the top {self.top_t} slots by TF-IDF per value table and step, against "
-                f"{self.background.documents:,} background documents of {self.background.doc_tokens} tokens; {shares}")
+        return (f"sparse memory finetuning: the top {t} slots by TF-IDF per value table and step, "
+                f"against {self.background.documents:,} background documents of {self.background.doc_tokens} "
+                f"tokens; {shares}")
 
-    def begin_step(self) -> None:
+    def select(self, table: str, reads: torch.Tensor) -> torch.Tensor:
+        """The slots of `table` this step updates, by cfg.ranking, from its reads (n_slots,)."""
+        t = self.cfg.top_t
+        if self.cfg.ranking == "count":
+            return top_by_count(reads, t)
+        if self.cfg.ranking == "random":
+            return random_slots(reads, t, self.cfg.seed, self.step, table)
+        return top_slots(reads, self.background.doc_freq[table], self.background.documents, t)
+
+    def begin_step(self, step: int) -> None:
+        """Optimizer step `step` (from 1) begins: its reads start from zero."""
+        self.step = step
         for _, memories in self.tables.values():
             for m in memories:
                 m.step_reads.reset()
@@ -200,8 +246,8 @@ class SparseMemoryFinetuning:
             if reads is None or param.grad is None:
                 continue
             reads = all_reduce_sum(reads, self.env)
-            slots = top_slots(reads, self.background.doc_freq[name], self.background.documents, self.top_t)
-            keep_rows_(param, memories[0].values.table_rows(slots))  # UltraMem's expanded rows are not slots
+            rows = memories[0].values.table_rows(self.select(name, reads))  # UltraMem's expanded rows are not slots
+            keep_rows_(param, rows)
             read += int((reads > 0).sum())
             updated += int(param.grad.indices().shape[1])
         return {"slots_read": read, "slots_updated": updated}

@@ -4,7 +4,9 @@ or those whose names match glob patterns.
 Frozen parameters get requires_grad=False, so no gradient and no optimizer state. A module none of whose
 parameters train (a frozen query network's BatchNorm, say) stays in eval mode whatever model.train()
 asks, so its running statistics do not drift and the key search of a memory whose values alone train
-stays as it was.
+stays as it was. With `optim.freeze_norm_stats` every BatchNorm stays in eval mode, trainable or not: it
+normalises with its running statistics, which no step changes, while its affine weights may still train
+(full finetuning on one-fact batches would otherwise move the memory's query statistics).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import fnmatch
 
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
@@ -31,10 +34,10 @@ def trains(name: str, param: nn.Parameter, memory_names: set[str], spec: list[st
     return any(fnmatch.fnmatchcase(name, pattern) for pattern in spec)
 
 
-def freeze(model: nn.Module, spec: list[str]) -> int:
-    """Freezes the parameters `spec` does not train and pins fully frozen modules to eval mode; returns
-    the number of trainable parameter elements. A pattern matching no parameter, or a spec that trains
-    nothing, is a ConfigError."""
+def freeze(model: nn.Module, spec: list[str], freeze_norm_stats: bool = False) -> int:
+    """Freezes the parameters `spec` does not train and pins fully frozen modules (with `freeze_norm_stats`,
+    every BatchNorm too) to eval mode; returns the number of trainable parameter elements. A pattern matching
+    no parameter, or a spec that trains nothing, is a ConfigError."""
     names = [name for name, _ in model.named_parameters()]
     if not (len(spec) == 1 and spec[0] in PRESETS):
         for pattern in spec:
@@ -50,7 +53,8 @@ def freeze(model: nn.Module, spec: list[str]) -> int:
         p.requires_grad_(chosen[name])
     for module in model.modules():
         params = list(module.parameters())
-        if params and not any(p.requires_grad for p in params):
+        frozen = bool(params) and not any(p.requires_grad for p in params)
+        if frozen or freeze_norm_stats and isinstance(module, _BatchNorm):
             module.train = _pinned_eval(module)
             module.train(False)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)

@@ -9,12 +9,12 @@ import sys
 from pathlib import Path
 
 from xlm_pkm.checkpoint.trained import load_trained
-from xlm_pkm.config import load_config
 from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, UserError, fail
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.launch.config_keys import describe_keys
 from xlm_pkm.launch.resume import resume_command
+from xlm_pkm.launch.run_config import launch_config
 from xlm_pkm.runtime.distributed import describe_failure, init_distributed, is_collective_failure, read_env, shutdown
 from xlm_pkm.runtime.hardware import is_out_of_memory
 from xlm_pkm.runtime.precision import check_precision, resolve_device
@@ -23,11 +23,6 @@ from xlm_pkm.train.trainer import Trainer
 from xlm_pkm.utils.atomic import check_writable, refuse_foreign_file, write_text
 from xlm_pkm.utils.program import program_name
 from xlm_pkm.utils.stop_signals import StoppedBySignal, restore_defaults
-
-# configs/default.yaml: the copy installed with the package (pip install .), else the checkout's
-PACKAGED_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
-CHECKOUT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "default.yaml"
-DEFAULT_CONFIG = PACKAGED_CONFIG if PACKAGED_CONFIG.is_file() else CHECKOUT_CONFIG
 
 
 def _interrupted(trainer: Trainer | None) -> UserError:
@@ -85,8 +80,10 @@ def train_main(argv: list[str] | None = None) -> int:
         prog=prog, description="Train a transformer LM with product key memories.",
         epilog="Config keys, their defaults and what they do: --keys (every section) or --keys SECTION "
                "(e.g. --keys train). Ctrl-C stops like SIGTERM: a checkpoint, the resume command, exit 75; "
-               "a second Ctrl-C stops at once. train.exp_id=last resumes the latest unfinished run of train.exp_name.")
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG), help="YAML config (default: configs/default.yaml)")
+               "a second Ctrl-C stops at once. train.exp_id=ID (or last: the latest unfinished run of "
+               "train.exp_name) resumes that run from its own config.yaml, the overrides on top.")
+    parser.add_argument("--config", help="YAML config (default: configs/default.yaml; a resumed run starts from its "
+                                         "own config.yaml, this file's keys and the overrides on top)")
     parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
     parser.add_argument("--keys", nargs="?", const="", metavar="SECTION",
                         help="list the config keys (of SECTION: model, data, optim, train...) and exit")
@@ -101,7 +98,7 @@ def train_main(argv: list[str] | None = None) -> int:
         return 0
     failed, trainer = False, None
     try:
-        trainer = Trainer(load_config(args.config, args.overrides), test=not args.no_test)
+        trainer = Trainer(launch_config(args.config, args.overrides), test=not args.no_test)
         try:
             trainer.train()
             if not args.no_test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:

@@ -1,5 +1,5 @@
 """The commands that start torch processes: train.py, evaluate.py, generate.py and the console commands
-xlm-pkm-train, -evaluate, -generate, -export (pyproject.toml). Each sets the process's defaults, then
+xlm-pkm-train, -evaluate, -generate, -export, -runs (pyproject.toml). Each sets the process's defaults, then
 imports its command line, and torch with it, and runs it; this module imports nothing at import time.
 
 The one default: THP_MEM_ALLOC_ENABLE=1 (unless set), PyTorch's switch for CPU tensors of 2 MB and more
@@ -90,3 +90,14 @@ def generate(argv: list[str] | None = None) -> int:
 def export(argv: list[str] | None = None) -> int:
     set_process_defaults()
     return _run("python -m xlm_pkm.inference.export", _export_main, argv)
+
+
+def _runs_main():
+    from xlm_pkm.runs.__main__ import main
+
+    return main
+
+
+def runs(argv: list[str] | None = None) -> int:
+    set_process_defaults()
+    return _run("python -m xlm_pkm.runs", _runs_main, argv)

@@ -97,10 +97,8 @@ def check_request(partition: str, nodes: int, tasks_per_node: int, cpus_per_task
 def main(argv: list[str] | None = None):
     import submitit
 
-    from xlm_pkm.launch.cli import DEFAULT_CONFIG
-
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.launch.slurm", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", default=str(DEFAULT_CONFIG))
+    parser.add_argument("--config", help="default: configs/default.yaml (a resumed run: its own config.yaml)")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=8, help="one task (process) per GPU; 0 for CPU jobs")
     parser.add_argument("--tasks-per-node", type=int, default=0, help="default: gpus-per-node (or 1)")
@@ -128,7 +126,7 @@ def main(argv: list[str] | None = None):
         check_request(args.partition, args.nodes, tasks, args.cpus_per_task, args.gpus_per_node)
         params["slurm_signal_delay_s"] = args.signal_delay
     executor.update_parameters(**params)
-    job = executor.submit(TrainJob(["--config", args.config, *train_args]))
+    job = executor.submit(TrainJob([*(["--config", args.config] if args.config else []), *train_args]))
     print(f"submitted job {job.job_id}; logs in {args.folder.replace('%j', str(job.job_id))}")
     if executor.cluster == "debug":  # runs here, now
         job.result()

@@ -43,7 +43,6 @@ from torch import nn
 
 from xlm_pkm.model.adaptive_span import AdaptiveSpan
 
-
 MIXINGS = ("joint", "split", "head_split")
 
 
@@ -140,7 +139,8 @@ class AllAttention(nn.Module):
                 context = context / (context.sum(-1, keepdim=True) + 1e-8)
             persistent = None if pers is None else F.softmax(pers.float(), -1).to(q.dtype)
         if self.context_heads < self.n_heads:  # head_split: the persistent heads see no context
-            context = context * (torch.arange(self.n_heads, device=x.device) < self.context_heads).to(q.dtype)[:, None, None]
+            sees_context = torch.arange(self.n_heads, device=x.device) < self.context_heads  # (H,)
+            context = context * sees_context.to(q.dtype)[:, None, None]
         y = self.dropout(context) @ v  # (B, H, M, d_h)
         if persistent is not None:
             read = self.dropout(persistent) @ (self.persistent_values * math.sqrt(self.n_persistent))  # (B, Hp, M, d_h)

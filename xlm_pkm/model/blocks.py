@@ -7,9 +7,10 @@ Every sublayer maps (B, T, dim) to (B, T, dim) and reports `flops_per_token(seq_
 FLOPs (forward + backward) per token; one that attends to past positions sets `uses_cache = True`
 and takes forward(x, cache) (attention.KVCache); Engram sets `uses_ngrams = True` and takes
 forward(x, rows[, cache]), its layer's rows of the model's N-gram hash; all_attention and span_attention
-(stream_attention.py) instead keep their own cache of the stream between forwards. `shared` holds what several layers share, built
-before every layer (shared_state), and "layer", the 1-indexed layer being built. A Block wraps a layer's sublayers, each with its own LayerNorm
-and residual. A new block type is its module, its builder registered here, and a config naming it.
+(stream_attention.py) instead keep their own cache of the stream between forwards. `shared` holds what
+several layers share, built before every layer (shared_state), and "layer", the 1-indexed layer being
+built. A Block wraps a layer's sublayers, each with its own LayerNorm and residual. A new block type is
+its module, its builder registered here, and a config naming it.
 """
 
 from __future__ import annotations

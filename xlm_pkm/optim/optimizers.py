@@ -99,16 +99,23 @@ VALUE_OPTIMIZERS.register("sgd")(ValueOptimizer(
 
 @dataclass
 class MemoryFinetuneConfig:
-    """Sparse memory finetuning (finetune/memory_finetune.py): each step updates only its top_t slots by TF-IDF:
-    optim.memory_finetune."""
+    """Sparse memory finetuning (finetune/memory_finetune.py): each step updates only top_t of the slots it read,
+    by TF-IDF (the paper) or, as controls, by read count alone or at random: optim.memory_finetune."""
     # slots updated per value table and step; 0: off (every slot read is updated)
     top_t: int = field(default=0, metadata=non_negative())
-    background: str = ""  # slot counts on the pretraining data: python -m xlm_pkm.finetune.slot_counts
+    # tfidf: the paper's specificity against the background | count: the most read (no IDF, no background) |
+    # random: top_t of the slots read, drawn from (seed, step, table): reproducible, and the same on resume
+    ranking: Literal["tfidf", "count", "random"] = "tfidf"
+    seed: int = 0  # ranking=random's draws
+    background: str = ""  # slot counts on the pretraining data: python -m xlm_pkm.finetune.slot_counts (tfidf)
 
     def check(self, prefix: str) -> None:
-        if self.top_t and not self.background:
+        if self.top_t and self.ranking == "tfidf" and not self.background:
             raise ConfigError(f"{prefix}top_t needs {prefix}background: the slot counts of "
                               f"python -m xlm_pkm.finetune.slot_counts CHECKPOINT --data DIR --out FILE")
+        if self.ranking != "tfidf" and self.background:
+            raise ConfigError(f"{prefix}background is read by {prefix}ranking=tfidf only, got "
+                              f"ranking={self.ranking}: leave it empty")
 
 
 @dataclass
@@ -144,6 +151,9 @@ class OptimConfig:
     accumulate: int = field(default=1, metadata=positive())  # forward/backward passes per optimizer step
     # all | memory (keys, query networks, values) | memory_values | glob patterns over parameter names
     trainable: list[str] = field(default_factory=lambda: ["all"])
+    # every BatchNorm stays in eval mode (normalises with, and keeps, its running statistics) whatever trains;
+    # false: only a BatchNorm none of whose parameters train (finetune/trainable.py)
+    freeze_norm_stats: bool = False
     memory_finetune: MemoryFinetuneConfig = field(default_factory=MemoryFinetuneConfig)
     # The memory values' own group, at a constant lr (paper: Adam, lr 1e-3; XLM: `adam,lr=0.001`, whose
     # betas are torch's defaults). The optimizer decides whether value gradients are sparse (ValueOptimizer.sparse).

@@ -24,7 +24,8 @@ def _warmup(step: int, cfg: OptimConfig, after: float) -> float:
 
 
 # inverse_sqrt (Vaswani et al.): the warmup, then lr * sqrt(warmup_steps / step)
-SCHEDULES.register("inverse_sqrt")(lambda step, cfg: _warmup(step, cfg, cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)))
+SCHEDULES.register("inverse_sqrt")(
+    lambda step, cfg: _warmup(step, cfg, cfg.lr * math.sqrt(max(cfg.warmup_steps, 1) / step)))
 SCHEDULES.register("linear_warmup")(lambda step, cfg: _warmup(step, cfg, cfg.lr))  # the warmup, then lr
 SCHEDULES.register("constant")(lambda step, cfg: cfg.lr)
 

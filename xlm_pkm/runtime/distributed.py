@@ -60,7 +60,8 @@ def read_env() -> DistEnv:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         return DistEnv(int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0)), int(os.environ["WORLD_SIZE"]))
     if "SLURM_PROCID" in os.environ and int(os.environ.get("SLURM_NTASKS", 1)) > 1:
-        return DistEnv(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_LOCALID"]), int(os.environ["SLURM_NTASKS"]))
+        return DistEnv(int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_LOCALID"]),
+                       int(os.environ["SLURM_NTASKS"]))
     return DistEnv()
 
 

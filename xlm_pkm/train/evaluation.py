@@ -54,7 +54,8 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
         progress.update(i + 1)
     synchronize(device)
     elapsed = time.perf_counter() - start
-    totals = all_reduce_sum(torch.tensor([loss_sum.item(), tokens, words, elapsed], dtype=torch.float64, device=device), env)
+    totals = all_reduce_sum(torch.tensor([loss_sum.item(), tokens, words, elapsed], dtype=torch.float64,
+                                         device=device), env)
     loss, tokens, words = totals[0].item() / max(totals[1].item(), 1), int(totals[1]), int(totals[2])
     elapsed = totals[3].item() / env.world_size
     memories = []

@@ -35,14 +35,19 @@ def lock_run_directory(run_dir: Path) -> DirectoryLock:
     return DirectoryLock(run_dir, ".lock", "use another train.exp_id, or wait for that run to end")
 
 
+def latest_checkpoint(dump_path: str, exp_name: str) -> Path | None:
+    """The checkpoint.pt that a run of `exp_name` saved last (None when no run has one)."""
+    runs = sorted((Path(dump_path) / exp_name).glob("*/checkpoint.pt"), key=lambda p: p.stat().st_mtime)
+    return runs[-1] if runs else None
+
+
 def latest_unfinished(dump_path: str, exp_name: str, max_steps: int) -> str:
     """train.exp_id=last: the id of the run of `exp_name` that saved a checkpoint.pt last, if it has not
     reached `max_steps` (this command's); otherwise a one-line ConfigError saying what to do."""
-    runs = sorted((Path(dump_path) / exp_name).glob("*/checkpoint.pt"), key=lambda p: p.stat().st_mtime)
-    if not runs:
+    latest = latest_checkpoint(dump_path, exp_name)
+    if latest is None:
         raise ConfigError(f"train.exp_id=last: no run of {exp_name} under {dump_path} has a checkpoint.pt to "
                           f"resume (start one without train.exp_id, or with a new one)")
-    latest = runs[-1]
     step = torch.load(latest, map_location="cpu", mmap=True, weights_only=False).get("step", 0)
     if step >= max_steps:
         raise ConfigError(f"train.exp_id=last: the latest run of {exp_name}, {latest.parent}, is finished (step "

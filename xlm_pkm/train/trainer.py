@@ -114,8 +114,8 @@ class Trainer:
             self.initialise(cfg.train.init_from)
         self.lora = lora.uses_lora(cfg.optim)  # adapters on the loaded weights; best.pt gets them merged
         with self.initial_weights.drawing():  # LoRA's adapters draw their initial weights
-            self.trainable = lora.add_adapters(self.model, cfg.optim) if self.lora else freeze(self.model,
-                                                                                              cfg.optim.trainable)
+            self.trainable = (lora.add_adapters(self.model, cfg.optim) if self.lora
+                              else freeze(self.model, cfg.optim.trainable, cfg.optim.freeze_norm_stats))
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
@@ -215,7 +215,7 @@ class Trainer:
                           f"table rows per layer {[e.slot_stats.n_slots for _, e in self.model.engrams()]}")
         self.log.info("parameters: " + ", ".join(f"{k} {v:,}" for k, v in counts.items())
                       + f"; trainable {self.trainable:,} "
-                        f"({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
+                      + f"({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
         if self.memory_finetune:
             self.log.info(self.memory_finetune.describe())
@@ -275,8 +275,8 @@ class Trainer:
 
     def _log_init(self) -> None:
         if self.resumed and self.cfg.train.init_from:
-            self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: the run resumes from its own "
-                          f"checkpoint")
+            self.log.info(f"train.init_from={self.cfg.train.init_from} ignored: "
+                          "the run resumes from its own checkpoint")
         if self.initialised is None:
             return
         report = self.initialised
@@ -296,7 +296,7 @@ class Trainer:
         tokens = words = 0
         aux = self.model.aux_loss if self.model.has_aux_loss() else None  # training-only loss terms
         if self.memory_finetune:
-            self.memory_finetune.begin_step()
+            self.memory_finetune.begin_step(state.step + 1)
         for i in range(accumulate):
             epoch = self.train_stream.epoch
             x, y = next(batches)  # (B, T) each, on the CPU: counting words there needs no device sync
@@ -437,8 +437,9 @@ class Trainer:
         max_steps = self.cfg.train.max_steps
         per_step = (time.perf_counter() - self.session["time"]) / (state.step - self.session["step"])  # evals too
         metrics["eta_s"] = per_step * (max_steps - state.step)
+        threads = f", {torch.get_num_threads()} CPU thread(s)" if self.device.type == "cpu" else ""  # shared machines
         self.log.event("train", state.step, f"/{max_steps} ({100 * state.step / max_steps:.0f}%, "
-                                            f"ETA {format_duration(metrics['eta_s'])})", **metrics)
+                                            f"ETA {format_duration(metrics['eta_s'])}{threads})", **metrics)
 
     def validate(self) -> dict:
         """Valid perplexity and memory statistics; writes best.pt when the perplexity improves."""

@@ -100,7 +100,8 @@ class ProductKeys(KeySearch):
             raise ValueError(f"memory.k_dim={cfg.k_dim} must be even for key_type=product (two halves)")
         super().__init__(cfg)
         self.n_keys = cfg.n_keys
-        self.weight = uniform_keys(1 if cfg.share_keys else cfg.heads, 2, cfg.n_keys, cfg.k_dim // 2)  # (H or 1, 2, n_keys, k_dim/2)
+        # (H or 1, 2, n_keys, k_dim/2)
+        self.weight = uniform_keys(1 if cfg.share_keys else cfg.heads, 2, cfg.n_keys, cfg.k_dim // 2)
 
     @classmethod
     def slots(cls, cfg: MemoryConfig) -> int:
@@ -140,7 +141,8 @@ class FlatKeys(KeySearch):
 
     def __init__(self, cfg: MemoryConfig):
         super().__init__(cfg)
-        self.weight = uniform_keys(1 if cfg.share_keys else cfg.heads, self.n_slots, cfg.k_dim)  # (H or 1, n_slots, k_dim)
+        # (H or 1, n_slots, k_dim)
+        self.weight = uniform_keys(1 if cfg.share_keys else cfg.heads, self.n_slots, cfg.k_dim)
 
     @classmethod
     def slots(cls, cfg: MemoryConfig) -> int:

@@ -89,7 +89,8 @@ def _blocks(L: int, D: int) -> tuple[int, int]:
     return min(32, triton.next_power_of_2(L)), min(256, triton.next_power_of_2(D))
 
 
-def fused_row_dots(table: torch.Tensor, indices: torch.Tensor, vectors: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def fused_row_dots(table: torch.Tensor, indices: torch.Tensor, vectors: torch.Tensor,
+                   dtype: torch.dtype) -> torch.Tensor:
     """table (S, D), indices (N, L), vectors (N, D) -> (N, L) in `dtype`: out[n, l] = table[indices[n, l]] ·
     vectors[n] (the read's weight gradient; PEER's u_iᵀx), summed in float32."""
     table, indices, vectors = table.contiguous(), indices.contiguous(), vectors.contiguous()
@@ -107,7 +108,7 @@ def fused_slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch
     """indices, weights (N, L), vectors (N, D) -> slots (U,) the distinct slots read, rows (U, D) in `dtype`:
     rows[u] = Σ over the lookups (n, l) of slots[u] of weights[n, l] · vectors[n] (the read's table gradient)."""
     weights, vectors = weights.contiguous(), vectors.contiguous()
-    (N, L), D = indices.shape, vectors.shape[1]
+    L, D = indices.shape[1], vectors.shape[1]
     block_l, block_d = _blocks(L, D)
     slots, order, row_starts = group_by_slot(indices)  # (U,), (N*L,), (U + 1,)
     rows = torch.empty(slots.numel(), D, dtype=dtype, device=vectors.device)  # (U, D)

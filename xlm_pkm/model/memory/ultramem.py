@@ -163,7 +163,7 @@ class TuckerKeys(KeySearch):
         return torch.einsum("nhpd,hpird->nhpir", q, keys)
 
     def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        N, H, K, m, r = q.shape[0], self.heads, self.knn, self.topm, self.rank
+        N, H, K, r = q.shape[0], self.heads, self.knn, self.rank
         S = self.component_scores(q)  # (N, H, 2, n, r)
         cores = self.core.to(S.dtype)  # (H, C, r, r)
         with torch.no_grad():

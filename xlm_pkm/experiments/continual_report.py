@@ -1,0 +1,283 @@
+"""The continual study's report: settings chosen on held-out facts, the verdict on the other seeds.
+
+    python -m xlm_pkm.experiments.continual report scores.jsonl --out results/continual
+
+Rows are `continual score`'s (model, method, setting, seed and the scores of fact_scores.py and perplexity).
+Forgetting is each row's change from the pretrained row of its model: Δ valid ppl, Δ test ppl (held out)
+and Δ test acc (next-token accuracy).
+
+Choices without seed-0 optimism: the facts of the selection seed (SELECT_SEED) are a held-out set of facts
+used only to choose settings, never scored for the verdict. Each (model, method)'s setting is chosen there:
+
+    best         the highest EM (ties: the least Δ test ppl)
+    at level L   the least Δ test ppl among the settings with EM >= L
+
+and reported on the verdict seeds (every other seed: each its own facts, the runs of every method paired by
+fact set). Held out rather than the mean over the verdict seeds: a maximum over settings of the same seeds'
+means still rewards their noise (the winner's curse), and one sweep costs a third of three.
+
+Forgetting at equal learning: at each level L, each method's choice at L against the reference (sparse
+memory finetuning, TF-IDF, on the memory model) on the verdict seeds, as the ratio of forgetting
+
+    R = Δm / Δref = exp(mean_s d_s),   d_s = log Δm,s − log Δref,s   (seeds s paired by fact set)
+
+with the 95% paired t interval of mean d (paired.py) mapped through exp; its verdict word, for the claim
+"the reference forgets less" (R > 1), from Holm's correction over the table's comparisons: holds (the
+adjusted interval above 1), reversed (below 1), inconclusive. A ratio needs Δ > 0 on every seed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from xlm_pkm.experiments.paired import holm, paired
+
+PRETRAINED = "pretrained"  # the method of a model's baseline row
+SELECT_SEED = 3  # the facts settings are chosen on
+REFERENCE = ("memory", "sparse_memory")  # (model, method) the others' forgetting is compared with
+LEARNING_LEVELS = (0.13, 0.20, 0.30, 0.40, 0.50)  # EM levels at which forgetting is compared
+CHANGES = {"valid_change": "valid_ppl", "test_change": "test_ppl", "acc_change": "test_acc"}
+LEARNING = ("em", "em_question", "fc", "fc_shuffled", "em_uncommon", "fc_uncommon", "em_first", "em_middle",
+            "em_last")
+
+
+def load_rows(path: str | Path) -> list[dict]:
+    """The rows of a scores file, each with its study labels (a row of a one-off `score` has none)."""
+    rows = [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line]
+    for number, row in enumerate(rows, 1):
+        missing = [key for key in ("model", "method", "setting", "seed", "test_ppl") if row.get(key) is None]
+        if missing:
+            raise ValueError(f"{path}:{number}: a row without {', '.join(missing)}: score it with --model --method "
+                             f"--setting --seed --data for the report")
+    return rows
+
+
+def with_changes(rows: list[dict]) -> list[dict]:
+    """Each row with its forgetting: valid_change, test_change (perplexity) and acc_change (test next-token
+    accuracy) from its model's pretrained row of the same seed, else of any seed (the facts do not enter them)."""
+    base = {(r["model"], r["seed"]): r for r in rows if r["method"] == PRETRAINED}
+    any_seed = {model: r for (model, _), r in base.items()}
+    missing = {r["model"] for r in rows} - set(any_seed)
+    if missing:
+        raise ValueError(f"no {PRETRAINED} row for model(s) {', '.join(sorted(missing))}")
+    return [{**r, **{change: r[key] - base.get((r["model"], r["seed"]), any_seed[r["model"]])[key]
+                     for change, key in CHANGES.items()}} for r in rows]
+
+
+def best_settings(rows: list[dict], seed: int = SELECT_SEED, at_em: float | None = None) -> dict[tuple[str, str], str]:
+    """(model, method) -> the setting of its sweep (rows of `seed`) with the highest EM, ties to the least
+    held-out forgetting (test_change); with `at_em`, the least forgetting among the settings reaching that
+    EM (methods reaching it with none left out)."""
+    best: dict[tuple[str, str], tuple] = {}
+    for r in with_changes(rows):
+        key = (r["model"], r["method"])
+        rank = (r["test_change"],) if at_em is not None else (-r["em"], r["test_change"])
+        if (r["method"] != PRETRAINED and r["seed"] == seed and (at_em is None or r["em"] >= at_em - 1e-9)
+                and (key not in best or rank < best[key][0])):
+            best[key] = rank, r
+    return {key: r["setting"] for key, (_, r) in best.items()}
+
+
+def over_seeds(rows: list[dict], select_seed: int = SELECT_SEED) -> list[dict]:
+    """Every (model, method, setting) over the verdict seeds (all but select_seed): mean and sample standard
+    deviation of each score and change it has (sd 0 with one seed)."""
+    groups: dict[tuple[str, str, str], list[dict]] = {}
+    for r in with_changes(rows):
+        if r["seed"] != select_seed:
+            groups.setdefault((r["model"], r["method"], r["setting"]), []).append(r)
+    out = []
+    for (model, method, setting), group in sorted(groups.items()):
+        summary = {"model": model, "method": method, "setting": setting, "seeds": len(group)}
+        for key in (*LEARNING, *CHANGES):
+            values = [r[key] for r in group if r.get(key) is not None]
+            if values:
+                mean = sum(values) / len(values)
+                summary[key] = mean
+                summary[key + "_sd"] = (math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+                                        if len(values) > 1 else 0.0)
+        out.append(summary)
+    return out
+
+
+def subject_blind_line(rows: list[dict], select_seed: int = SELECT_SEED) -> float | None:
+    """The highest em_prior (the subject-blind guess's EM) of the verdict seeds' facts; None if not scored."""
+    priors = [r["em_prior"] for r in rows if r.get("em_prior") is not None and r["seed"] != select_seed]
+    return max(priors) if priors else None
+
+
+def ratio_cell(comparison, holmed) -> str:
+    """R [95% interval] and the Holm verdict of one paired comparison of log forgetting (ref − method)."""
+    lo, hi = comparison.interval()
+    return (f"{math.exp(-comparison.mean):.2f} [{math.exp(-hi):.2f}, {math.exp(-lo):.2f}] "
+            f"({holmed.verdict}, {comparison.n} seeds)")
+
+
+def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = SELECT_SEED,
+                   reference=REFERENCE) -> str:
+    """The module docstring's comparison at each level: a row per (level, model, method) reaching it on the
+    selection facts; its setting, verdict seeds' EM and Δ test ppl (mean ± sd), and R against the reference."""
+    rows = with_changes(rows)
+    forgetting: dict[tuple[str, str, str], dict[int, float]] = {}
+    for r in rows:
+        if r["seed"] != select_seed:
+            forgetting.setdefault((r["model"], r["method"], r["setting"]), {})[r["seed"]] = r["test_change"]
+    summary = {(s["model"], s["method"], s["setting"]): s for s in over_seeds(rows, select_seed)}
+    line = subject_blind_line(rows, select_seed)
+    cells, comparisons = [], []
+    for level in levels:
+        chosen = best_settings(rows, select_seed, at_em=level)
+        ref = chosen.get(reference)
+        for (model, method), setting in sorted(chosen.items()):
+            s = summary.get((model, method, setting))
+            side = "" if line is None else " (above the line)" if level > line else " (below the line)"
+            cell = [f"{100 * level:.0f}%{side}", model, method, setting]
+            if s is None:
+                cells.append(cell + ["not run on the verdict seeds", "", ""])
+                continue
+            cell += [f"{100 * s['em']:.1f} ± {100 * s['em_sd']:.1f}%",
+                     f"{s['test_change']:+.2f} ± {s['test_change_sd']:.2f}"]
+            theirs, ours = forgetting[model, method, setting], forgetting.get((*reference, ref), {}) if ref else {}
+            seeds = sorted(theirs.keys() & ours.keys())
+            if (model, method) == reference or not seeds:
+                cells.append(cell + ["reference" if (model, method) == reference else "-"])
+            elif min(min(theirs[k] for k in seeds), min(ours[k] for k in seeds)) <= 0:
+                cells.append(cell + ["n/a: a Δ ≤ 0"])
+            else:
+                comparisons.append((len(cells), paired({k: math.log(ours[k]) for k in seeds},
+                                                       {k: math.log(theirs[k]) for k in seeds})))
+                cells.append(cell + [""])
+    for (index, comparison), holmed in zip(comparisons, holm([c for _, c in comparisons])):
+        cells[index][-1] = ratio_cell(comparison, holmed)
+    if not cells:
+        return f"No method reaches EM {100 * min(levels):.0f}% on the selection facts.\n"
+    header = ["EM level", "model", "method", "setting (chosen)", "EM", "Δ test ppl",
+              f"R = Δ / Δ {reference[1]} [95%] (verdict)"]
+    return markdown(header, cells)
+
+
+def markdown(header: list[str], cells: list[list[str]]) -> str:
+    """A markdown table: its header row, the separator, a row per list of cells."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in cells]) + "\n"
+
+
+def _percent(row: dict, key: str, sd: bool = False) -> str:
+    if row.get(key) is None:
+        return "·"
+    return f"{100 * row[key]:.1f} ± {100 * row[key + '_sd']:.1f}%" if sd else f"{100 * row[key]:.1f}%"
+
+
+def sweep_table(rows: list[dict]) -> str:
+    return markdown(["model", "method", "setting", "EM", "EM question", "fc", "fc shuffled", "EM uncommon",
+                     "Δ valid ppl", "Δ test ppl", "Δ test acc"],
+                    [[r["model"], r["method"], r["setting"], *(_percent(r, k) for k in LEARNING[:5]),
+                      f"{r['valid_change']:+.2f}", f"{r['test_change']:+.2f}", f"{100 * r['acc_change']:+.2f}"]
+                     for r in rows])
+
+
+def seeds_table(summaries: list[dict]) -> str:
+    return markdown(["model", "method", "setting", "seeds", "EM", "fc", "fc shuffled", "EM uncommon",
+                     "EM first / middle / last third", "Δ test ppl", "Δ test acc"],
+                    [[r["model"], r["method"], r["setting"], str(r["seeds"]),
+                      *(_percent(r, k, sd=True) for k in ("em", "fc", "fc_shuffled", "em_uncommon")),
+                      " / ".join(_percent(r, k) for k in ("em_first", "em_middle", "em_last")),
+                      f"{r['test_change']:+.2f} ± {r['test_change_sd']:.2f}",
+                      f"{100 * r['acc_change']:+.2f} ± {100 * r['acc_change_sd']:.2f}"] for r in summaries])
+
+
+def plot(rows: list[dict], path: Path, line: float | None = None, select_seed: int = SELECT_SEED) -> None:
+    """EM against the held-out perplexity change, a panel per method: every setting on every seed (hollow: the
+    selection facts, filled: the verdict seeds), a colour per model; the subject-blind line dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    trained = [r for r in rows if r["method"] != PRETRAINED]
+    methods = sorted({r["method"] for r in trained})
+    colour = {m: f"C{i}" for i, m in enumerate(sorted({r["model"] for r in trained}))}
+    columns = max(1, min(3, len(methods)))
+    lines = max(1, -(-len(methods) // columns))
+    fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.6 * lines), squeeze=False, sharey=True)
+    for ax, method in zip(axes.flat, methods):
+        for model in sorted(colour):
+            for held_out in (True, False):
+                points = [r for r in trained if r["method"] == method and r["model"] == model
+                          and (r["seed"] == select_seed) == held_out]
+                if points:
+                    ax.scatter([r["test_change"] for r in points], [100 * r["em"] for r in points], s=18,
+                               facecolors="none" if held_out else colour[model], edgecolors=colour[model],
+                               label=f"{model} ({'selection facts' if held_out else 'verdict seeds'})")
+        if line is not None:
+            ax.axhline(100 * line, color="gray", linestyle="--", linewidth=1)
+        ax.set_xscale("symlog", linthresh=1.0)  # linear below 1, logarithmic above
+        ax.set_title(method, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6)
+    for ax in axes.flat[len(methods):]:
+        ax.set_visible(False)
+    fig.supxlabel("forgetting: Δ test perplexity on the held-out split (symlog)")
+    fig.supylabel("learning: EM on the trained form (%); dashed: the subject-blind guess")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def backgrounds_table(backgrounds: dict[str, str | Path]) -> str:
+    """Per model, its background counts (finetune/slot_counts.py): documents, their length, the mean share of
+    a value table's slots one document reads, and the share every document reads (idf 0: never updated)."""
+    from xlm_pkm.finetune.memory_finetune import Background
+
+    cells = []
+    for model, path in backgrounds.items():
+        background = Background.from_file(path)
+        for name, share in background.read_share().items():
+            cells.append([model, f"{background.documents:,}", str(background.doc_tokens),
+                          f"{len(background.doc_freq[name]):,}", f"{100 * share['per_document']:.1f}%",
+                          f"{100 * share['by_every_document']:.2f}%"])
+    return markdown(["model", "documents", "tokens each", "slots", "read by one document", "read by every document"],
+                    cells)
+
+
+def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, str | Path] | None = None,
+                 select_seed: int = SELECT_SEED, levels=LEARNING_LEVELS) -> Path:
+    """out/report.md (forgetting at equal learning, every setting over the verdict seeds, the selection sweep,
+    the backgrounds' read shares) and out/learning_forgetting.png from the rows of `results` (JSONL)."""
+    rows = with_changes(load_rows(results))
+    line = subject_blind_line(rows, select_seed)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    plot(rows, out / "learning_forgetting.png", line, select_seed)
+    blind = ("" if line is None else f" The subject-blind guess (each relation's most common object) scores EM up "
+             f"to {100 * line:.1f}% on the verdict seeds' facts (the line): EM below it can be relation priors.")
+    chance = [r["fc_chance"] for r in rows if r.get("fc_chance") is not None]
+    if chance:
+        blind += f" Forced choice at random scores {100 * sum(chance) / len(chance):.1f}%."
+    verdict_seeds = sorted({r["seed"] for r in rows if r["seed"] != select_seed})
+    text = ("# Learning new facts vs forgetting\n\n"
+            f"**Choices**: every setting is chosen on the facts of seed {select_seed}, held out (never scored for "
+            f"the verdict), and reported on seeds {', '.join(map(str, verdict_seeds))}, each with its own facts. "
+            "Held out rather than the mean over the verdict seeds: a best-of-many choice on the seeds it is "
+            "reported on keeps their noise (issue 48: chosen on seed 0, seed 0's EM was above the other seeds' "
+            "in 15 of 15 settings), and one sweep costs a third of three.\n\n"
+            "EM: greedy completion of the object after the trained prompt; fc: forced choice among the relation's "
+            "objects by log-likelihood; fc shuffled: the same after another subject's prompt (a model of relation "
+            "priors only scores as high there); EM uncommon: the facts whose object is not the relation's most "
+            "common; EM by third: the facts' position in the stream. Forgetting, from the pretrained model of "
+            "the same kind: Δ test ppl and Δ test acc (next-token accuracy, points) on the test split, held out "
+            "from the background counts and from every choice." + blind + "\n\n"
+            "## Forgetting at equal learning\n\n"
+            "At each EM level, each method's least-forgetting setting reaching it on the selection facts, on the "
+            "verdict seeds (mean ± sd); R: its forgetting over the reference's, paired by fact set.\n\n"
+            + equal_learning(rows, levels, select_seed) + "\n![learning vs forgetting](learning_forgetting.png)\n\n"
+            "## Every setting over the verdict seeds (mean ± sd)\n\n" + seeds_table(over_seeds(rows, select_seed))
+            + f"\n## The sweep (selection facts, seed {select_seed})\n\n"
+            + sweep_table(sorted((r for r in rows if r["seed"] == select_seed),
+                                 key=lambda r: (r["model"], r["method"], r["setting"]))))
+    if backgrounds:
+        text += ("\n## Backgrounds of sparse memory finetuning\n\nDocuments of the pretraining corpus's train split, "
+                 "sized like a fact batch.\n\n" + backgrounds_table(backgrounds))
+    (out / "report.md").write_text(text, encoding="utf-8")
+    return out / "report.md"
