@@ -385,3 +385,15 @@ def test_learnbpe_out_of_memory_is_told_as_such(tmp_path, monkeypatch, fastbpe_b
                                                      f"(std::bad_alloc)")):
         learn_codes(100, [text], tmp_path / "codes")
     assert not (tmp_path / "codes").exists()
+
+
+def test_ngram_gain_json_on_a_checkpoint_is_refused_before_the_work(reference_run, tmp_path, capsys):
+    from xlm_pkm.experiments.ngram_gain import main as ngram_gain_main
+
+    checkpoint = tmp_path / "checkpoint.pt"
+    shutil.copy(reference_run().ckpt_path, checkpoint)
+    before = checkpoint.read_bytes()
+    assert ngram_gain_main(["--run", f"a={checkpoint}", "--json", str(checkpoint)]) == 2
+    assert f"--json {checkpoint}: exists and is not a result of python -m xlm_pkm.experiments.ngram_gain" in \
+        one_line(capsys)
+    assert checkpoint.read_bytes() == before

@@ -20,7 +20,7 @@ from xlm_pkm.runtime.hardware import is_out_of_memory
 from xlm_pkm.runtime.precision import check_precision, resolve_device
 from xlm_pkm.train.evaluation import evaluate_checkpoint
 from xlm_pkm.train.trainer import Trainer
-from xlm_pkm.utils.atomic import check_writable, refuse_foreign_file, write_text
+from xlm_pkm.utils.atomic import check_writable, holds_json_with, refuse_foreign_file, write_text
 from xlm_pkm.utils.program import program_name
 from xlm_pkm.utils.stop_signals import StoppedBySignal, restore_defaults
 
@@ -65,13 +65,8 @@ def format_result(result: dict) -> str:
 
 
 def is_result_file(path: Path) -> bool:
-    """Whether `path` holds a result that evaluate.py wrote (--json): a JSON object with its keys."""
-    try:
-        with open(path, "rb") as f:
-            result = json.loads(f.read(1 << 20))
-    except (OSError, ValueError):
-        return False
-    return isinstance(result, dict) and {"split", "tokens", "memories"} <= result.keys()
+    """Whether `path` holds a result that evaluate.py wrote (--json)."""
+    return holds_json_with(path, {"split", "tokens", "memories"})
 
 
 def train_main(argv: list[str] | None = None) -> int:

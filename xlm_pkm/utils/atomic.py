@@ -135,6 +135,18 @@ def write_bytes(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+def holds_json_with(path: Path, keys: set[str]) -> bool:
+    """Whether `path` holds a JSON object with at least `keys` (a result file a command wrote)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read(1 << 24))
+    except (OSError, ValueError):
+        return False
+    return isinstance(value, dict) and keys <= value.keys()
+
+
 def refuse_foreign_file(path: Path, is_ours, option: str, ours: str) -> None:
     """Raises OutputError if `path` is a folder, or a file that `is_ours(path)` does not recognise as an
     output of this command (`ours` says what that is): a command replaces only the files it wrote."""
