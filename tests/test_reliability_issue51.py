@@ -397,3 +397,14 @@ def test_ngram_gain_json_on_a_checkpoint_is_refused_before_the_work(reference_ru
     assert f"--json {checkpoint}: exists and is not a result of python -m xlm_pkm.experiments.ngram_gain" in \
         one_line(capsys)
     assert checkpoint.read_bytes() == before
+
+
+def test_harness_json_on_a_checkpoint_is_refused_before_the_work(reference_run, tmp_path, capsys):
+    from xlm_pkm.experiments.harness import main as harness_main
+
+    checkpoint = tmp_path / "checkpoint.pt"
+    shutil.copy(reference_run().ckpt_path, checkpoint)
+    before = checkpoint.read_bytes()
+    assert harness_main(["run", str(checkpoint), "--tasks", "lambada", "--json", str(checkpoint)]) == 2
+    assert f"--json {checkpoint}: exists and is not a result of the harness" in one_line(capsys)
+    assert checkpoint.read_bytes() == before
