@@ -108,9 +108,10 @@ def test_a_plugin_optimizer_declares_its_state_and_the_memory_check_counts_it(mo
     values = sum(p.numel() for p in model.memory_value_parameters())
     dense = sum(p.numel() for p in model.parameters()) - values
     adam_need = 4 * (values * (1 + 2) + dense * (2 + 2))  # adam's two moments for both groups
-    monkeypatch.setattr(build, "available_memory", lambda device: adam_need)
+    monkeypatch.setattr(build, "available_memory", lambda device: (adam_need, "test"))
     build.check_memory_fits(load_config(None, small), torch.device("cpu"))  # fits exactly
     with pytest.raises(ConfigError, match=r"^the model needs at least .* GiB for its weights and optimizer state"):
         build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))
-    monkeypatch.setattr(build, "available_memory", lambda device: adam_need + 4 * dense * 3)  # 3 more per element
+    more = adam_need + 4 * dense * 3  # 3 more per element
+    monkeypatch.setattr(build, "available_memory", lambda device: (more, "test"))
     build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))

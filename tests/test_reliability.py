@@ -96,8 +96,9 @@ def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trai
             tiny_trainer(tmp_path, "train.exp_id=busy")
     finally:
         first.close()
-    with pytest.raises(FileExistsError, match="but no checkpoint.pt to resume it from"):  # free again once the
-        tiny_trainer(tmp_path, "train.exp_id=busy")  # first run has ended, and its outputs not overwritten
+    again = tiny_trainer(tmp_path, "train.exp_id=busy")  # free again once the first has ended; it trained no
+    again.close()  # step, so its outputs are taken over (issue 51)
+    assert again.took_over
 
 
 def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):

@@ -37,10 +37,10 @@ from typing import Literal
 from xlm_pkm.data.stream import DataConfig
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.blocks import CONTEXT_SUBLAYERS
-from xlm_pkm.model.transformer import ModelConfig
+from xlm_pkm.model.transformer import ModelConfig, resolve_memory_layers
 from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
-from xlm_pkm.settings import check, non_negative, positive
+from xlm_pkm.settings import architecture_keys, check, non_negative, positive
 
 # configs/default.yaml, train.py's config when none is given: the copy installed with the package (pip install .),
 # else the checkout's
@@ -177,6 +177,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), start
     return validate(_build(Config, raw, ""))
 
 
+def _unique_keys_loader():
+    """yaml.SafeLoader refusing a key given twice in one mapping (PyYAML keeps the last one without a word)."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            keys = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in keys:
+                    raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice",
+                                                            key_node.start_mark)
+                keys.add(key)
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeyLoader
+
+
 def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     """A config file as a dict; `base: other.yaml` (relative to the file) is read first, then updated."""
     import yaml
@@ -184,9 +202,10 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.load(f, Loader=_unique_keys_loader()) or {}
     except yaml.YAMLError as e:
-        raise ConfigError(f"{path}: not valid YAML: {e}".replace("\n", " ")) from None
+        raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     if "base" not in raw:
@@ -244,6 +263,42 @@ def migrate(raw: dict) -> dict:
         if value is not None:
             _set(raw, new, values[value])
     return raw
+
+
+def _dotted(tree: dict, key: str, default):
+    for part in key.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return default
+        tree = tree[part]
+    return tree
+
+
+def architecture_changes(saved: dict, cfg: Config) -> list[tuple[str, object, object]]:
+    """(key, saved value, value in `cfg`) of every key marked settings.architecture() that differs between a
+    checkpoint's stored config (a dict in today's keys: migrate) and `cfg`; a key that an earlier version did
+    not store has its default."""
+    defaults = architecture_keys(Config())
+    before = {key: _dotted(saved, key, default) for key, default in defaults.items()}
+    after = architecture_keys(cfg)
+    saved_model = ModelConfig(n_layers=_dotted(saved, "model.n_layers", cfg.model.n_layers),
+                              n_memories=_dotted(saved, "model.n_memories", 0), mem_layers=before["model.mem_layers"])
+    # the memories' placement: model.mem_layers, or the layers that model.n_memories spreads them over
+    before["model.mem_layers"] = resolve_memory_layers(saved_model)
+    after["model.mem_layers"] = resolve_memory_layers(cfg.model)
+    return [(key, before[key], value) for key, value in after.items() if before[key] != value]
+
+
+def refuse_architecture_change(saved: dict, cfg: Config, source) -> None:
+    """ConfigError naming the first architecture key whose value differs (architecture_changes), both values and
+    what to do: a run resumes only with the model it saved."""
+    changes = architecture_changes(saved, cfg)
+    if not changes:
+        return
+    key, old, new = changes[0]
+    more = f" (and {', '.join(k for k, _, _ in changes[1:])})" if len(changes) > 1 else ""
+    raise ConfigError(f"{source}: a checkpoint of another architecture: saved with {key}={old}, resumed with "
+                      f"{key}={new}{more}; resume with {key}={old}, or start a new run from its weights with "
+                      f"train.init_from={source}")
 
 
 def load_config_dict(raw: dict, source: str = "config") -> Config:

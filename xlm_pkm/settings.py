@@ -10,6 +10,7 @@ values it takes in its metadata, and a section states the rules between its fiel
         input_dropout: float = field(default=0.0, metadata=probability())   # in [0, 1)
         key_type: str = field(default="product", metadata=one_of(KEY_SEARCHES))  # a registered name
         query_norm: Literal["batchnorm", "layernorm", "none"] = "batchnorm"   # one of the Literal's
+        heads: int = field(default=4, metadata=architecture(positive()))   # refused changed on resume
 
         def check(self, prefix: str) -> None:       # optional: rules between this section's fields
             ...                                     # raise ConfigError(f"{prefix}knn: ...")
@@ -31,7 +32,7 @@ from typing import Callable, Literal
 
 from xlm_pkm.errors import ConfigError
 
-RULE, CHOICES = "rule", "choices"  # the metadata keys
+RULE, CHOICES, ARCHITECTURE = "rule", "choices", "architecture"  # the metadata keys
 
 
 def _each(test: Callable[[object], bool], what: str) -> dict:
@@ -61,6 +62,17 @@ def one_of(registry) -> dict:
     """Field metadata: the name (each name of a list) is registered in `registry` (a registry.Registry, or
     any mapping), or in what a function of no argument returns."""
     return {CHOICES: registry}
+
+
+def architecture(rule: dict | None = None) -> dict:
+    """Field metadata: the key defines the model (its shapes or what it computes), so a run cannot resume with
+    another value (architecture_changes); `rule` is the field's other metadata, if any."""
+    return {**(rule or {}), ARCHITECTURE: True}
+
+
+def architecture_keys(section, prefix: str = "") -> dict:
+    """{dotted key: value} of the fields of `section` (and its sub-sections) marked architecture()."""
+    return {key: value for key, f, _, value in _leaves(section, prefix) if f.metadata.get(ARCHITECTURE)}
 
 
 def choices(f: dataclasses.Field, tp) -> list | None:

@@ -58,6 +58,14 @@ def first_non_finite(obj) -> str | None:
     return None
 
 
+def refuse_non_finite(weights: dict, source: str | Path) -> None:
+    """NonFiniteError naming the first weight with a nan or inf: training never saves one, so the file is damaged."""
+    bad = first_non_finite(weights)
+    if bad is not None:
+        raise NonFiniteError(f"{source}: weight {bad} holds nan or inf, which training never saves: the file is "
+                             f"damaged; use another checkpoint of the run (best.pt, checkpoint.pt, a copy)")
+
+
 def load(path: str | Path) -> dict:
     """A run checkpoint file (a dict with config, model and step), on the CPU; trained.load_trained also reads
     exported folders."""
@@ -89,7 +97,8 @@ def migrate_model_state(state: dict, own: dict) -> dict:
 
 
 def load_model_state(model: nn.Module, state: dict, source: str | Path) -> None:
-    """Loads weights after checking that every parameter and buffer exists with the same shape."""
+    """Loads weights after checking that every parameter and buffer exists with the same shape and is finite."""
+    refuse_non_finite(state, source)
     own = model.state_dict()
     state = migrate_model_state(state, own)
     missing = sorted(set(own) - set(state))

@@ -3,7 +3,7 @@
     checkpoints = RunCheckpoints(run_dir, model, env, device)
     checkpoints.save_last(record)    # checkpoint.pt: everything to resume; refused if not finite
     checkpoints.save_best(record)    # best.pt: the model only, for evaluation
-    state = checkpoints.load_last(vocab_fingerprint, vocab_path)   # into the model; the rest returned
+    state = checkpoints.load_last(vocab_fingerprint, vocab_path, cfg)   # into the model; the rest returned
 
 Both are written collectively: the sharded values by every rank (sharded_values.py), then the rest by
 rank 0, whole or not at all (files.save_atomic). `saved_step` is the step of the last good
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from xlm_pkm.checkpoint import files, sharded_values
-from xlm_pkm.config import migrate
+from xlm_pkm.config import Config, migrate, refuse_architecture_change
 from xlm_pkm.runtime.distributed import DistEnv, any_rank
 
 
@@ -55,20 +55,22 @@ class RunCheckpoints:
             return "No checkpoint was written by this run"
         return f"Last good checkpoint: {self.last_path} (step {self.saved_step})"
 
-    def load_last(self, vocab_fingerprint: str, vocab_path: str) -> dict:
+    def load_last(self, vocab_fingerprint: str, vocab_path: str, cfg: Config) -> dict:
         """checkpoint.pt, its weights loaded into the model (this rank's value shard), after checking the
-        number of processes and the vocabulary; returns the checkpoint for the rest of the run's state (its
-        recorded config in today's keys: config.migrate).
+        number of processes, the architecture (that of `cfg`) and the vocabulary; returns the checkpoint for the
+        rest of the run's state (its recorded config in today's keys: config.migrate).
         Collective: every rank takes part, and if any rank fails (its value shard file missing or damaged,
         say) every rank raises, before any goes on into training (sharded_values.on_every_rank)."""
-        state = sharded_values.on_every_rank(lambda: self._load_last(vocab_fingerprint, vocab_path), self.env,
+        state = sharded_values.on_every_rank(lambda: self._load_last(vocab_fingerprint, vocab_path, cfg), self.env,
                                              self.last_path)
         self.saved_step = state["step"]
         return state
 
-    def _load_last(self, vocab_fingerprint: str, vocab_path: str) -> dict:
+    def _load_last(self, vocab_fingerprint: str, vocab_path: str, cfg: Config) -> dict:
         """load_last on this rank alone."""
         state = files.load(self.last_path)
+        state["config"] = migrate(state["config"])  # in today's keys, as the resume checks read it
+        refuse_architecture_change(state["config"], cfg, self.last_path)
         if state["world_size"] != self.env.world_size:
             raise ValueError(f"{self.last_path}: saved with {state['world_size']} processes, resumed with "
                              f"{self.env.world_size}; exact resume needs the same number (each rank's data "
@@ -78,5 +80,4 @@ class RunCheckpoints:
                                       sharded_values.sharded_names(self.model))
         files.check_vocabulary(state, vocab_fingerprint, vocab_path, self.last_path)
         files.load_model_state(self.model, state["model"], self.last_path)
-        state["config"] = migrate(state["config"])  # in today's keys, as the resume checks read it
         return state

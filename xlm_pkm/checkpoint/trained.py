@@ -22,6 +22,7 @@ from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.config import Config, load_config_dict
 from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.data.meta import file_digest
 from xlm_pkm.data.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.runtime.distributed import DistEnv
@@ -71,6 +72,7 @@ def _load(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedMode
     state = checkpoint.load(path)
     cfg = load_config_dict(state["config"], source=str(path))
     data_dir, dictionary = _check_vocabulary(cfg, state.get("vocab_fingerprint"), data_dir, path)
+    _check_codes(state.get("codes_digest"), Path(cfg.data.path), data_dir, path)
     model = _build(cfg, whole=not sharded)  # sharded values: this rank's columns under several processes (env)
     state = sharded_values.attach(state, path, sharded_values.model_shard(model))
     checkpoint.load_model_state(model, state.pop("model"), path)
@@ -99,12 +101,14 @@ def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
     data_dir, dictionary = _check_vocabulary(cfg, metadata.get("vocab_fingerprint"), data_dir, out / WEIGHTS)
+    _check_codes(None, out, data_dir, out / WEIGHTS)
     model = _build(cfg, whole=True)  # an exported folder holds whole value tables
     try:
         load_weights(model, str(out / WEIGHTS))
     except RuntimeError as e:
         raise ValueError(f"{out / WEIGHTS}: weights of another architecture than {out / CONFIG} "
                          f"({' '.join(str(e).split())[:300]})") from None
+    checkpoint.refuse_non_finite(model.state_dict(), out / WEIGHTS)
     return TrainedModel(model.eval(), cfg, dictionary, data_dir, int(metadata.get("step", 0)),
                         metadata.get("vocab_fingerprint"), out, metadata)
 
@@ -120,6 +124,21 @@ def _check_vocabulary(cfg: Config, fingerprint: str | None, data_dir: str | Path
     checkpoint.check_vocabulary({"vocab_fingerprint": fingerprint}, dictionary.fingerprint(), data_dir / "vocab",
                                 source)
     return data_dir, dictionary
+
+
+def _check_codes(digest: str | None, own_data: Path, data_dir: Path, source: Path) -> None:
+    """The BPE codes of `data_dir` are the model's: those whose `digest` its checkpoint records, else those of
+    its own data (`own_data`: the run's data dir, or the exported folder), where it can be read. Other codes
+    with the same vocabulary would split text otherwise without a word (and export would ship them)."""
+    codes = data_dir / "codes"
+    own = own_data / "codes"
+    if not codes.is_file() or (digest is None and (not own.is_file() or own.resolve() == codes.resolve())):
+        return
+    expected = digest or file_digest(own)
+    if file_digest(codes) != expected:
+        raise ValueError(f"{codes}: other BPE codes than {source} was trained with (blake2b {file_digest(codes)}, "
+                         f"the model's {expected}{'' if digest else ' in ' + str(own)}): text would be split "
+                         f"into other tokens; give a data dir with the model's codes (its run's data.path)")
 
 
 def _build(cfg: Config, whole: bool) -> TransformerLM:

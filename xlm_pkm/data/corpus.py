@@ -61,6 +61,14 @@ def replace_surrogates(text: str) -> tuple[str, int]:
         return clean, sum(a != b for a, b in zip(text, clean))
 
 
+def missing_input(path: Path) -> str:
+    """Why `path`, not a regular file, cannot be an input: absent, or a pipe (read only once)."""
+    if path.exists():  # a pipe: <(cat f) is /dev/fd/63, or a FIFO
+        return (f"input {path} is a pipe (a process substitution such as <(cat FILE), or a FIFO), which can be read "
+                f"only once; preprocessing reads each input twice (its hash, then its documents): give a file")
+    return f"input file not found: {path}"
+
+
 class Reader:
     """Iterate over the documents (str) of one input file, counting replaced invalid UTF-8 sequences."""
 
@@ -68,7 +76,7 @@ class Reader:
         self.path = Path(path)
         self.replaced = 0
         if not self.path.is_file():
-            raise CorpusError(f"input file not found: {self.path}")
+            raise CorpusError(missing_input(self.path))
 
     def _check_text(self, head: bytes) -> None:
         """Refuse a file whose first bytes are not text."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from contextlib import contextmanager
@@ -55,10 +56,17 @@ def _run_on_stream(args: list[str], inputs: list[Path], output: Path) -> bytes:
             pass
         proc.stdin.close()
         result = proc.stdout.read()
-        if proc.wait() != 0:
+        status = proc.wait()
+        if status != 0:
             stderr.seek(0)
-            last = stderr.read().decode(errors="replace").strip().splitlines()[-1:] or ["no message"]
-            raise FastBPEError(f"fastBPE {args[0]} failed writing {output}: {last[0]}")
+            said = stderr.read().decode(errors="replace").strip()
+            if status == -signal.SIGKILL or "bad_alloc" in said or "Cannot allocate memory" in said:
+                raise FastBPEError(f"fastBPE {args[0]} ran out of memory making {output} (" + (
+                    "killed: SIGKILL, the kernel's out-of-memory killer" if status == -signal.SIGKILL else
+                    "std::bad_alloc") + "): raise the process's memory limit, or learn the codes on a part of "
+                    "the corpus and give them with --codes")
+            last = said.splitlines()[-1:] or [f"exit status {status}"]
+            raise FastBPEError(f"fastBPE {args[0]} failed making {output}: {last[0]}")
     return result
 
 

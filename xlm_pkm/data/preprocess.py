@@ -47,7 +47,7 @@ from xlm_pkm.utils.atomic import atomic_file, is_temporary, write_error, write_t
 from xlm_pkm.utils.lock import DirectoryLock
 from xlm_pkm.utils.program import program_name
 
-from .corpus import CorpusError, folder_files
+from .corpus import CorpusError, folder_files, missing_input
 from .dictionary import Dictionary
 from .executor import Executor
 from .fastbpe import bpe_applier, check_codes, find_fastbpe, get_vocab, learn_codes
@@ -240,7 +240,7 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
         if Path(p).is_dir():
             raise CorpusError(_directory_input(Path(p)))
         if not Path(p).is_file():
-            raise CorpusError(f"input file not found: {p}")
+            raise CorpusError(missing_input(Path(p)))
     find_fastbpe()
     codes_digest = None
     if codes:

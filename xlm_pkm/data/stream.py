@@ -42,6 +42,11 @@ from .shard import Shard, ShardError, read_shard
 OPEN_SHARDS = 64  # memory maps kept open at once
 
 
+# The settings a data position depends on, by their name in TokenStream.state_dict
+POSITION_SETTINGS = {"seed": "train.seed", "batch_size": "data.batch_size", "bptt": "data.bptt",
+                     "shuffle": "data.shuffle_blocks"}
+
+
 @dataclass
 class DataConfig:
     """The run's token streams (TokenStream below, or fact_batches.FactBatches): data."""
@@ -157,9 +162,15 @@ class TokenStream:
     def load_state_dict(self, state: dict[str, int]) -> None:
         for key in ("seed", "batch_size", "bptt", "world_size", "total_tokens", "shuffle"):
             if key in state and state[key] != self.state_dict()[key]:
-                raise ValueError(f"the checkpoint's data position does not match {self.data_dir} ({self.split}): "
-                                 f"its {key} "
-                                 f"is {state.get(key)}, this data's {self.state_dict()[key]}; resume on the data the "
-                                 f"run was trained on (data.path in its config.yaml), or start a new run from its "
-                                 f"weights with train.init_from=CHECKPOINT")
+                saved, now = state[key], self.state_dict()[key]
+                if key in POSITION_SETTINGS:  # the same data, another setting
+                    setting = POSITION_SETTINGS[key]
+                    saved, now = (bool(saved), bool(now)) if key == "shuffle" else (saved, now)
+                    raise ValueError(f"the run was saved with {setting}={saved}, resumed with {setting}={now}: its "
+                                     f"data position does not carry over to another; resume with {setting}={saved}, "
+                                     f"or start a new run from its weights with train.init_from=CHECKPOINT")
+                raise ValueError(f"the checkpoint's data position does not match {self.data_dir} ({self.split}): its "
+                                 f"{key} is {saved}, this data's {now}; resume on the data the run was trained on "
+                                 f"(data.path in its config.yaml), or start a new run from its weights with "
+                                 f"train.init_from=CHECKPOINT")
         self.epoch, self.step = int(state["epoch"]), int(state["step"])

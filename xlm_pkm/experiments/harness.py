@@ -28,6 +28,7 @@ import sys
 from pathlib import Path
 
 from xlm_pkm.errors import USER_ERRORS, fail
+from xlm_pkm.utils.atomic import check_writable, holds_json_with, refuse_foreign_file, write_text
 
 CLOZE, FACTS_QA = "xlm_pkm_cloze", "xlm_pkm_facts_qa"
 DISTRACTORS = 3
@@ -133,6 +134,10 @@ def evaluate_tasks(model: str | Path, tasks: list[str], include: list[str] = (),
     also written as JSON (default: next to the run, lm_eval.json)."""
     from xlm_pkm.inference.export import export
 
+    model = Path(model)
+    out = Path(json_path) if json_path else model / "lm_eval.json" if model.is_dir() else model.parent / "lm_eval.json"
+    refuse_foreign_file(out, lambda path: holds_json_with(path, {"results"}), "--json", "a result of the harness")
+    check_writable(out)  # before the work, which may take hours
     lm_eval, TaskManager = import_harness()
     manager = TaskManager(include_path=list(include), include_defaults=False) if include else None
     if manager is None or not set(tasks) <= set(manager.all_tasks):  # the harness's own tasks: a longer scan
@@ -143,13 +148,11 @@ def evaluate_tasks(model: str | Path, tasks: list[str], include: list[str] = (),
         none = "none, give --include FOLDER of python -m xlm_pkm.experiments.harness tasks"
         raise ValueError(f"no lm-eval task {', '.join(unknown)} ({len(manager.all_tasks)} known; local ones found: "
                          f"{', '.join(local) or none})")
-    model = Path(model)
     folder = model if model.is_dir() else export(model, model.parent / "hf")
     results = lm_eval.simple_evaluate(model="hf", model_args={"pretrained": str(folder), "trust_remote_code": True},
                                       tasks=tasks, task_manager=manager, limit=limit, batch_size=batch_size,
                                       device=device, log_samples=False)
-    out = Path(json_path) if json_path else (folder if model.is_dir() else model.parent) / "lm_eval.json"
-    out.write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+    write_text(out, json.dumps(results, indent=2, default=str) + "\n")
     return results
 
 

@@ -45,7 +45,7 @@ from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.experiments.report import Measure
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.train.build import build_stream
-from xlm_pkm.utils.atomic import write_text
+from xlm_pkm.utils.atomic import holds_json_with, refuse_foreign_file, write_text
 
 PROGRAM = "python -m xlm_pkm.experiments.ngram_gain"
 BUCKETS = ("frequent", "rare", "short")  # the bucket indices of bucket_of; "all" is added to every table
@@ -204,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", required=True, metavar="OUT", help="where the JSON goes")
     args = parser.parse_args(argv)
-    try:
+    try:  # before the work: replaces only a result of its own
+        refuse_foreign_file(Path(args.json), lambda path: holds_json_with(path, {"reference", "buckets", "labels"}),
+                            "--json", f"a result of {PROGRAM}")
         result = compare(parse_runs(args.run), args.n, args.frequent, args.max_batches, args.data, args.bptt,
                          args.batch_size, torch.device(args.device))
         write_text(Path(args.json), json.dumps(result, indent=1) + "\n")

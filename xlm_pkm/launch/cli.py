@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,11 +16,13 @@ from xlm_pkm.launch.config_keys import describe_keys
 from xlm_pkm.launch.resume import resume_command
 from xlm_pkm.launch.run_config import launch_config
 from xlm_pkm.runtime.distributed import describe_failure, init_distributed, is_collective_failure, read_env, shutdown
+from xlm_pkm.runtime.hardware import is_out_of_memory
 from xlm_pkm.runtime.precision import check_precision, resolve_device
 from xlm_pkm.train.evaluation import evaluate_checkpoint
 from xlm_pkm.train.trainer import Trainer
-from xlm_pkm.utils.atomic import check_writable, write_text
+from xlm_pkm.utils.atomic import check_writable, holds_json_with, refuse_foreign_file, write_text
 from xlm_pkm.utils.program import program_name
+from xlm_pkm.utils.stop_signals import StoppedBySignal, restore_defaults
 
 
 def _interrupted(trainer: Trainer | None) -> UserError:
@@ -29,6 +32,23 @@ def _interrupted(trainer: Trainer | None) -> UserError:
         return UserError(f"interrupted (Ctrl-C) at step {trainer.step}, after its checkpoint was written whole: "
                          f"{trainer.ckpt_path}")
     return UserError(f"interrupted (Ctrl-C) at step {trainer.step}, not saved. {trainer.checkpoints.last_good()}")
+
+
+def _stopped_outside_training(trainer: Trainer | None, signal_name: str) -> UserError:
+    if trainer is None:
+        return UserError(f"stopped by {signal_name} during start-up, before any step: nothing trained; run the "
+                         f"same command again")
+    return UserError(f"stopped by {signal_name} after training, during the test evaluation: the run is saved "
+                     f"(step {trainer.saved_step}); run the same command again for its test figures")
+
+
+def _out_of_memory(trainer: Trainer | None, error: Exception) -> UserError:
+    where = "while building the run" if trainer is None else f"at step {trainer.step + 1}"
+    saved = "" if trainer is None else f" {trainer.checkpoints.last_good()}"
+    size = re.search(r"[Tt]ried to allocate (\d+ bytes|[\d.]+ [KMGT]iB)", str(error))
+    what = f"an allocation of {size.group(1)} failed" if size else type(error).__name__
+    return UserError(f"out of memory {where} ({what}): lower data.batch_size (optim.accumulate keeps the tokens "
+                     f"per step) or the model's size, or raise the process's memory limit.{saved}")
 
 
 def format_result(result: dict) -> str:
@@ -42,6 +62,11 @@ def format_result(result: dict) -> str:
         lines.append(f"  Engram at layer {e['layer']}: {e['usage']:.1f}% of its {e['rows']:,} rows read, "
                      f"KL {e['kl']:.3f}")
     return "\n".join(lines)
+
+
+def is_result_file(path: Path) -> bool:
+    """Whether `path` holds a result that evaluate.py wrote (--json)."""
+    return holds_json_with(path, {"split", "tokens", "memories"})
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -85,14 +110,19 @@ def train_main(argv: list[str] | None = None) -> int:
         return fail(prog, e)
     except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
         return fail(prog, _interrupted(trainer), EXIT_INTERRUPTED)
+    except StoppedBySignal as e:  # outside the training loop: start-up, a checkpoint load, the test evaluation
+        return fail(prog, _stopped_outside_training(trainer, e.name), EXIT_STOPPED)
     except Exception as e:
+        if is_out_of_memory(e):
+            return fail(prog, _out_of_memory(trainer, e))
         if not is_collective_failure(e):
             raise
         failed = True
         return fail(prog, describe_failure(read_env(), e))
     finally:
+        restore_defaults()
         shutdown(failed)
-    return EXIT_STOPPED if trainer.stopped else 0
+    return EXIT_STOPPED if trainer.stopped and trainer.step < trainer.cfg.train.max_steps else 0  # 0: finished
 
 
 def evaluate_main(argv: list[str] | None = None) -> int:
@@ -112,8 +142,9 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     try:
         if args.batch_size < 0 or args.bptt < 0 or args.max_batches < 0:
             raise ValueError("--batch-size, --bptt and --max-batches must be >= 0 (0: the run's own)")
-        if args.json:
-            check_writable(Path(args.json))  # before evaluating, not after
+        if args.json:  # before evaluating, not after
+            refuse_foreign_file(Path(args.json), is_result_file, "--json", "a result written by evaluate.py")
+            check_writable(Path(args.json))
         device = resolve_device(args.device, "--device")
         check_precision(args.precision, device, "--precision")
         env = init_distributed(device)

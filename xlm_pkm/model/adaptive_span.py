@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from xlm_pkm.settings import non_negative, positive
+from xlm_pkm.settings import architecture, non_negative, positive
 
 
 @dataclass
@@ -33,9 +33,10 @@ class SpanConfig:
     all_attention and span_attention sublayers (all_attention.py, this module, stream_attention.py): model.span."""
 
     # S: the previous tokens a query can see; relative position table d_h x S
-    max_span: int = field(default=8192, metadata=positive())
-    adaptive: bool = True  # learn each head's span (z in [0, 1], soft mask with a ramp of R); else all S
-    ramp: int = field(default=32, metadata=positive())  # R
+    max_span: int = field(default=8192, metadata=architecture(positive()))
+    # learn each head's span (z in [0, 1], soft mask with a ramp of R); else all S
+    adaptive: bool = field(default=True, metadata=architecture())
+    ramp: int = field(default=32, metadata=architecture(positive()))  # R
     # span loss: loss_coeff · S · mean z per layer, summed over layers (training)
     loss_coeff: float = field(default=1e-7, metadata=non_negative())
     adaptive_cache: bool = True  # cache min(S, span in use + 64) inputs (--adapt-span-cache), else S

@@ -62,7 +62,7 @@ from xlm_pkm.model.memory.token_compression import compress_vocabulary
 from xlm_pkm.model.memory.value_shards import ValueShard
 from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.stream_attention import StreamAttention
-from xlm_pkm.settings import non_negative, one_of, positive, probability
+from xlm_pkm.settings import architecture, non_negative, one_of, positive, probability
 
 logger = logging.getLogger(__name__)
 
@@ -71,24 +71,26 @@ logger = logging.getLogger(__name__)
 class ModelConfig:
     """A causal transformer LM (paper §4.3), with memories replacing or following some FFNs: model."""
 
-    vocab_size: int = field(default=0, metadata=non_negative())  # 0: taken from the data's vocabulary
-    dim: int = field(default=1024, metadata=positive())  # model width (embeddings, attention, FFN input/output)
-    n_layers: int = field(default=12, metadata=positive())  # transformer layers
-    n_heads: int = field(default=16, metadata=positive())  # attention heads per layer
-    ffn_dim: int = field(default=0, metadata=non_negative())  # 0: 4 * dim
+    vocab_size: int = field(default=0, metadata=architecture(non_negative()))  # 0: taken from the data's vocabulary
+    # model width (embeddings, attention, FFN input/output)
+    dim: int = field(default=1024, metadata=architecture(positive()))
+    n_layers: int = field(default=12, metadata=architecture(positive()))  # transformer layers
+    n_heads: int = field(default=16, metadata=architecture(positive()))  # attention heads per layer
+    ffn_dim: int = field(default=0, metadata=architecture(non_negative()))  # 0: 4 * dim
     dropout: float = field(default=0.0, metadata=probability())  # on embeddings and sublayer outputs
     attention_dropout: float = field(default=0.0, metadata=probability())  # on the attention weights
-    max_len: int = field(default=512, metadata=positive())  # learned positional embeddings
-    pre_norm: bool = False  # False: post-norm, as XLM
+    max_len: int = field(default=512, metadata=architecture(positive()))  # learned positional embeddings
+    pre_norm: bool = field(default=False, metadata=architecture())  # False: post-norm, as XLM
     # the sublayer types of every layer, in order (model/blocks.py); a memory layer's "ffn" gives way
     # to the memory (mem_mode replace), or the memory follows the others (add)
     sublayers: list[str] = field(default_factory=lambda: ["attention", "ffn"],
-                                 metadata=one_of(SUBLAYERS))
+                                 metadata=architecture(one_of(SUBLAYERS)))
     # interspersed at regular intervals (see transformer.memory_layers)
     n_memories: int = field(default=0, metadata=non_negative())
-    mem_layers: list[int] = field(default_factory=list)  # explicit 1-indexed layers (wins over n_memories)
+    # explicit 1-indexed layers (wins over n_memories); as an architecture key, the layers resolved from both
+    mem_layers: list[int] = field(default_factory=list, metadata=architecture())
     # replace: memory instead of the FFN | add: x + memory(x) after the FFN
-    mem_mode: Literal["replace", "add"] = "replace"
+    mem_mode: Literal["replace", "add"] = field(default="replace", metadata=architecture())
     memory: MemoryConfig = field(default_factory=MemoryConfig)
     engram: EngramConfig = field(default_factory=EngramConfig)  # token-addressed memory, beside or instead of PKM
     # transformer: XLM's LM (learned absolute positions up to max_len, embedding LayerNorm when post-norm,
@@ -97,17 +99,18 @@ class ModelConfig:
     # no absolute positions (relative ones in the attention, streams of any length through the cache),
     # no embedding norm, N(0, 1) embeddings, an output Linear with bias (or the tied adaptive softmax),
     # `dropout` on the input embeddings and the last hidden state only.
-    family: Literal["transformer", "all_attention"] = "transformer"
+    family: Literal["transformer", "all_attention"] = field(default="transformer", metadata=architecture())
     # N key/value vectors per head in each all_attention sublayer
-    persistent_vectors: int = field(default=0, metadata=non_negative())
+    persistent_vectors: int = field(default=0, metadata=architecture(non_negative()))
     # joint: one softmax over context and persistent vectors (the paper's model); split / head_split:
     # the paper's attn-split and head-split ablations (model/all_attention.py)
-    persistent_mixing: Literal["joint", "split", "head_split"] = "joint"
+    persistent_mixing: Literal["joint", "split", "head_split"] = field(default="joint", metadata=architecture())
     span: SpanConfig = field(default_factory=SpanConfig)
     # tied adaptive input + adaptive softmax over a frequency-sorted vocabulary (family all_attention):
     # cluster boundaries (ids), e.g. [20000, 40000, 200000]; empty: a full softmax
-    adaptive_cutoffs: list[int] = field(default_factory=list, metadata=positive())
-    adaptive_factor: int = field(default=4, metadata=positive())  # cluster c's embedding dimension: dim / factor^c
+    adaptive_cutoffs: list[int] = field(default_factory=list, metadata=architecture(positive()))
+    # cluster c's embedding dimension: dim / factor^c
+    adaptive_factor: int = field(default=4, metadata=architecture(positive()))
 
     def check(self, prefix: str) -> None:
         """The model's rules between its sections: the all-attention family's sublayers and adaptive

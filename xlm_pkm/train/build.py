@@ -85,19 +85,25 @@ def check_memory_fits(cfg: Config, device: torch.device) -> None:
     available = available_memory(device)
     if available is None:
         return
+    available, source = available
     with torch.device("meta"):
         model = TransformerLM(cfg.model)
     values = sum(p.numel() for p in {id(p): p for p in model.memory_value_parameters()}.values())  # shared once
     dense = sum(p.numel() for p in model.parameters()) - values
     # optimizer states per parameter element, as each optimizer's registration declares them
     states = VALUE_OPTIMIZERS[cfg.optim.values_optimizer].state_size, DENSE_OPTIMIZERS[cfg.optim.optimizer].state_size
-    need = 4 * (values * (1 + states[0]) + dense * (2 + states[1]))
+    value_bytes, dense_bytes = 4 * values * (1 + states[0]), 4 * dense * (2 + states[1])
+    need = value_bytes + dense_bytes
     if need > available:
+        memory = cfg.model.memory
+        advice = (f"fewer slots (model.memory.n_keys={memory.n_keys} gives {memory.n_keys ** 2:,} per memory), or "
+                  f"values sharded across GPUs (model.memory.shard_values)" if value_bytes > dense_bytes else
+                  f"a smaller model (model.dim={cfg.model.dim}, model.n_layers={cfg.model.n_layers}, "
+                  f"model.vocab_size={cfg.model.vocab_size}: the memory values are "
+                  f"{100 * value_bytes / need:.0f}% of it)")
         raise ConfigError(f"the model needs at least {need / 2**30:,.1f} GiB for its weights and optimizer state "
                           f"({values + dense:,} parameters, {values:,} of them memory values), more than the "
-                          f"{available / 2**30:,.1f} GiB available on {device}: fewer slots (model.memory.n_keys="
-                          f"{cfg.model.memory.n_keys} gives {cfg.model.memory.n_keys ** 2:,} per memory), or values "
-                          f"sharded across GPUs (model.memory.shard_values)")
+                          f"{available / 2**30:,.1f} GiB {source}: {advice}")
 
 
 def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None) -> TransformerLM:

@@ -88,17 +88,34 @@ RUN_OUTPUTS = ("best.pt", "metrics.jsonl", "train.log", "config.yaml", "config.u
                "events.out.tfevents.*", "*.values")
 
 
-def refuse_unresumable(run_dir: Path, resumed: bool, env: DistEnv) -> None:
+# What a run that failed before its first step leaves: nothing a new run there would lose.
+UNTRAINED_OUTPUTS = ("metrics.jsonl", "train.log", "config.yaml", "events.out.tfevents.*")
+
+
+def _trained_no_step(run_dir: Path, found: list[str]) -> bool:
+    """Whether the outputs `found` are those of a run that failed before its first step: no best.pt, no
+    values, no earlier config, and not one event in metrics.jsonl."""
+    if not all(any(fnmatch(name, o) for o in UNTRAINED_OUTPUTS) for name in found):
+        return False
+    metrics = run_dir / "metrics.jsonl"
+    return not metrics.exists() or metrics.stat().st_size == 0
+
+
+def refuse_unresumable(run_dir: Path, resumed: bool, env: DistEnv) -> bool:
     """A new run (no checkpoint.pt) in a directory that holds a run's outputs (best.pt, metrics.jsonl...)
-    would overwrite them: refused in one line, on every rank (rank 0 looks, once it holds the lock)."""
-    found = []
+    would overwrite them: refused in one line, on every rank (rank 0 looks, once it holds the lock). The
+    outputs of a run that trained no step (it failed at start-up or at its first step) are taken over, so
+    that the same command runs again: returns True then."""
+    found, untrained = [], False
     if env.is_main and not resumed:
         found = sorted(p.name for p in run_dir.iterdir() if any(fnmatch(p.name, o) for o in RUN_OUTPUTS))
-    found = broadcast_object(found, env)
-    if found:
+        untrained = bool(found) and _trained_no_step(run_dir, found)
+    found, untrained = broadcast_object((found, untrained), env)
+    if found and not untrained:
         raise FileExistsError(f"{run_dir} holds a run ({', '.join(found[:4])}{', ...' if len(found) > 4 else ''}) "
                               f"but no checkpoint.pt to resume it from; a new run there would overwrite it: give "
                               f"another train.exp_id, or move that directory away")
+    return untrained
 
 
 def remove_temporary_files(run_dir: Path) -> int:

@@ -4,7 +4,8 @@ A run lives in `dump_path/exp_name/exp_id/`, locked to one process group at a ti
 Starting a run whose directory holds `checkpoint.pt` resumes it exactly: model, optimizers, loss
 scaler and every rank's TrainState (counters, RNG states, data cursor, log window). Nothing non-finite
 is ever saved: `checkpoint.pt` is always the last good state. A run stopped by a signal or its time
-limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me). Ctrl-C
+limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me); so does
+SIGHUP (the terminal or ssh session closed), and so does a rank whose torchrun launcher is gone. Ctrl-C
 (SIGINT) stops the same way; a second one stops at once, but never in the middle of a checkpoint write. Under
 SLURM, the time-limit warning (SIGUSR1/SIGUSR2) also requeues the job; SIGTERM (scancel, or SLURM
 requeueing or pre-empting the job itself) does not: a cancelled job ends, its checkpoint kept.
@@ -16,10 +17,12 @@ from __future__ import annotations
 
 import gc
 import math
+import os
 import random
 import signal
 import time
 from contextlib import contextmanager, nullcontext
+from pathlib import Path
 
 import torch
 
@@ -27,6 +30,8 @@ from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.fact_batches import PAD_TARGET
+from xlm_pkm.data.meta import file_digest
+from xlm_pkm.data.shard import ShardError
 from xlm_pkm.errors import ConfigError, UserError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.init_from import load_weights, summarize
@@ -38,6 +43,7 @@ from xlm_pkm.runtime.distributed import (
     all_reduce_sum,
     any_ranks,
     average_value_grads_,
+    broadcast_object,
     data_parallel,
     gather_objects,
     init_distributed,
@@ -60,8 +66,8 @@ from xlm_pkm.train.state import TrainState, from_earlier_version
 from xlm_pkm.train.step import loss_backward, optimizer_update
 from xlm_pkm.train.wandb_log import import_wandb
 from xlm_pkm.utils.progress import format_duration
+from xlm_pkm.utils.stop_signals import STOP_SIGNALS
 
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT)  # SIGINT: Ctrl-C
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's warning before the time limit (sbatch --signal)
 
 
@@ -75,6 +81,9 @@ class Trainer:
         unless `test` is False) before the first step. `cfg` is left as given; self.cfg is the run's, resolved
         (resolved_config: the data's vocabulary size, the run's id)."""
         self.cfg = cfg
+        if cfg.model.family == "transformer" and cfg.data.bptt > cfg.model.max_len:  # (evaluation reads its own)
+            raise ConfigError(f"data.bptt={cfg.data.bptt} is longer than model.max_len={cfg.model.max_len}, the "
+                              f"positions the model learns: lower data.bptt or raise model.max_len")
         if cfg.train.wandb.project:
             import_wandb()  # installed? Checked on every rank, before anything is read or written
         self.device, self.env = self._setup_process()
@@ -82,6 +91,8 @@ class Trainer:
         self.dictionary = self.train_stream.dictionary
         self.vocab_fingerprint = self.dictionary.fingerprint()
         self.word_end = torch.from_numpy(self.dictionary.word_end_mask())
+        codes = Path(cfg.data.path) / "codes"  # BPE data: the codes that split text into this vocabulary
+        self.codes_digest = file_digest(codes) if codes.is_file() else None
         self.valid_stream = build_stream(cfg, "valid", self.env)  # its shards' checksums verified once a run
         if test:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
@@ -113,15 +124,18 @@ class Trainer:
         random.seed(cfg.train.seed * 1000 + self.env.rank)
         self.state = TrainState(self.train_stream, self.device, self.model)
 
-        self.lock = lock_run_directory(self.run_dir) if self.env.is_main else None  # creates the directory
+        self.lock = self._lock_run_directory()  # rank 0's; creates the directory
         self.removed_temporary = remove_temporary_files(self.run_dir) if self.env.is_main else 0
-        refuse_unresumable(self.run_dir, self.resumed, self.env)
+        self.took_over = refuse_unresumable(self.run_dir, self.resumed, self.env)  # a run that trained no step
         if self.resumed:
             self.resume()
         self.memory_finetune = None if not cfg.optim.memory_finetune.top_t else SparseMemoryFinetuning(
             self.model, cfg.optim.memory_finetune, value_optimizer(cfg.optim).sparse, self.env,
             check_fingerprint=not self.resumed)
         self.stopped = False  # by a signal or the time limit, before max_steps
+        # torchrun's process, the parent of this rank: a rank whose launcher was killed (kill -9) stops like one
+        # sent a signal (checkpoint, lock released), rather than train on as an orphan holding the run's lock
+        self.launcher_pid = os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else None
         self.stop_signal: int | None = None  # the signal that asked to stop, if one did
         self.writing = self.interrupt_after_write = False  # a checkpoint being written; a second Ctrl-C during it
         self.log = RunLogger(self.run_dir, self.env.is_main, resume_step=self.state.step if self.resumed else None,
@@ -135,6 +149,22 @@ class Trainer:
         self.flops_per_token = self.model.dense_flops_per_token(cfg.data.bptt)
         self.peak_flops = peak_flops(self.device, cfg.train.precision)
         self._log_start()
+
+    def _lock_run_directory(self):
+        """Rank 0 takes the run directory's lock; every rank learns whether it could (a live run holding it, an
+        unwritable folder), so that all end with the one line at once, not rank 0 alone while the others wait
+        for it in a collective until the timeout."""
+        lock, refused = None, None
+        if self.env.is_main:
+            try:
+                lock = lock_run_directory(self.run_dir)
+            except UserError as e:
+                refused = (type(e), str(e))
+        refused = broadcast_object(refused, self.env)
+        if refused is not None:
+            error_type, message = refused
+            raise error_type(message)
+        return lock
 
     @property
     def step(self) -> int:
@@ -165,6 +195,9 @@ class Trainer:
         counts = self.model.param_counts()
         self.log.info(f"run directory {self.run_dir} "
                       f"({'resumed at step ' + str(self.step) if self.resumed else 'new run'})")
+        if self.took_over:
+            self.log.info("this directory held a run that trained no step (it failed at start-up or at its first "
+                          "step): taken over by this one")
         if self.removed_temporary:
             self.log.info(f"removed {self.removed_temporary} temporary file(s) left by a process killed while writing")
         threads, saved = torch.get_num_threads(), self.state.saved_threads
@@ -204,7 +237,7 @@ class Trainer:
     def _model_record(self) -> dict:
         """What evaluation needs: best.pt is this, checkpoint.pt adds the optimizer and run state."""
         return {"config": to_dict(self.cfg), "model": self.model.state_dict(), "step": self.step,
-                "vocab_fingerprint": self.vocab_fingerprint}
+                "vocab_fingerprint": self.vocab_fingerprint, "codes_digest": self.codes_digest}
 
     def save_checkpoint(self) -> None:
         """checkpoint.pt: the model, optimizers, loss scaler and every rank's TrainState (gathered to rank 0).
@@ -229,7 +262,7 @@ class Trainer:
         return self.checkpoints.saved_step
 
     def resume(self) -> None:
-        state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab")
+        state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab", self.cfg)
         self.optimizers.load_state_dict(state["optimizers"], state["config"], self.ckpt_path)
         self.scaler.load_state_dict(state["scaler"])
         ranks = state["train_state"] if "train_state" in state else from_earlier_version(state)
@@ -324,17 +357,20 @@ class Trainer:
                     self.save_checkpoint()
                 out_of_time = cfg.max_time_minutes > 0 and time.time() - start > 60 * cfg.max_time_minutes
                 stop = self.stop_signal is not None
+                orphaned = self.launcher_pid is not None and os.getppid() != self.launcher_pid
                 minutes_due = (self.env.is_main and cfg.save_every_minutes > 0  # rank 0's clock decides
                                and time.time() - last_save >= 60 * cfg.save_every_minutes)
                 # one host sync per step (if distributed) for both: a stop asked anywhere, a save due by time
-                stop_anywhere, minutes_due = any_ranks([stop or out_of_time, minutes_due], self.env, self.device)
+                stop_anywhere, minutes_due = any_ranks([stop or out_of_time or orphaned, minutes_due], self.env,
+                                                       self.device)
                 if self.saved_step != state.step and (minutes_due or self._steps_due()):
                     self.save_checkpoint()
                 if self.saved_step == state.step:
                     last_save = time.time()
                 if stop_anywhere:
                     self._stop(signal.Signals(self.stop_signal).name if stop else
-                               "time limit" if out_of_time else "a signal to another rank")
+                               "time limit" if out_of_time else "the torchrun launcher is gone" if orphaned
+                               else "a signal to another rank, or its launcher gone")
                     break
         finally:
             for s, h in handlers.items():
@@ -407,8 +443,11 @@ class Trainer:
 
     def validate(self) -> dict:
         """Valid perplexity and memory statistics; writes best.pt when the perplexity improves."""
-        result = evaluate(self.model, self.valid_stream, self.device, self.cfg.train.precision,
-                          self.cfg.train.eval_max_batches, self.env)
+        try:
+            result = evaluate(self.model, self.valid_stream, self.device, self.cfg.train.precision,
+                              self.cfg.train.eval_max_batches, self.env)
+        except (ShardError, OSError) as e:  # the data moved, deleted or damaged since the start
+            raise self._saved_before_stopping(e) from None
         self.log.event("valid", self.step, **result)
         for layer, memory in self.model.memories():
             self.log.histogram(f"memory/layer{layer}_slot_weight", memory.slot_weights(), self.step)
@@ -416,6 +455,13 @@ class Trainer:
             self.state.best_ppl = result["ppl"]
             self.save_best()
         return result
+
+    def _saved_before_stopping(self, error: Exception) -> UserError:
+        """Checkpoints the in-memory state (it is good: only the data failed), then the error that stops the run."""
+        if self.saved_step != self.step:
+            self.save_checkpoint()
+        return UserError(f"{error} (the evaluation at step {self.step}); the run was saved first: {self.ckpt_path} "
+                         f"(step {self.step}); resume it once the data is readable again")
 
     def close(self) -> None:
         """Closes the logs, releases the run directory and drops the DDP wrapper, whose communication

@@ -4,6 +4,7 @@
     lock.py      one process at a time in a directory (DirectoryBusy)
     progress.py  a progress line on stderr every few seconds; durations as text
     program.py   the name a command was started by, for its usage and error lines
+    stop_signals.py  the signals that stop train.py, handled from its first line (StoppedBySignal)
     sparse_grads.py  a row-sparse gradient coalesced without a sort when its rows are already in order
 
 May import: errors.

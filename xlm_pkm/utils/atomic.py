@@ -135,6 +135,29 @@ def write_bytes(path: Path, data: bytes) -> None:
         f.write(data)
 
 
+def holds_json_with(path: Path, keys: set[str]) -> bool:
+    """Whether `path` holds a JSON object with at least `keys` (a result file a command wrote)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            value = json.loads(f.read(1 << 24))
+    except (OSError, ValueError):
+        return False
+    return isinstance(value, dict) and keys <= value.keys()
+
+
+def refuse_foreign_file(path: Path, is_ours, option: str, ours: str) -> None:
+    """Raises OutputError if `path` is a folder, or a file that `is_ours(path)` does not recognise as an
+    output of this command (`ours` says what that is): a command replaces only the files it wrote."""
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{option} {path}: is a directory; give a file name")
+    if path.exists() and not is_ours(path):
+        raise OutputError(f"{option} {path}: exists and is not {ours}, which is all this command replaces; "
+                          f"give another file name, or move that file away")
+
+
 def check_writable(path: Path) -> None:
     """Raises OutputError now if a file cannot be written in `path`'s folder (missing or read-only folder,
     or a disk so full that not one byte fits), before hours of work. A disk with a little room left may

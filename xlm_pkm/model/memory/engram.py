@@ -37,7 +37,7 @@ from torch import nn
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.stats import SlotStats
 from xlm_pkm.model.memory.value_stores import mark_memory_value
-from xlm_pkm.settings import non_negative, positive
+from xlm_pkm.settings import architecture, non_negative, positive
 
 
 @dataclass
@@ -46,17 +46,19 @@ class EngramConfig:
     `layers` (this module; the hash: ngram_hash.py): model.engram. Off while `layers` is empty."""
 
     # 1-indexed layers; the paper's 27B model: [2, 15] of 30
-    layers: list[int] = field(default_factory=list, metadata=positive())
-    max_ngram: int = 3  # N: the orders 2..N are hashed (the paper's and the reference's 3)
-    heads: int = field(default=8, metadata=positive())  # K hash heads per order, each its own table of prime size
+    layers: list[int] = field(default_factory=list, metadata=architecture(positive()))
+    # N: the orders 2..N are hashed (the paper's and the reference's 3)
+    max_ngram: int = field(default=3, metadata=architecture())
+    # K hash heads per order, each its own table of prime size
+    heads: int = field(default=8, metadata=architecture(positive()))
     # rows of one order's tables, all K heads together (each head ~table_size / K)
-    table_size: int = field(default=65536, metadata=positive())
+    table_size: int = field(default=65536, metadata=architecture(positive()))
     # width of one order's embedding, all K heads together (each head ngram_dim / K)
-    ngram_dim: int = field(default=512, metadata=positive())
+    ngram_dim: int = field(default=512, metadata=architecture(positive()))
     # the causal depthwise convolution's width (dilation: max_ngram)
-    kernel_size: int = field(default=4, metadata=positive())
+    kernel_size: int = field(default=4, metadata=architecture(positive()))
     # the hash multipliers' seed (the reference's: seed + 10007 · layer index)
-    seed: int = field(default=0, metadata=non_negative())
+    seed: int = field(default=0, metadata=architecture(non_negative()))
 
     def check(self, prefix: str) -> None:
         """Engram's own rules, when on: N-gram orders from 2, at least one table row per hash head, heads

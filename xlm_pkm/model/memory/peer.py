@@ -45,7 +45,7 @@ Where the paper is silent or ambiguous, chosen here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 import torch
@@ -57,6 +57,7 @@ from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import read_values, slot_sums
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
+from xlm_pkm.settings import architecture
 
 if TYPE_CHECKING:
     from xlm_pkm.model.memory.pkm import MemoryConfig
@@ -71,7 +72,7 @@ class PeerConfig:
     """PEER's experts (values=peer, PeerExperts below): model.memory.peer."""
 
     # σ of each expert σ(u_i·x) v_i: the paper's "ReLU or GELU" (He 2024, Eq. 6); gelu: erf form
-    activation: Literal["gelu", "relu"] = "gelu"
+    activation: Literal["gelu", "relu"] = field(default="gelu", metadata=architecture())
 
 
 def expert_inputs(down: torch.Tensor, indices: torch.Tensor, x: torch.Tensor, backend: str) -> torch.Tensor:

@@ -64,7 +64,7 @@ from xlm_pkm.model.memory.stats import SlotStats
 from xlm_pkm.model.memory.ultramem import ExpandedConfig, TuckerConfig
 from xlm_pkm.model.memory.value_read import choose_backend, resolve_backend
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore
-from xlm_pkm.settings import check, one_of, positive, probability
+from xlm_pkm.settings import architecture, check, one_of, positive, probability
 
 
 @dataclass
@@ -72,35 +72,41 @@ class MemoryConfig:
     """A Product Key Memory layer (paper §3): model.memory. Options beyond the paper are off by default."""
 
     # sub-keys per half: |K| = n_keys ** 2 slots (flat: n_keys ** 2 full keys)
-    n_keys: int = field(default=512, metadata=positive())
-    k_dim: int = field(default=512, metadata=positive())  # query / key dimension (product: two halves of k_dim / 2)
+    n_keys: int = field(default=512, metadata=architecture(positive()))
+    # query / key dimension (product: two halves of k_dim / 2)
+    k_dim: int = field(default=512, metadata=architecture(positive()))
     # memory heads; each has its own query and keys, the value table is shared
-    heads: int = field(default=4, metadata=positive())
-    knn: int = field(default=32, metadata=positive())  # keys selected per head
+    heads: int = field(default=4, metadata=architecture(positive()))
+    knn: int = field(default=32, metadata=architecture(positive()))  # keys selected per head
     # product | flat (exhaustive search over |K| full keys, Table 4) | any class in model/memory/keys.py
-    key_type: str = field(default="product", metadata=one_of(KEY_SEARCHES))
+    key_type: str = field(default="product", metadata=architecture(one_of(KEY_SEARCHES)))
     # batchnorm (paper, §4.5; training statistics span the batch) | layernorm (per head, causal) | none
-    query_norm: Literal["batchnorm", "layernorm", "none"] = "batchnorm"
-    query_hidden: list[int] = field(default_factory=list, metadata=positive())  # hidden sizes of the query MLP (ReLU)
+    query_norm: Literal["batchnorm", "layernorm", "none"] = field(default="batchnorm", metadata=architecture())
+    # hidden sizes of the query MLP (ReLU)
+    query_hidden: list[int] = field(default_factory=list, metadata=architecture(positive()))
     input_dropout: float = field(default=0.0, metadata=probability())  # on the memory's input
     query_dropout: float = field(default=0.0, metadata=probability())  # on the queries, before the key search
     value_dropout: float = field(default=0.0, metadata=probability())  # on the values read
-    gated: bool = False  # Memory+ output gating: W_o(silu(W_g x) * read) (Berges et al. 2024)
-    qk_norm: bool = False  # L2-normalise queries and keys (product: each half) before scoring
-    share_keys: bool = False  # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
+    # Memory+ output gating: W_o(silu(W_g x) * read) (Berges et al. 2024)
+    gated: bool = field(default=False, metadata=architecture())
+    # L2-normalise queries and keys (product: each half) before scoring
+    qk_norm: bool = field(default=False, metadata=architecture())
+    # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
+    share_keys: bool = field(default=False, metadata=architecture())
     # softmax(scores / temperature) over the selected keys; 1: the paper
-    temperature: float = field(default=1.0, metadata=positive())
-    share_values: bool = False  # all memory layers of the model read one value table
+    temperature: float = field(default=1.0, metadata=architecture(positive()))
+    # all memory layers of the model read one value table
+    share_values: bool = field(default=False, metadata=architecture())
     # each of W processes holds 1/W of every value row and of its optimizer state (model/memory/value_shards.py)
     shard_values: bool = False
     # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/memory/value_read.py)
     value_read: Literal["auto", "torch", "triton"] = "auto"
     # the selected scores -> the read weights: softmax (the paper) | relu (Csordás et al. 2023) | identity
     # (the raw scores, UltraMem) | any function in model/memory/scores.py
-    score: str = field(default="softmax", metadata=one_of(SCORE_FUNCTIONS))
+    score: str = field(default="softmax", metadata=architecture(one_of(SCORE_FUNCTIONS)))
     # what the slots hold: table (one value row per slot, the paper) | peer (PEER's single-neuron experts)
     # | any store in model/memory/value_stores.py or registered by a variant's module
-    values: str = field(default="table", metadata=one_of(VALUE_STORES))
+    values: str = field(default="table", metadata=architecture(one_of(VALUE_STORES)))
     # the variants' own settings, each beside its code
     peer: PeerConfig = field(default_factory=PeerConfig)  # values=peer (peer.py)
     tucker: TuckerConfig = field(default_factory=TuckerConfig)  # key_type=tucker (ultramem.py)

@@ -60,7 +60,7 @@ lookups); the projections are dense parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -72,6 +72,7 @@ from xlm_pkm.model.memory.keys import KEY_SEARCHES, KeySearch, uniform_keys
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import read_values
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
+from xlm_pkm.settings import architecture
 
 if TYPE_CHECKING:
     from xlm_pkm.model.memory.pkm import MemoryConfig
@@ -81,12 +82,15 @@ if TYPE_CHECKING:
 class TuckerConfig:
     """UltraMem's key search (key_type=tucker, TuckerKeys below): model.memory.tucker."""
 
-    rank: int = 2  # r, each sub-key's components; an r x r core mixes row and column scores
-    cores: int = 1  # cores per head (multi-core scoring, > 1 needs values=expanded)
-    topm: int = 0  # rows and columns kept by the core's rank-1 approximation; 0: knn
+    # r, each sub-key's components; an r x r core mixes row and column scores
+    rank: int = field(default=2, metadata=architecture())
+    # cores per head (multi-core scoring, > 1 needs values=expanded)
+    cores: int = field(default=1, metadata=architecture())
+    # rows and columns kept by the core's rank-1 approximation; 0: knn
+    topm: int = field(default=0, metadata=architecture())
     # also keep the m lowest rows and columns (two negatives make a high score too) and their m² pairs; false:
     # the paper's top-m only
-    both_signs: bool = False
+    both_signs: bool = field(default=False, metadata=architecture())
     aux_coeff: float = 0.001  # α of the core's loss α/(r-1) Σ_{i>=2} max(0, λ_i - τ)²
     aux_margin: float = 0.15  # τ of that loss
 
@@ -95,8 +99,9 @@ class TuckerConfig:
 class ExpandedConfig:
     """UltraMem's implicit value expansion (values=expanded, ExpandedValues below): model.memory.expanded."""
 
-    expansion: int = 1  # E virtual blocks over n_slots / E physical values
-    value_dim: int = 0  # width of the physical values; 0: the memory's output dim
+    expansion: int = field(default=1, metadata=architecture())  # E virtual blocks over n_slots / E physical values
+    # width of the physical values; 0: the memory's output dim
+    value_dim: int = field(default=0, metadata=architecture())
 
 
 def rank_one(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
