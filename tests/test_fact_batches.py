@@ -147,7 +147,8 @@ def test_a_slot_every_background_document_reads_is_never_updated(finetune_source
 
 def test_background_documents_have_the_recorded_length_and_do_not_mix(finetune_source, tiny_data_dir, tmp_path, capsys):
     """--doc-tokens 24: 40 documents of 2 rows x 12 tokens, against a brute-force count over the same
-    stream; --append doubles the counts of the same length and refuses another length in one line."""
+    stream; --append doubles the counts of the same length and refuses another length in one line; --out names
+    a file that is not slot counts (the checkpoint itself): refused before counting, the file kept."""
     best, file = finetune_source
     counted = Background.from_file(file)
     from xlm_pkm.checkpoint.trained import load_trained
@@ -183,6 +184,10 @@ def test_background_documents_have_the_recorded_length_and_do_not_mix(finetune_s
     assert len(err) == 1 and "another document length" in err[0]
     assert slot_counts_main([*args[:5], "--out", str(tmp_path / "x.pt"), "--doc-tokens", "25"]) != 0
     assert "must split into 2 equal rows" in capsys.readouterr().err
+    kept = best.read_bytes()  # --out on the run's checkpoint (a typo): refused before counting, the file kept
+    assert slot_counts_main([*args[:5], "--out", str(best), "--doc-tokens", "24"]) != 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "is not a file of slot counts" in err[0] and best.read_bytes() == kept
 
 
 def test_a_sparse_fact_batch_run_cut_and_resumed_equals_the_uninterrupted_one(finetune_source, facts_dir, tiny_run,

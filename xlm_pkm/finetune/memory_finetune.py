@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from xlm_pkm.checkpoint.files import save_atomic
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.stats import SlotStats
@@ -57,7 +58,17 @@ class Background:
     doc_tokens: int  # tokens per document
 
     def to_file(self, path: str | Path, source: str) -> None:
-        torch.save({"kind": KIND, "source": source, **self.__dict__}, path)
+        """Written whole or not at all (a failed write is one line naming `path`)."""
+        save_atomic({"kind": KIND, "source": source, **self.__dict__}, path)
+
+    @staticmethod
+    def holds_counts(path: str | Path) -> bool:
+        """Whether `path` is a file of slot counts (so that slot_counts --out may replace it)."""
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception:  # unreadable or foreign: not ours
+            return False
+        return isinstance(state, dict) and state.get("kind") == KIND
 
     def merged(self, other: Background) -> Background:
         """Both counts as one background: the same model, documents of the same length."""

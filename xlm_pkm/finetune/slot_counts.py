@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 import torch
 
@@ -26,6 +27,7 @@ from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.finetune.memory_finetune import Background, model_fingerprint, table_reads, value_tables
+from xlm_pkm.utils.atomic import check_writable, refuse_foreign_file
 from xlm_pkm.utils.program import program_name
 
 
@@ -81,6 +83,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="file to write the counts to (torch format)")
     args = parser.parse_args(argv)
     try:
+        if not args.append:  # before the counting: replaces only slot counts, and a folder it can write in
+            refuse_foreign_file(Path(args.out), Background.holds_counts, "--out", "a file of slot counts")
+            check_writable(Path(args.out))
         trained = load_trained(args.checkpoint, args.data)
         cfg, data_dir = trained.cfg, trained.data_dir
         rows, width = (document_shape(args.doc_tokens, cfg.data.bptt) if args.doc_tokens
