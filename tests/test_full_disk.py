@@ -86,7 +86,8 @@ def test_evaluate_json_on_a_disk_that_fills_while_evaluating_fails_after(referen
     import xlm_pkm.launch.cli
 
     fs = small_filesystem(64)
-    (fs / "r.json").write_text("{}\n")  # a previous result
+    previous = '{"split": "test", "tokens": 0, "memories": []}\n'
+    (fs / "r.json").write_text(previous)  # a previous result of evaluate.py: the only kind --json replaces
     evaluate = xlm_pkm.launch.cli.evaluate_checkpoint
 
     def evaluate_while_the_disk_fills(*args, **kwargs):
@@ -100,7 +101,7 @@ def test_evaluate_json_on_a_disk_that_fills_while_evaluating_fails_after(referen
     captured = capsys.readouterr()
     assert captured.out.startswith("test ppl ")  # evaluated, printed, then the JSON could not be written
     assert captured.err == f"evaluate.py: error: cannot write {fs}/r.json: {FULL}; the previous r.json is kept\n"
-    assert (fs / "r.json").read_text() == "{}\n" and temporary_files(fs) == []
+    assert (fs / "r.json").read_text() == previous and temporary_files(fs) == []
 
 
 # ---- preprocessing ----------------------------------------------------------------------------------------

@@ -76,6 +76,16 @@ def start_training(tiny_overrides, tmp_path, exp_id: str, *extra) -> subprocess.
                             stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler installed for `signum` (its SigCgt mask in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    return bool(int(mask, 16) >> (signum - 1) & 1)
+
+
 def wait_for(condition, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while not condition() and time.time() < deadline:
@@ -103,7 +113,9 @@ def test_a_signal_during_start_up_is_one_line_and_the_same_command_runs_again(ti
     """Sent while torch is imported or the trainer is built (before the training loop's handlers): it used to
     end the process silently (143, 138) or with a KeyboardInterrupt traceback."""
     run = start_training(tiny_overrides, tmp_path, "early", "train.max_steps=2")
-    time.sleep(1.0)  # Python is up (its own start-up takes ~0.05 s), torch is being imported
+    # train.py's first line catches the stop signals (SIGTERM among them: Python itself catches only SIGINT);
+    # torch is imported after it, for a second or more: the signal lands there, however fast the machine
+    wait_for(lambda: catches(run.pid, signal.SIGTERM) or run.poll() is not None, timeout=60)
     run.send_signal(signum)
     out, err = run.communicate(timeout=120)
     assert run.returncode == status and err.startswith(line) and len(err.splitlines()) == 1, err
