@@ -6,7 +6,7 @@ PIP := $(PY) -m pip -q
 FASTBPE := tools/fastbpe/fast
 SAMPLE := data/processed/sample
 
-.PHONY: install demo data test test-cluster bench clean
+.PHONY: install demo data test test-slow test-cluster bench clean
 
 install: $(VENV)/.installed $(FASTBPE)
 
@@ -47,9 +47,15 @@ demo: data
 	$(PY) generate.py --checkpoint $(DEMO_RUN)/best.pt --max-tokens 80 --top-p 0.9 --seed 0 "The built-in function"
 
 # The linter first (pyproject.toml's [tool.ruff]: `$(PY) -m ruff check --fix .` mends what it can), then the tests.
+# The tests a change is checked with (~2 minutes on 2 cores): all but those marked slow (whole commands in
+# several processes, torchrun, torch.compile, benchmarks, a fresh Python without xlm_pkm), which test-slow
+# runs (~3 minutes); .ci/run runs both, then test-cluster.
 test: install
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -n 2 tests
+	$(PY) -m pytest -q -n 2 -m "not slow" tests
+
+test-slow: install
+	$(PY) -m pytest -q -n 2 -m slow tests
 
 # The SLURM path against a real SLURM on this machine (tests/cluster, ~5 minutes): scripts/local_slurm.sh
 # starts slurmctld and two slurmd (as root; it installs slurm-wlm and munge with apt-get when missing),

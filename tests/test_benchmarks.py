@@ -33,6 +33,7 @@ def words_per_token(data_dir) -> float:
     return dictionary.word_end_mask()[ids].mean()
 
 
+@pytest.mark.slow
 def test_inference_speed(tiny_data_dir, tmp_path):
     result = run_benchmark("inference_speed", tmp_path / "inference.json", "--device", "cpu",
                            "--data", str(tiny_data_dir), "--keys", "16", "32", "--flat-max-keys", "16",
@@ -57,6 +58,7 @@ def test_inference_speed(tiny_data_dir, tmp_path):
                                               "target": ">= 1.8"}]
 
 
+@pytest.mark.slow
 def test_inference_speed_without_data(tmp_path):
     result = run_benchmark("inference_speed", tmp_path / "inference.json", "--device", "cpu",
                            "--data", str(tmp_path / "missing"), "--parts", "table4", "--keys", "16",
@@ -68,6 +70,7 @@ def test_inference_speed_without_data(tmp_path):
     assert result["table4"]["product_over_flat"] == []
 
 
+@pytest.mark.slow
 def test_training_speed(tiny_data_dir, tmp_path):
     # 9 layers: configs/paper/l12_d1024_m1.yaml lists its memory layer, 9
     result = run_benchmark("training_speed", tmp_path / "training.json", "--device", "cpu",
@@ -86,6 +89,7 @@ def test_training_speed(tiny_data_dir, tmp_path):
         for r in rows if r["memories"])
 
 
+@pytest.mark.slow
 def test_memory_layer_speed(tmp_path):
     """Every mode and layer at every size, the ratios recomputed from the rows, the traffic floor by hand."""
     result = run_benchmark("memory_layer_speed", tmp_path / "layer.json", "--train-keys", "32", "64", "--no-peer")

@@ -133,6 +133,7 @@ def _naive_loglik(model, prompt: list[int], obj: list[int]) -> float:
     return sum(float(logp[len(prompt) - 1 + j, token]) for j, token in enumerate(obj))
 
 
+@pytest.mark.slow
 def test_forced_choice_ranks_the_relations_objects_by_their_log_likelihood_one_by_one(facts_data):
     """The batched ranking against per-candidate log-likelihoods computed one by one (a naive loop), on the
     trained prompts and on the shuffled-subject prompts; multi-token objects summed over their tokens."""
@@ -248,6 +249,7 @@ def test_the_subject_blind_guess_scores_each_relations_most_frequent_object():
     assert prior_em(facts) == pytest.approx(3 / 5)  # red for both red subjects, one of int/str
 
 
+@pytest.mark.slow
 def test_split_scores_equal_evaluation_and_a_token_by_token_count(tiny_data_dir):
     """Perplexity against evaluate() (the framework's), accuracy against a plain count of argmax hits."""
     from xlm_pkm.data.stream import TokenStream

@@ -237,6 +237,7 @@ def test_missing_fastbpe_is_explained(tmp_path, monkeypatch):
         fastbpe.find_fastbpe()
 
 
+@pytest.mark.slow
 def test_slurm_path_through_submitit(tmp_path):
     """submitit's local executor runs the array jobs as local processes, whether SLURM is installed or not
     (tests/cluster/ runs them on a real SLURM)."""

@@ -74,6 +74,7 @@ def _our_choice(model, codec, context: str, choices: list[str], max_len: int) ->
     return max(range(len(choices)), key=scores.__getitem__)
 
 
+@pytest.mark.slow
 @needs_harness
 def test_local_tasks_score_what_the_model_chooses(exported, tiny_data_dir, tmp_path):
     from xlm_pkm.checkpoint.trained import load_trained
@@ -94,6 +95,7 @@ def test_local_tasks_score_what_the_model_chooses(exported, tiny_data_dir, tmp_p
         assert results["results"][task]["acc,none"] == pytest.approx(sum(hits) / len(hits)), task
 
 
+@pytest.mark.slow
 @needs_harness
 def test_an_unknown_task_is_one_line(exported, tiny_data_dir, tmp_path, capsys):
     _, folder = exported

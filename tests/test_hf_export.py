@@ -72,6 +72,7 @@ torch.save(outputs, sys.argv[2])
 '''
 
 
+@pytest.mark.slow
 def test_an_export_loads_where_xlm_pkm_is_not_installed(tiny_data_dir, tmp_path):
     """Issue 46: each kind of model, exported, runs in a Python that cannot import xlm_pkm (no PYTHONPATH, another
     working directory, an import system blind to it) with our logits and greedy generation; its tokenizer too."""

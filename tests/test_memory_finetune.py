@@ -110,6 +110,7 @@ def test_the_controls_move_the_rows_their_ranking_picks(finetune_source, tiny_tr
     assert [e["slots_updated"] for e in read_events(trainer.run_dir)] == [3] * 8
 
 
+@pytest.mark.slow
 def test_two_processes_with_sharded_values_update_the_rows_of_one_process(finetune_source, tiny_overrides, tiny_run,
                                                                           tmp_path):
     """torchrun, 2 ranks holding half the value columns each, 2 x 2 streams: the same rows move, to the

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import TINY
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +35,7 @@ def _corpus(folder: Path, sample_docs: list[str]) -> None:
         (folder / name).write_text("\n\n".join(part) + "\n")
 
 
+@pytest.mark.slow
 def test_the_own_corpus_page_runs_as_written(tiny_corpus, tmp_path):
     import json
 

@@ -319,6 +319,7 @@ def test_metrics_after_a_crash_and_resume_read_like_the_uninterrupted_run(tiny_t
 
 
 # ---- distributed: a frozen or killed rank ------------------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", ["SIGSTOP", "SIGKILL"])
 def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrides, tmp_path, signum):
     """Two ranks started by hand (as srun does, no torchrun); rank 1 freezes or dies mid-training."""

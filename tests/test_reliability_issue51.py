@@ -261,6 +261,7 @@ def test_the_memory_estimate_compares_with_rlimit_as(tiny_overrides, tmp_path):
     assert "of address space left under its RLIMIT_AS (ulimit -v): fewer slots" in done.stderr.splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_an_allocation_failure_at_a_step_is_one_line_and_the_run_can_start_again(tiny_overrides, tmp_path):
     """A batch too large for its activations under a real RLIMIT_AS: one line, exit 2 (a raw DefaultCPUAllocator
     traceback, exit 1), and the directory does not block the same command with a smaller batch."""
@@ -274,6 +275,7 @@ def test_an_allocation_failure_at_a_step_is_one_line_and_the_run_can_start_again
 
 
 # ---- 4. torchrun on a run directory that a live run holds --------------------------------------------------
+@pytest.mark.slow
 def test_torchrun_on_a_held_run_directory_ends_every_rank_at_once_with_the_line(tiny_overrides, tmp_path):
     """Rank 0 printed "in use by pid ...", rank 1 went on and waited for it in a collective until
     train.collective_timeout_minutes, then a gloo traceback: now every rank ends with the line, in seconds."""
@@ -337,6 +339,7 @@ def processes_running(marker: str) -> list[int]:
     return pids
 
 
+@pytest.mark.slow
 def test_ranks_whose_torchrun_launcher_is_killed_checkpoint_and_release_the_run(tiny_overrides, tmp_path):
     """kill -9 of torchrun left its ranks training on as orphans holding the run's lock: each rank watches its
     parent, and stops as for a signal (checkpoint, lock released)."""

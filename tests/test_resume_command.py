@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from conftest import logged_losses
 
 from xlm_pkm.checkpoint import files as checkpoint
@@ -36,6 +37,7 @@ def test_the_resume_command_is_the_launch_command(monkeypatch):
     assert launcher("train.py", {}) == [sys.executable, "train.py"]
 
 
+@pytest.mark.slow
 def test_ctrl_c_in_another_directory_saves_prints_the_resume_command_and_it_resumes(tiny_overrides, reference_run,
                                                                                     tmp_path):
     """A real SIGINT to a real `python ../train.py` launched outside the checkout; the printed command, run from
@@ -153,6 +155,7 @@ def test_an_override_on_resume_applies_on_top_of_the_runs_own_config(tiny_overri
     assert (run_dir / "config.until-step2.yaml").is_file()
 
 
+@pytest.mark.slow
 def test_the_package_works_from_any_directory_with_the_venvs_python(tmp_path):
     """make installs the checkout into its venv (editable): a user's own script outside the checkout imports
     it, and the console commands run."""

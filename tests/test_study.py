@@ -179,6 +179,7 @@ def untimed(report: str) -> str:
     return re.sub(r"(M \| )[\d,]+( \| )", r"\1\2", report)
 
 
+@pytest.mark.slow
 def test_a_study_cut_anywhere_and_run_again_gives_the_files_of_an_uninterrupted_one(tmp_path, tiny_data_dir,
                                                                                     signal_at_step, capsys):
     path = write_study(tmp_path, tiny_data_dir)
@@ -212,6 +213,7 @@ def test_a_study_cut_anywhere_and_run_again_gives_the_files_of_an_uninterrupted_
     assert "every run is done" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_command_runs_streams_of_processes_then_plans_and_reports(tmp_path, tiny_data_dir, capsys):
     path = write_study(tmp_path, tiny_data_dir, lr_grid=[1], seeds=[0], comparisons=[])
     assert study_cli.main(["run", str(path), "--streams", "2"]) == 0

@@ -69,6 +69,7 @@ def test_stop_signal_saves_exits_75_and_resumes_exactly(tiny_overrides, tiny_run
     assert train_losses(resumed.run_dir) == train_losses(reference_run("train.log_every=3").run_dir)
 
 
+@pytest.mark.slow
 def test_torchrun_two_processes_equal_one_with_same_global_batch(tiny_overrides, reference_run, tmp_path):
     """train.py under torchrun, sparse values (LazyAdam, all-gathered rows) and DDP for the rest; dense values
     in DDP's all-reduce and sharded values are checked the same way in tests/test_value_shards.py."""
@@ -106,6 +107,7 @@ def test_bf16_autocast_training_on_cpu_tracks_float32(reference_run, tiny_run, t
         assert math.isclose(bf16[step], loss, rel_tol=0.02), (step, bf16[step], loss)
 
 
+@pytest.mark.slow
 def test_torch_compile_matches_eager(reference_run, tiny_run, train_losses, tmp_path):
     from torch._dynamo.utils import counters
 

@@ -245,6 +245,7 @@ def check_all(rank: int, world: int, folder: str) -> None:
     check_uneven_token_counts(rank, world)
 
 
+@pytest.mark.slow
 def test_sharded_model_on_4_processes_equals_unsharded(tmp_path):
     spawn(check_all, 4, tmp_path)
 
@@ -292,6 +293,7 @@ def check_then_train(rank: int, world: int, folder: str) -> None:
         load_trained(damaged / "checkpoint.pt", env=DistEnv(rank, rank, world))  # evaluate.py's load
 
 
+@pytest.mark.slow
 def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, reference_run, tmp_path, capsys):
     """On 2 processes: the sharded model against the unsharded one, then training with sharded (LazyAdam,
     resumed) and replicated dense values (AdamW), each equal to one process with the same global batch.
