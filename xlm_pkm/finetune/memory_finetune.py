@@ -61,14 +61,14 @@ class Background:
         """Written whole or not at all (a failed write is one line naming `path`)."""
         save_atomic({"kind": KIND, "source": source, **self.__dict__}, path)
 
-    @staticmethod
-    def holds_counts(path: str | Path) -> bool:
-        """Whether `path` is a file of slot counts (so that slot_counts --out may replace it)."""
+    @classmethod
+    def holds_counts(cls, path: str | Path) -> bool:
+        """Whether `path` is a file of slot counts (so that slot_counts --out may replace it): from_file reads it."""
         try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception:  # unreadable or foreign: not ours
+            cls.from_file(path)
+        except (OSError, ValueError, KeyError):  # missing, unreadable or foreign: not ours
             return False
-        return isinstance(state, dict) and state.get("kind") == KIND
+        return True
 
     def merged(self, other: Background) -> Background:
         """Both counts as one background: the same model, documents of the same length."""
