@@ -25,6 +25,7 @@ def _run(default_program: str, load_main, argv: list[str] | None, stop_signals: 
     """Imports the command line (torch with it: seconds) and runs it. A Ctrl-C during the imports, or during
     a command that has no handling of its own, is one line and exit status 130, not a traceback; with
     `stop_signals` (train.py) the stop signals are handled from here on (utils/stop_signals.py)."""
+    set_process_defaults()  # before torch is imported
     from xlm_pkm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_STOPPED
     from xlm_pkm.utils.program import program_name
     from xlm_pkm.utils.stop_signals import StoppedBySignal, install_startup_handlers
@@ -73,22 +74,18 @@ def _export_main():
 
 
 def train(argv: list[str] | None = None) -> int:
-    set_process_defaults()
     return _run("train.py", _train_main, argv, stop_signals=True)
 
 
 def evaluate(argv: list[str] | None = None) -> int:
-    set_process_defaults()
     return _run("evaluate.py", _evaluate_main, argv)
 
 
 def generate(argv: list[str] | None = None) -> int:
-    set_process_defaults()
     return _run("generate.py", _generate_main, argv)
 
 
 def export(argv: list[str] | None = None) -> int:
-    set_process_defaults()
     return _run("python -m xlm_pkm.inference.export", _export_main, argv)
 
 
@@ -99,5 +96,4 @@ def _runs_main():
 
 
 def runs(argv: list[str] | None = None) -> int:
-    set_process_defaults()
     return _run("python -m xlm_pkm.runs", _runs_main, argv)
