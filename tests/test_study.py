@@ -153,6 +153,32 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     assert not pending(study)
 
 
+def test_a_choice_at_an_end_grows_the_grid_past_it_up_to_lr_extend_steps(tmp_path):
+    study = load_study(write_study(tmp_path, lr_grid=[0.5, 1, 2], seeds=[3, 4], lr_extend=2))
+    assert study.grid("pkm") == (0.5, 1, 2)  # nothing trained: the grid as written
+    for factor, valid in {0.5: [50.0], 1: [40.0], 2: [39.0]}.items():  # best at the top: ×4 is asked for
+        fake_trained(study.run("pkm", factor, 3), valid)
+    for factor, valid in {0.5: [30.0], 1: [40.0], 2: [45.0]}.items():  # best at the bottom: ×0.25
+        fake_trained(study.run("dense", factor, 3), valid)
+    assert (study.grid("pkm"), study.grid("dense")) == ((0.5, 1, 2, 4), (0.25, 0.5, 1, 2))
+    assert study.choice("pkm") is None and [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
+        (TRAIN, "pkm", "lr4-seed3"), (TRAIN, "dense", "lr0.25-seed3")]
+    fake_trained(study.run("pkm", 4, 3), [38.0])  # still at the top: ×8, the last step lr_extend allows
+    fake_trained(study.run("pkm", 8, 3), [37.0])
+    fake_trained(study.run("dense", 0.25, 3), [35.0])  # inside now: no further step
+    assert study.grid("pkm") == (0.5, 1, 2, 4, 8) and study.grid("dense") == (0.25, 0.5, 1, 2)
+    pkm, dense = study.choice("pkm"), study.choice("dense")
+    assert (pkm.factor, pkm.edge, dense.factor, dense.edge) == (8, "highest", 0.5, "")
+    assert [(j.run.cell, j.run.id) for j in pending(study)] == [("pkm", "lr8-seed3"), ("pkm", "lr8-seed4"),
+                                                                ("dense", "lr0.5-seed3"), ("dense", "lr0.5-seed4")]
+    choices = write_report(study).read_text().split("## Cells")[0]
+    assert "| cell | valid ppl ×0.25 | valid ppl ×0.5 | valid ppl ×1 | valid ppl ×2 | valid ppl ×4 | valid ppl ×8 |" \
+        in choices
+    assert "| `dense` | 35.0 | 30.0 | 40.0 | 45.0 | · | · | ×0.5 |" in choices
+    assert "| `pkm` | · | 50.0 | 40.0 | 39.0 | 38.0 | 37.0 | ×8 |" in choices and "**at the highest end" in choices
+    assert load_study(write_study(tmp_path, lr_grid=[0.5, 1, 2])).grid("pkm") == (0.5, 1, 2)  # lr_extend 0
+
+
 def trained_in_process(job) -> int:
     """Runs a job here (the tests' way: no new interpreter per run)."""
     from xlm_pkm.launch.cli import evaluate_main, train_main

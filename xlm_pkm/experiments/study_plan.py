@@ -9,6 +9,7 @@ tokens. Its file (YAML; relative paths are from the repository root):
     eval_every_tokens: 102400    # validation cadence
     seeds: [0, 1, 2]             # the first one also picks the learning rate
     lr_grid: [0.5, 1, 2]         # factors on every learning rate of a cell together
+    lr_extend: 2                 # optional (default 0): steps the grid may grow past an end (see below)
     set: [train.num_threads=1]   # optional: overrides for every run (a cell's own come after them)
     world_size: 1                # optional: processes per run (torchrun beyond 1)
     test_max_batches: 0          # optional: test batches evaluated (0: the whole split)
@@ -31,7 +32,9 @@ Learning rates are chosen on validation data only: the first seed runs at every 
 a cell's factor is the one whose run has the lowest valid perplexity (that of best.pt, the checkpoint
 that the test evaluates: the minimum over the run's evaluations; ties: the smaller factor); every
 other seed then runs at that factor, and only the runs at the chosen factor are evaluated on the test
-split. A choice at either end of the grid is flagged (the optimum may lie beyond it).
+split. While the best factor is at an end of the grid, the cell's grid grows one step past that end (by
+the ratio of the two outermost factors there: ×2 for [0.5, 1, 2]), up to lr_extend steps; a choice still
+at an end after them is flagged (the optimum may lie beyond it).
 
 Run `<cell>`, factor f, seed s is the run directory DUMP/<cell>/lr<f>-seed<s> (train.py's exp_name and
 exp_id, so that the same command resumes it) and the results folder RESULTS/<cell>/lr<f>-seed<s>:
@@ -55,8 +58,8 @@ from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scal
 # The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to optim.lr follow it).
 LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
 LR_RATIOS = ("engram_lr_scale", "values_lr_start_factor")
-KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "set", "world_size", "test_max_batches",
-        "dump", "results", "report", "cells", "comparisons"}
+KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "lr_extend", "set", "world_size",
+        "test_max_batches", "dump", "results", "report", "cells", "comparisons"}
 
 
 class StudyError(UserError, ValueError):
@@ -77,7 +80,7 @@ class Choice:
     cell: str
     valid: dict[float, float]  # factor -> valid perplexity of best.pt
     factor: float
-    edge: str  # "" inside the grid; "lowest" or "highest": at that end of it
+    edge: str  # "" inside the cell's grid; "lowest" or "highest": at that end of it, lr_extend spent
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,7 @@ class Study:
     world_size: int = 1
     test_max_batches: int = 0
     comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
+    lr_extend: int = 0
 
     def base_overrides(self, cell: str) -> list[str]:
         """The overrides of `cell` before the budget, the learning rate and the seed."""
@@ -171,25 +175,49 @@ class Study:
         return replace(self, cells={c: v for c, v in self.cells.items() if c in cells},
                        comparisons=tuple(c for c in self.comparisons if {c.a, c.b} <= set(cells)))
 
+    def grid(self, cell: str) -> tuple[float, ...]:
+        """The cell's factors: lr_grid, grown one step past an end while the first seed's best valid perplexity is
+        at that end (the step: the ratio of the two outermost factors there), at most lr_extend times."""
+        grid = list(self.lr_grid)
+        for _ in range(self.lr_extend if len(grid) > 1 else 0):
+            valid = self._valid(cell, grid)
+            best = None if valid is None else _best(valid)
+            if best == grid[-1]:
+                grid.append(grid[-1] * grid[-1] / grid[-2])
+            elif best == grid[0]:
+                grid.insert(0, grid[0] * grid[0] / grid[1])
+            else:
+                break
+        return tuple(grid)
+
+    def _valid(self, cell: str, factors) -> dict[float, float] | None:
+        """{factor: valid perplexity} of the first seed's runs at `factors`, None until all are trained."""
+        runs = [self.run(cell, f, self.seeds[0]) for f in factors]
+        return {r.factor: r.valid_ppl() for r in runs} if all(r.trained for r in runs) else None
+
     def grid_runs(self, cell: str) -> list[StudyRun]:
-        """The first seed's runs at every factor of the grid: the learning rate is chosen on them."""
-        return [self.run(cell, f, self.seeds[0]) for f in self.lr_grid]
+        """The first seed's runs at every factor of the cell's grid: the learning rate is chosen on them."""
+        return [self.run(cell, f, self.seeds[0]) for f in self.grid(cell)]
 
     def choice(self, cell: str) -> Choice | None:
-        """The cell's factor, once every run of grid_runs is trained (None before); reads valid metrics only."""
-        runs = self.grid_runs(cell)
-        if not all(r.trained for r in runs):
+        """The cell's factor, once every run of its grid is trained (None before); reads valid metrics only."""
+        grid = self.grid(cell)
+        valid = self._valid(cell, grid)
+        if valid is None:
             return None
-        valid = {r.factor: r.valid_ppl() for r in runs}
-        best = min(self.lr_grid, key=lambda f: (valid[f], f))
-        edge = "" if len(self.lr_grid) < 2 else "lowest" if best == min(self.lr_grid) else \
-            "highest" if best == max(self.lr_grid) else ""
+        best = _best(valid)
+        edge = "" if len(grid) < 2 else "lowest" if best == grid[0] else "highest" if best == grid[-1] else ""
         return Choice(cell, valid, best, edge)
 
     def chosen_runs(self, cell: str) -> list[StudyRun]:
         """Every seed's run at the chosen factor ([] before the choice): the runs evaluated on test."""
         choice = self.choice(cell)
         return [] if choice is None else [self.run(cell, choice.factor, s) for s in self.seeds]
+
+
+def _best(valid: dict[float, float]) -> float:
+    """The factor of the lowest valid perplexity (ties: the smaller factor)."""
+    return min(valid, key=lambda f: (valid[f], f))
 
 
 def _path(raw, default: Path) -> Path:
@@ -224,6 +252,8 @@ def load_study(path: Path) -> Study:
           and len(set(seeds)) == len(seeds), "seeds", "a list of distinct integers")
     check(isinstance(grid, list) and grid and all(isinstance(f, (int, float)) and f > 0 for f in grid)
           and len(set(grid)) == len(grid), "lr_grid", "a list of distinct positive factors")
+    check(isinstance(raw.get("lr_extend", 0), int) and raw.get("lr_extend", 0) >= 0, "lr_extend",
+          "a number of steps the grid may grow past an end (0: none)")
     check(raw.get("scale", "paper") in SCALES, "scale", f"one of {', '.join(SCALES)}")
     check(isinstance(raw.get("set", []), list), "set", "a list of key=value overrides")
     check(isinstance(raw.get("world_size", 1), int) and raw.get("world_size", 1) >= 1, "world_size",
@@ -251,4 +281,4 @@ def load_study(path: Path) -> Study:
                  raw["eval_every_tokens"], _path(raw.get("dump"), REPO / "dumped" / "study" / str(raw["name"])),
                  _path(raw.get("results"), here / "runs"), _path(raw.get("report"), here / "report.md"),
                  str(raw.get("scale", "paper")), tuple(map(str, raw.get("set", []))), raw.get("world_size", 1),
-                 raw.get("test_max_batches", 0), tuple(comparisons))
+                 raw.get("test_max_batches", 0), tuple(comparisons), raw.get("lr_extend", 0))

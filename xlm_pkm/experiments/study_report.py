@@ -66,7 +66,10 @@ def header(study: Study, m: int) -> str:
         f"`optim`, together, so their ratios stay) are multiplied by each factor of the grid ({grid}) for seed "
         f"{study.seeds[0]}; the factor whose run has the lowest valid perplexity (of best.pt, the checkpoint the "
         f"test evaluates) is chosen, then every other seed runs at it. Only runs at the chosen factor are "
-        f"evaluated on the test split. A choice at an end of the grid is flagged: the best may lie beyond it.",
+        f"evaluated on the test split. "
+        + (f"While the best factor is at an end of a cell's grid, its grid grows one step past that end, up to "
+           f"{study.lr_extend} time(s); a choice still at an end is flagged: the best may lie beyond it."
+           if study.lr_extend else "A choice at an end of the grid is flagged: the best may lie beyond it."),
         f"**Comparisons.** Each claim says that cell a has a lower test perplexity than cell b. Seeds pair the runs "
         f"(same seed: same data order), so the numbers are the per-seed differences a − b: their mean, its 95% "
         f"interval (Student t with n − 1 degrees of freedom) and the sign on every seed (− where a is lower, as "
@@ -79,20 +82,20 @@ def header(study: Study, m: int) -> str:
 
 
 def choice_table(study: Study) -> str:
+    factors = sorted({f for cell in study.cells for f in study.grid(cell)})  # every cell's grid, grown or not
     rows = []
     for cell in study.cells:
+        done = {r.factor: r.valid_ppl() for r in study.grid_runs(cell) if r.trained}
+        valid = [f"{done[f]:.1f}" if f in done else "·" for f in factors]
         choice = study.choice(cell)
         if choice is None:
-            done = {r.factor: r.valid_ppl() for r in study.grid_runs(cell) if r.trained}
-            rows.append([f"`{cell}`", *(f"{done[f]:.1f}" if f in done else "·" for f in study.lr_grid), "·", "·",
-                         ""])
+            rows.append([f"`{cell}`", *valid, "·", "·", ""])
             continue
         lrs = json.loads((study.run(cell, choice.factor, study.seeds[0]).results / "run.json").read_text())["lr"]
         chosen = ", ".join(f"{k} {lrs[k]:.3g}" for k in LR_KEYS[:2])
         flag = f"**at the {choice.edge} end of the grid**" if choice.edge else ""
-        rows.append([f"`{cell}`", *(f"{choice.valid[f]:.1f}" for f in study.lr_grid), f"×{choice.factor:g}", chosen,
-                     flag])
-    return _md_table(["cell", *(f"valid ppl ×{f:g}" for f in study.lr_grid), "chosen", "learning rates", "flag"], rows)
+        rows.append([f"`{cell}`", *valid, f"×{choice.factor:g}", chosen, flag])
+    return _md_table(["cell", *(f"valid ppl ×{f:g}" for f in factors), "chosen", "learning rates", "flag"], rows)
 
 
 def cell_table(study: Study, speeds: dict[str, float]) -> str:
