@@ -20,7 +20,9 @@
 #    the stream; perplexity on the pretraining corpus's valid and held-out test splits, next-token accuracy on the
 #    test split) and write report.md + learning_forgetting.png here.
 # Every run's command is logged to commands.txt. A finished run is skipped and an interrupted one resumes,
-# so re-running the script finishes what is missing. PYTHON, DUMP, JOBS (finetuning runs at once, default 2)
+# so re-running the script finishes what is missing. Each model's scores are written to scores/ here as it is
+# scored, to be committed as they come: a finetuning run whose scores are there is not run again, on any
+# machine (a fresh one pretrains again first: the same command and seed give the same weights). PYTHON, DUMP, JOBS (finetuning runs at once, default 2)
 # override the defaults; PRETRAIN_ARGS adds overrides to every pretraining run and FT_ARGS to every
 # finetuning run and SCORE_ARGS to every score; ONLY (an extended regex) keeps the sweep lines whose "MODEL METHOD
 # SETTING" it matches. A smoke test, about half an hour:
@@ -41,7 +43,8 @@ JOBS=${JOBS:-2}
 SELECT=3  # the facts settings are chosen on (continual_report.SELECT_SEED), never scored for the verdict
 LEVELS="0.13 0.2 0.3 0.4 0.5"  # EM levels of the equal-learning comparison (continual_report.LEARNING_LEVELS)
 STEPS=$((PASSES * FACTS))
-mkdir -p "$DUMP/done" "$DUMP/scores" "$DUMP/logs"
+SCORES=$OUT/scores  # committed: one file of scores per model scored
+mkdir -p "$DUMP/done" "$DUMP/logs" "$SCORES"
 : > "$OUT/commands.txt"
 
 # run NAME COMMAND...: logs the command, runs it unless NAME finished before (its output in $DUMP/logs)
@@ -55,9 +58,13 @@ run() {
   touch "$DUMP/done/$name"
 }
 
+# score_file MODEL METHOD SETTING SEED: where that model's row of scores is kept
+score_file() { echo "$SCORES/$1_$2_${3//[^A-Za-z0-9.]/_}_seed$4.jsonl"; }
+
 # score CHECKPOINT MODEL METHOD SETTING SEED: one row of scores (kept: a re-run does not score again)
 score() {
-  local file=$DUMP/scores/$2_$3_${4//[^A-Za-z0-9.]/_}_seed$5.jsonl
+  local file
+  file=$(score_file "$2" "$3" "$4" "$5")
   local extra
   read -r -a extra <<< "${SCORE_ARGS:-}"
   echo "$PY -m xlm_pkm.experiments.continual score $1 --facts $DUMP/facts$5 --data $DATA --model $2 --method $3" \
@@ -150,6 +157,7 @@ finetune() {
   local seed=$1 model=$2 method=$3 setting=$4; shift 4
   local name=ft_${model}_${method}_${setting//[^A-Za-z0-9.]/_}_seed$seed
   local arch extra
+  if [[ -s $(score_file "$model" "$method" "$setting" "$seed") ]]; then echo "== $name: scored before"; return; fi
   read -r -a arch <<< "${ARCH[$model]}"
   read -r -a extra <<< "${FT_ARGS:-}"
   run "$name" "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test train.dump_path="$DUMP" \
@@ -179,7 +187,7 @@ SWEEP=$(while read -r model method setting overrides; do  # the lines whose "MOD
   [[ "$model $method $setting" =~ ${ONLY:-.} ]] && echo "$model $method $setting $overrides"
 done <<< "$SWEEP" || true)
 parallel "$SELECT" <<< "$SWEEP"
-cat "$DUMP"/scores/*.jsonl > "$OUT/scores.jsonl"
+cat "$SCORES"/*.jsonl > "$OUT/scores.jsonl"
 CHOSEN=$(  # each (model, method)'s settings chosen on the SELECT facts: its best, its least forgetting per level
   { "$PY" -m xlm_pkm.experiments.continual best "$OUT/scores.jsonl" --seed "$SELECT"
     for level in $LEVELS; do
@@ -188,7 +196,7 @@ CHOSEN=$(  # each (model, method)'s settings chosen on the SELECT facts: its bes
   while read -r model method setting; do grep -F "$model $method $setting " <<< "$SWEEP" || true; done)
 for seed in 0 1 2; do parallel "$seed" <<< "$CHOSEN"; done
 
-cat "$DUMP"/scores/*.jsonl > "$OUT/scores.jsonl"
+cat "$SCORES"/*.jsonl > "$OUT/scores.jsonl"
 "$PY" -m xlm_pkm.experiments.continual report "$OUT/scores.jsonl" --select-seed "$SELECT" --out "$OUT" \
   --background memory="$DUMP/background_memory.pt" --background memory_large="$DUMP/background_memory_large.pt" \
   --background memory_long="$DUMP/background_memory_long.pt"
