@@ -138,12 +138,15 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     # the report reads test perplexity at the chosen factor only, and flags the edge
     fake_trained(study.run("pkm", 1, 4), [22.0, 21.0, 20.5], test=120.0)
     fake_trained(study.run("dense", 2, 4), [50.0, 45.0, 40.0, 38.0], test=131.0)  # at steps 2, 4, 6, 8 of 8
-    (study.run("pkm", 1, 3).results / "test.json").write_text(json.dumps({"ppl": 110.0}))
+    memories = [{"layer": 1, "usage": 90.0, "kl": 1.0}, {"layer": 0, "usage": 50.0, "kl": 3.0}]
+    (study.run("pkm", 1, 3).results / "test.json").write_text(json.dumps({"ppl": 110.0, "memories": memories}))
     (study.run("dense", 2, 3).results / "test.json").write_text(json.dumps({"ppl": 130.0}))
     report = write_report(study, [{"rows": [{"cell": "dense", "tokens_per_s": 12345.6}]}]).read_text()
     choices, cells = report.split("## Cells")
     rows = {line.split(" | ")[0]: line for line in cells.splitlines() if line.startswith("| `")}
-    assert "| 115.0 ± 7.1 | 2/2 |" in rows["| `pkm`"] and "| 130.5 ± 0.7 | 2/2 |" in rows["| `dense`"]
+    # test usage/KL per memory layer, means over the seeds that have them (seed 4's test.json has none)
+    assert "| 115.0 ± 7.1 | 2/2 | L0 50.0/3.00; L1 90.0/1.00 |" in rows["| `pkm`"]
+    assert "| 130.5 ± 0.7 | 2/2 | · |" in rows["| `dense`"]
     assert "| · | 12,346 | 512 |" in rows["| `dense`"] and "| · | · | 512 |" in rows["| `pkm`"]  # logged, benchmark
     # the last quarter: (p(6) − p(8)) / p(6) = (40 − 38) / 40 on seed 4; seed 3 has no evaluation by step 6
     assert rows["| `dense`"].endswith("| 512 | 5.0 | 2 |") and rows["| `pkm`"].endswith("| 512 | · | 2 |")

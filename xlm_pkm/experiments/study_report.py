@@ -53,6 +53,17 @@ def tested_ppl(study: Study, cell: str) -> dict[int, float]:
             for r in study.chosen_runs(cell) if r.tested}
 
 
+def memory_use(study: Study, cell: str) -> str:
+    """Each memory layer's test usage % and KL (weighted), means over the tested seeds: "L5 98.6/1.24"."""
+    layers: dict[int, list[tuple[float, float]]] = {}
+    for r in study.chosen_runs(cell):
+        if r.tested:
+            for m in json.loads((r.results / "test.json").read_text()).get("memories", []):
+                layers.setdefault(m["layer"], []).append((m["usage"], m["kl"]))
+    return "; ".join(f"L{layer} {statistics.mean(u for u, _ in v):.1f}/{statistics.mean(k for _, k in v):.2f}"
+                     for layer, v in sorted(layers.items())) or "·"
+
+
 def header(study: Study, m: int) -> str:
     grid = ", ".join(f"×{f:g}" for f in study.lr_grid)
     run = study.run(next(iter(study.cells)), study.lr_grid[0], study.seeds[0])
@@ -103,7 +114,7 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
     for cell, (config, _) in study.cells.items():
         runs = [r for r in study.chosen_runs(cell) if r.trained]
         if not runs:
-            rows.append([f"`{cell}`", f"`{config}`", *["·"] * 10])
+            rows.append([f"`{cell}`", f"`{config}`", *["·"] * 11])
             continue
         cfg = load_config(runs[0].results / "config.yaml")
         size = model_size(cfg, cfg.data.bptt)
@@ -111,12 +122,14 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
         quarter = [q for q in map(last_quarter, runs) if q is not None]
         speed = [e["tokens_per_sec"] for r in runs for e in events(r, "train") if e["step"] > 1]
         rows.append([f"`{cell}`", f"`{config}`", Measure(tuple(test.values())).text() if test else "·",
-                     f"{len(test)}/{len(study.seeds)}", _count(size["total"]), _count(size["active"]),
+                     f"{len(test)}/{len(study.seeds)}", memory_use(study, cell), _count(size["total"]),
+                     _count(size["active"]),
                      f"{size['flops'] / 1e6:.2f}M", f"{statistics.median(speed):,.0f}" if speed else "·",
                      f"{speeds[cell]:,.0f}" if cell in speeds else "·",
                      f"{runs[0].steps * runs[0].tokens_per_step:,}",
                      f"{100 * statistics.mean(quarter):.1f}" if quarter else "·", str(len(runs))])
-    return _md_table(["cell", "config", "test ppl (mean ± sd)", "seeds tested", "params", "active params",
+    return _md_table(["cell", "config", "test ppl (mean ± sd)", "seeds tested", "memory usage %/KL (test)", "params",
+                      "active params",
                       "train FLOPs/token", "logged train tokens/s", "benchmark tokens/s", "tokens",
                       "last-quarter improvement %",
                       "runs"], rows)
