@@ -1,11 +1,11 @@
 """The reproduction report on synthetic run directories: tables hold the runs' numbers (mean ± sd over
-seeds) beside the paper's, the directions are judged from them against the seeds' spread, speeds come
-from benchmark JSON only, every figure is written; introspection against the memory's own slot
-statistics."""
+seeds) beside the paper's, the directions are judged from per-seed differences (t interval, Holm),
+speeds come from benchmark JSON only, every figure is written; introspection against the memory's own
+slot statistics."""
 
 import json
+import math
 import re
-import statistics
 
 import pytest
 import torch
@@ -21,7 +21,7 @@ from xlm_pkm.model.transformer import TransformerLM
 
 
 def make_run(root, name, cells, ppl, usage=None, kl=None, words_per_sec=1000.0, n_keys=8, heads=4, knn=2,
-             layers=6, dim=16, valid=((10, 900.0), (20, 500.0)), seed=0):
+             layers=6, dim=16, valid=((10, 900.0), (20, 500.0)), seed=0, key_type="product"):
     """A run directory as the trainer, evaluate.py --json and the harness (reproduce --seeds) leave it
     (no checkpoint). words_per_sec is the run's own, which the report must not use."""
     path = root / name / f"tiny-seed{seed}"
@@ -31,6 +31,7 @@ def make_run(root, name, cells, ppl, usage=None, kl=None, words_per_sec=1000.0, 
     cfg.model.n_layers, cfg.model.dim = layers, dim
     cfg.model.mem_layers = [] if usage is None else [layers - 1]
     cfg.model.memory.n_keys, cfg.model.memory.heads, cfg.model.memory.knn = n_keys, heads, knn
+    cfg.model.memory.key_type = key_type
     (path / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     events = [{"event": "train", "step": 5, "loss": 7.0, "time": 100.0}]
     events += [{"event": "valid", "step": s, "ppl": p, "time": 100.0 + 6 * s} for s, p in valid]
@@ -56,7 +57,8 @@ def runs_dir(tmp_path):
              n_keys=16)
     make_run(root, "k1024_none", [("table2", {"n_keys": 1024, "batchnorm": False})], 240.0, 40.0, 1.5, n_keys=128)
     make_run(root, "k1024_bn", [("table2", {"n_keys": 1024, "batchnorm": True})], 235.0, 70.0, 0.9, n_keys=128)
-    make_run(root, "flat128", [("table4", {"n_keys": 128, "key_type": "flat"})], 280.0, 30.0, 2.0, 1500.0, n_keys=16)
+    make_run(root, "flat128", [("table4", {"n_keys": 128, "key_type": "flat"})], 280.0, 30.0, 2.0, 1500.0, n_keys=16,
+             key_type="flat")
     make_run(root, "pos1", [("table3", {"position": 1})], 260.0, 100.0, 2.1)
     make_run(root, "h1k8", [("figure6", {"heads": 1, "knn": 8})], 262.0, 60.0, 1.0, heads=1, knn=2, n_keys=64)
     make_run(root, "h4k8", [("figure6", {"heads": 4, "knn": 8})], 255.0, 90.0, 0.7, knn=2, n_keys=64)
@@ -109,56 +111,90 @@ def test_report_tables_directions_and_figures(runs_dir, tmp_path):
     assert re.search(r"\| 16k \(ours 256\) no BN \|", report)  # the column says our size
 
     speeds = bench_speeds([json.loads(bench.read_text())])
-    verdicts = {d.split(" (")[0]: v for d, v, _ in directions(find_runs([runs_dir]), speeds)}
-    assert verdicts == {
-        "A memory beats the same model without it at equal steps": "holds",  # 250 < 300
-        "A shallower model with a memory beats a deeper one without, and is faster": "holds",  # 200 < 210, faster
-        "BatchNorm raises usage, the more so as the memory grows": "holds",  # gaps +2.0 then +30.0
-        "Product keys use more of the memory than flat keys, and run faster": "holds",
-        "A memory in an upper-middle layer": "holds",  # 250 < 260
-        "The best position is layer 4 or 5 of 6": "holds",  # 250 < 260
-        "More memory heads and a larger k raise usage": "holds",  # 60 -> 90, 60 -> 85
+    verdicts = {d.claim.split(" (")[0]: d.verdict() for d in directions(find_runs([runs_dir]), speeds)}
+    assert verdicts == {  # one seed per cell: no interval, so every paired comparison is inconclusive
+        "A memory beats the same model without it at equal steps": "inconclusive",
+        "A shallower model with a memory beats a deeper one without, and is faster":
+            "perplexity: inconclusive; speed: faster",  # the benchmark's 256 vs 132 words/s, not the runs'
+        "BatchNorm raises usage, the more so as the memory grows": "inconclusive",
+        "Product keys give a lower perplexity than flat keys, use more of the memory, and run faster":
+            "perplexity: inconclusive; usage: inconclusive; speed: faster",
+        "A memory in an upper-middle layer": "inconclusive",
+        "The best position is layer 4 or 5 of 6": "inconclusive",
+        "More memory heads and a larger k raise usage": "inconclusive",
     }
+    assert "per seed 0: -50.0 (−); fewer than 2 paired seeds, no interval: **inconclusive**" in report
+    assert "collapse of flat-key usage does not appear" not in report  # flat keys' 30% against 99.5%
     for name in ("learning_curves.png", "figure4.png", "table2.png", "figure6.png", "figure7.png"):
         assert (out / name).stat().st_size > 1000 and f"]({name})" in report
 
 
-def test_directions_that_do_not_hold_say_so(tmp_path):
+def t_quantile_df2(level: float) -> float:
+    """Student t with 2 degrees of freedom: P(|T| ≤ t) = t / √(2 + t²), so t = level · √(2 / (1 − level²))."""
+    return level * math.sqrt(2 / (1 - level**2))
+
+
+def test_directions_are_paired_by_seed_with_t_intervals_and_holm(tmp_path):
+    """3 seeds whose cells spread widely across seeds but differ consistently within each: the memory is 2.0
+    better (holds), product keys 4.0 worse than flat keys (reversed), usage equal (inconclusive); mean and
+    t interval by hand, Holm over the three comparisons by hand (p: memory < product ppl < usage = 1)."""
     root = tmp_path / "runs"
-    make_run(root, "no_memory", [("baseline", {})], 240.0)
-    make_run(root, "pos5", [("table3", {"position": 5})], 250.0, 99.0, 0.5)
-    make_run(root, "pos1", [("table3", {"position": 1})], 249.0, 100.0, 2.0)
-    make_run(root, "flat", [("table4", {"n_keys": 128, "key_type": "flat"})], 250.0, 100.0, 0.9, 900.0, n_keys=16)
-    make_run(root, "product", [("table4", {"n_keys": 128, "key_type": "product"})], 251.0, 100.0, 0.6, 1800.0,
-             n_keys=16)
-    speeds = {("table4", 128, "product"): 1800.0, ("table4", 128, "flat"): 900.0}
-    verdicts = [v for _, v, _ in directions(find_runs([root]), speeds)]
-    assert verdicts == ["does not hold", "not run", "not run", "partly: usage within noise, speed holds",
-                        "does not hold", "does not hold", "not run"]
-    assert directions(find_runs([root]))[3][1] == "partly: usage within noise, speed not measured"
+    for seed, (base, mem_gap, flat, key_gap) in enumerate([(230.0, -2.0, 225.0, 4.0), (220.0, -2.1, 215.0, 4.4),
+                                                           (240.0, -1.9, 235.0, 3.6)]):
+        make_run(root, "no_memory", [("baseline", {})], base, seed=seed)
+        make_run(root, "pos5", [("table3", {"position": 5})], base + mem_gap, 99.0, 0.5, seed=seed)
+        make_run(root, "flat", [("table4", {"n_keys": 128, "key_type": "flat"})], flat, 100.0, 0.9, n_keys=16,
+                 seed=seed, key_type="flat")
+        make_run(root, "product", [("table4", {"n_keys": 128, "key_type": "product"})], flat + key_gap, 100.0, 0.6,
+                 n_keys=16, seed=seed)
+    runs = find_runs([root])
+    memory, _, _, keys, *_ = directions(runs)
+    # the unpaired rule sees only noise: the seeds' spread (10) dwarfs the gap (2.0)
+    mem_ppl, base_ppl = Measure((228.0, 217.9, 238.1)), Measure((230.0, 220.0, 240.0))
+    assert shows(mem_ppl, base_ppl, higher_is_better=False) == "within noise"
+
+    (j,) = memory.judged  # with − without memory: -2.0, -2.1, -1.9
+    se = 0.1 / math.sqrt(3)  # sd of the differences 0.1
+    assert j.pair.seeds == (0, 1, 2) and j.pair.signs() == "−−−" and j.pair.mean == pytest.approx(-2.0)
+    assert j.pair.interval() == pytest.approx((-2.0 - t_quantile_df2(0.95) * se, -2.0 + t_quantile_df2(0.95) * se))
+    t_holm = t_quantile_df2(1 - 0.05 / 3)  # the smallest p of 3: level 1 − α/3
+    assert j.holm.interval == pytest.approx((-2.0 - t_holm * se, -2.0 + t_holm * se)) and j.verdict() == "holds"
+    ppl, usage = keys.judged  # product − flat: +4.0, +4.4, +3.6; flat − product usage: 0, 0, 0
+    se = 0.4 / math.sqrt(3)
+    t_holm = t_quantile_df2(1 - 0.05 / 2)  # the second smallest p of 3, rejected: level 1 − α/2
+    assert ppl.pair.mean == pytest.approx(4.0) and ppl.pair.signs() == "+++"
+    assert ppl.holm.interval == pytest.approx((4.0 - t_holm * se, 4.0 + t_holm * se)) and ppl.verdict() == "reversed"
+    assert usage.pair.diffs == (0.0, 0.0, 0.0) and usage.verdict() == "inconclusive"
+    assert keys.verdict() == "perplexity: reversed; usage: inconclusive; speed: not measured"
+
     out = tmp_path / "out"
-    write_report(find_runs([root]), out)
-    assert not (out / "figure6.png").exists() and "figure6.png" not in (out / "report.md").read_text()
+    write_report(runs, out)
+    report = (out / "report.md").read_text()
+    lo, hi = -2.0 - t_quantile_df2(0.95) * 0.1 / math.sqrt(3), -2.0 + t_quantile_df2(0.95) * 0.1 / math.sqrt(3)
+    assert f"per seed 0: -2.0, 1: -2.1, 2: -1.9 (−−−); mean -2.0, 95% [{lo:+.1f}, {hi:+.1f}]" in report
+    assert "Of the 3 paired comparisons (Holm over all of them): 1 holds, 1 reversed, 1 inconclusive." in report
+    assert "**Reversed**: ppl product − flat keys, 256 slots (mean +4.0" in report
+    assert "**inconclusive**" in report and "within noise" not in report
+    # Table 4's note: flat keys use every slot, and their key parameters (heads × slots × k_dim) by hand
+    k_dim = Config().model.memory.k_dim
+    assert "the paper's collapse of flat-key usage does not appear" in report
+    assert f"256 slots: flat keys {4 * 256 * k_dim:,}, product keys {4 * 2 * 16 * k_dim // 2:,}" in report
+    assert "Flat keys have the lower perplexity here, against the paper" in report
 
 
-def test_seeds_make_one_cell_and_a_gap_within_their_spread_is_noise(tmp_path):
+def test_seeds_make_one_cell(tmp_path):
     root = tmp_path / "runs"
     for seed, (none, bn) in enumerate([(221.4, 217.0), (221.5, 218.1), (219.0, 214.4)]):
         make_run(root, "no_memory", [("baseline", {})], none, seed=seed)
         make_run(root, "pos5", [("table3", {"position": 5})], bn, 99.0, 0.5, seed=seed)
-        make_run(root, "pos1", [("table3", {"position": 1})], bn + 1.0 + seed, 100.0, 2.0, seed=seed)
     runs = find_runs([root])
-    assert len(runs) == 9
-    (_, memory, text), *_, (_, upper, _), (_, best, _) = [d for d in directions(runs) if d[1] != "not run"]
-    sd = statistics.stdev([221.4, 221.5, 219.0]), statistics.stdev([217.0, 218.1, 214.4])
-    assert 221.4 - 216.5 > sum(sd)  # the means' gap, 4.8, exceeds the spread, 3.3
-    assert memory == "holds" and "216.5 ± 1.9 with memory vs 220.6 ± 1.4 without (3 seeds)" in text
-    assert upper == best == "within noise"  # pos1 is 2.0 worse on average, its spread alone 1.0 + pos5's 1.9
+    assert len(runs) == 6
     out = tmp_path / "out"
     write_report(runs, out)
     report = (out / "report.md").read_text()
     assert row(report, "Table 3: memory position", "Perplexity")[4] == "216.5 ± 1.9 (19.8)"
     assert "Without memory (§4.5): 220.6 ± 1.4 (23.0)" in report and "seeds 0, 1, 2" in report
+    assert not (out / "figure6.png").exists() and "figure6.png" not in report
 
 
 def test_measure_and_shows_by_hand():

@@ -1,14 +1,15 @@
 """A reproduction report from run directories: the paper's tables beside ours, figures, what the memory stores.
 
-    python -m xlm_pkm.experiments.report dumped/reproduce/*/tiny --out results/tiny \\
+    python -m xlm_pkm.experiments.report results/tiny/runs --out results/tiny \\
         [--bench benchmarks/results/inference_speed_cpu.json] [--introspect RUN_DIR]
 
 Reads, per run directory: config.yaml, metrics.jsonl (train/valid/test events), the test result
 (test.json from evaluate.py --json, else the last "test" event) and reproduce.json (the table cells
 the run fills, written by xlm_pkm.experiments.reproduce). Runs of one cell with other seeds (reproduce --seeds)
-make one cell: its mean ± the standard deviation over seeds. A direction of the paper "holds" only
-when the gap between the two cells' means, in the paper's direction, exceeds the sum of their
-standard deviations; the opposite gap "does not hold"; a smaller one is "within noise".
+make one cell: its mean ± the standard deviation over seeds. Each direction of the paper is a set of
+comparisons of two cells paired by seed (same seed: same data order): the per-seed differences, their
+mean, 95% t interval and signs, Holm's correction over all the report's comparisons, and the verdict
+"holds" / "reversed" / "inconclusive" of the adjusted interval (xlm_pkm.experiments.paired).
 
 Speeds come only from inference_speed benchmark JSON (--bench: every model timed in one process,
 interleaved), never from the runs' own words/s, which measure whatever else shared the machine.
@@ -28,11 +29,15 @@ import json
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import torch
 import yaml
 
+from xlm_pkm.config import load_config
+from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, Holm, Paired, holm, paired
+from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.runs.table import Measure  # one number over seeds, as `runs compare` shows it
 from xlm_pkm.utils.atomic import write_text
 
@@ -134,6 +139,12 @@ class CellRuns(list):
         """'ppl', or the first memory's 'usage' or 'kl', over the runs; None when a run lacks it."""
         values = [run.test["ppl"] if metric == "ppl" else (run.memory() or {}).get(metric) for run in self]
         return Measure(tuple(values)) if values and None not in values else None
+
+    def by_seed(self, metric: str) -> dict[int, float]:
+        """{seed: its run's 'ppl', or first memory's 'usage' or 'kl'}, for the runs that have it."""
+        values = {run.config["train"]["seed"]: run.test["ppl"] if metric == "ppl" else (run.memory() or {}).get(metric)
+                  for run in self}
+        return {seed: value for seed, value in values.items() if value is not None}
 
     @property
     def config(self) -> dict:
@@ -293,9 +304,11 @@ def runs_md(runs: list[RunData]) -> str:
                       "test ppl", "usage %", "KL", "wall min"], rows)
 
 
-# ---- the paper's directions, checked on whatever was run ---------------------------------------
+# ---- the paper's directions, checked on whatever was run, seed by seed ----------------------------
 
-HOLDS, FAILS, NOISE = "holds", "does not hold", "within noise"
+# The unpaired rule of variants_report.py (its published orderings), kept here beside Measure until the
+# variants study's report replaces it; this report's directions are paired (below).
+FAILS, NOISE = "does not hold", "within noise"  # and HOLDS, paired's word
 
 
 def _beyond(gap: float, noise: float) -> str:
@@ -305,36 +318,117 @@ def _beyond(gap: float, noise: float) -> str:
 
 def shows(better: Measure, worse: Measure, higher_is_better: bool = True) -> str:
     """Whether `better` beats `worse` beyond noise: the gap between their means, in the claimed
-    direction, against the sum of their standard deviations over seeds."""
+    direction, against the sum of their standard deviations over seeds (unpaired)."""
     return _beyond((better.mean - worse.mean) * (1 if higher_is_better else -1), better.sd + worse.sd)
 
 
-def _combined(verdicts: list[str]) -> str:
-    """One verdict of several comparisons: theirs when they agree, else 'mixed (n holds, ...)'."""
-    if len(set(verdicts)) == 1:
-        return verdicts[0]
-    counts = {v: verdicts.count(v) for v in (HOLDS, FAILS, NOISE) if v in verdicts}
-    return "mixed (" + ", ".join(f"{n} {v}" for v, n in counts.items()) + ")"
+@dataclass(frozen=True)
+class Comparison:
+    """The claim that `a` is below `b` in one metric, seed by seed ({seed: value} each): a lower perplexity
+    of the cell the paper favours, or, named the other way round, a lower usage of the one it says uses less."""
+
+    part: str  # which part of the direction it reads: "perplexity", "usage", ...
+    what: str  # a − b in words
+    a: dict[int, float]
+    b: dict[int, float]
+    digits: int = 1
+    unit: str = ""
+
+    def pair(self) -> Paired:
+        return paired(self.a, self.b)
 
 
-def _verdicts(parts: dict[str, str]) -> str:
-    """One verdict of named parts: theirs when they agree, else each part's."""
-    if len(set(parts.values())) == 1:
-        return next(iter(parts.values()))
-    return "partly: " + ", ".join(f"{name} {verdict}" for name, verdict in parts.items())
+def _compare(part: str, what: str, a: CellRuns, b: CellRuns, metric: str) -> Comparison:
+    """A Comparison of two cells' test `metric` (CellRuns.by_seed), with the metric's digits and unit."""
+    digits = next(d for m, _, d in STATS if m == metric)
+    return Comparison(part, what, a.by_seed(metric), b.by_seed(metric), digits, "%" if metric == "usage" else "")
 
 
-def _speed(speeds: dict[tuple, float], fast: tuple, slow: tuple) -> tuple[str, str]:
-    """(verdict, text) of 'fast is faster' from the benchmark's words/s; 'not measured' without them."""
-    if fast not in speeds or slow not in speeds:
-        return "not measured", "speed: no benchmark row"
-    a, b = speeds[fast], speeds[slow]
-    return (HOLDS if a > b else FAILS), f"benchmark {a:,.0f} vs {b:,.0f} words/s"
+@dataclass(frozen=True)
+class Timing:
+    """A speed claim, `fast` faster than `slow`, from the benchmark's one timing of each (words/s; None: no row)."""
+
+    what: str
+    fast: float | None
+    slow: float | None
+
+    def verdict(self) -> str:
+        if self.fast is None or self.slow is None:
+            return "not measured"
+        return "faster" if self.fast > self.slow else "not faster"
+
+    def text(self) -> str:
+        if self.fast is None or self.slow is None:
+            return f"speed, {self.what}: no benchmark row"
+        return f"speed, {self.what}: benchmark {self.fast:,.0f} vs {self.slow:,.0f} words/s (one timing each, no " \
+               f"interval): **{self.verdict()}**"
 
 
-def _seeds(cells) -> str:
-    n = sorted({len(c) for c in cells})
-    return f"{'/'.join(map(str, n))} seed{'s' if n != [1] else ''}"
+@dataclass(frozen=True)
+class Reading:
+    """A direction read from the cells run: its paired comparisons and its speed timings."""
+
+    comparisons: list[Comparison]
+    timings: list[Timing] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A comparison with its paired differences and its Holm correction over the report's comparisons."""
+
+    comparison: Comparison
+    pair: Paired
+    holm: Holm
+
+    def verdict(self) -> str:
+        return self.holm.verdict
+
+    def short(self) -> str:
+        """'mean +6.4, Holm-adjusted [+0.9, +12.0], signs +++'."""
+        d, (lo, hi) = self.comparison.digits, self.holm.interval
+        return f"mean {self.pair.mean:+.{d}f}, Holm-adjusted [{lo:+.{d}f}, {hi:+.{d}f}], signs {self.pair.signs()}"
+
+    def text(self) -> str:
+        """'what: a vs b; per seed …; mean, 95% interval, Holm-adjusted interval (p): verdict'."""
+        c, d, pair = self.comparison, self.comparison.digits, self.pair
+        a, b = (Measure(tuple(side[s] for s in pair.seeds)) for side in (c.a, c.b))
+        seeds = ", ".join(f"{s}: {x:+.{d}f}" for s, x in zip(pair.seeds, pair.diffs))
+        head = f"{c.what}: {a.text(d)}{c.unit} vs {b.text(d)}{c.unit}; per seed {seeds or '·'} ({pair.signs() or '·'})"
+        if pair.n < 2:
+            return f"{head}; fewer than 2 paired seeds, no interval: **{self.verdict()}**"
+        (lo, hi), (alo, ahi) = pair.interval(), self.holm.interval
+        return (f"{head}; mean {pair.mean:+.{d}f}, 95% [{lo:+.{d}f}, {hi:+.{d}f}], Holm-adjusted [{alo:+.{d}f}, "
+                f"{ahi:+.{d}f}] at {100 * self.holm.level:.2f}% (p {self.holm.p:.2g}): **{self.verdict()}**")
+
+
+def _tally(words: list[str]) -> str:
+    """One word when all agree, else 'mixed (2 holds, 1 inconclusive)'."""
+    if len(set(words)) == 1:
+        return words[0]
+    return "mixed (" + ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(words)) + ")"
+
+
+@dataclass(frozen=True)
+class Direction:
+    """A direction of the paper as read here (judged: None when its cells were not run), and a note on it."""
+
+    claim: str
+    judged: list[Judged] | None
+    timings: list[Timing] = field(default_factory=list)
+    note: str = ""
+
+    def verdict(self) -> str:
+        """Each part's verdicts tallied (_tally), the parts named when they differ ('not run': no cells)."""
+        if self.judged is None:
+            return "not run"
+        parts: dict[str, list[str]] = {}
+        for j in self.judged:
+            parts.setdefault(j.comparison.part, []).append(j.verdict())
+        for t in self.timings:
+            parts.setdefault("speed", []).append(t.verdict())
+        tallied = {part: _tally(words) for part, words in parts.items()}
+        return next(iter(tallied.values())) if len(set(tallied.values())) == 1 else \
+            "; ".join(f"{part}: {word}" for part, word in tallied.items())
 
 
 @dataclass(frozen=True)
@@ -352,32 +446,17 @@ class Cells:
 
 
 @dataclass(frozen=True)
-class Reading:
-    """A direction read from the runs: each comparison's (part, verdict), the numbers behind them, and the
-    cells whose seed counts close the numbers (none: the numbers give their seeds themselves, or none)."""
-
-    verdicts: list[tuple[str, str]]
-    numbers: list[str]
-    seeds_of: tuple[CellRuns, ...] = ()
-
-    def verdict(self) -> str:
-        """Each part's comparisons as one verdict (_combined), then the parts as one (_verdicts)."""
-        parts: dict[str, list[str]] = {}
-        for part, verdict in self.verdicts:
-            parts.setdefault(part, []).append(verdict)
-        return _verdicts({part: _combined(verdicts) for part, verdicts in parts.items()})
-
-    def text(self) -> str:
-        return "; ".join(self.numbers) + (f" ({_seeds(self.seeds_of)})" if self.seeds_of else "")
-
-
-@dataclass(frozen=True)
 class Check:
-    """A direction of the paper: the claim as the report words it, and how to read it from the cells run
-    (None: they were not)."""
+    """A direction of the paper: the claim as the report words it, how to read it from the cells run (None: they
+    were not), and optionally a note on what was read (from the cells and the judged comparisons)."""
 
     claim: str
     read: Callable[[Cells], Reading | None]
+    note: Callable[[Cells, list[Judged]], str] | None = None
+
+
+def _slots(cell: CellRuns) -> str:
+    return f"{_slots_label(cell.slots())} slots"
 
 
 def _memory_vs_none(cells: Cells) -> Reading | None:
@@ -385,62 +464,91 @@ def _memory_vs_none(cells: Cells) -> Reading | None:
     memory, base = cells.table2.get((512, True)) or cells.table3.get((5,)), cells.baseline
     if not (memory and base):
         return None
-    a, b = memory.measure("ppl"), base.measure("ppl")
-    return Reading([("perplexity", shows(a, b, higher_is_better=False))],
-                   [f"test ppl {a.text()} with memory vs {b.text()} without"], (memory, base))
+    return Reading([_compare("perplexity", "ppl with − without memory", memory, base, "ppl")])
 
 
 def _shallow_vs_deep(cells: Cells) -> Reading | None:
     """Per width run, Table 1's 12 layers + 1 memory vs 24 layers without: perplexity and speed."""
-    t1 = cells.table1
+    t1, speeds = cells.table1, cells.speeds
     dims = [dim for dim in (1024, 1600) if (12, dim, 1) in t1 and (24, dim, 0) in t1]
-    verdicts, numbers = [], []
-    for dim in dims:
-        shallow, deep = t1[12, dim, 1], t1[24, dim, 0]
-        ps, pd = shallow.measure("ppl"), deep.measure("ppl")
-        faster, speed_text = _speed(cells.speeds, ("table1", 12, dim, 1), ("table1", 24, dim, 0))
-        verdicts += [("perplexity", shows(ps, pd, higher_is_better=False)), ("speed", faster)]
-        numbers.append(f"dim {dim}: ppl {ps.text()} vs {pd.text()} ({_seeds([shallow, deep])}); {speed_text}")
-    return Reading(verdicts, numbers) if dims else None
+    return Reading([_compare("perplexity", f"ppl 12 layers + 1 memory − 24 layers, dim {dim}", t1[12, dim, 1],
+                             t1[24, dim, 0], "ppl") for dim in dims],
+                   [Timing(f"12 layers + 1 memory vs 24 layers, dim {dim}", speeds.get(("table1", 12, dim, 1)),
+                           speeds.get(("table1", 24, dim, 0))) for dim in dims]) if dims else None
 
 
 def _batchnorm_usage(cells: Cells) -> Reading | None:
-    """Table 2's sizes run with and without BatchNorm: usage at the largest, and its gap there against the
-    smallest's (each cell's noise summed)."""
+    """Table 2's sizes run with and without BatchNorm: usage at each, and BN's usage gain at the smallest vs the
+    largest (per seed)."""
     t2 = cells.table2
     sizes = [n for n in KEYS if (n, True) in t2 and (n, False) in t2]
     if not sizes:
         return None
-    usage = {(n, bn): t2[n, bn].measure("usage") for n in sizes for bn in (True, False)}
-    verdicts = [("raises usage", shows(usage[sizes[-1], True], usage[sizes[-1], False]))]
+    out = [_compare("usage", f"usage without − with BN, {_slots(t2[n, True])}", t2[n, False], t2[n, True], "usage")
+           for n in sizes]
     if len(sizes) > 1:
-        ends = (sizes[0], sizes[-1])
-        gap = {n: usage[n, True].mean - usage[n, False].mean for n in ends}
-        noise = sum(usage[n, bn].sd for n in ends for bn in (True, False))
-        verdicts.append(("more so as it grows", _beyond(gap[sizes[-1]] - gap[sizes[0]], noise)))
-    return Reading(verdicts, [f"{_slots_label(t2[n, True].slots())} slots: usage {usage[n, True].text()}% with BN "
-                              f"vs {usage[n, False].text()}% without" for n in sizes], tuple(t2.values()))
+        gain = {}  # {size: {seed: usage with − without BN}}
+        for n in (sizes[0], sizes[-1]):
+            pair = paired(t2[n, True].by_seed("usage"), t2[n, False].by_seed("usage"))
+            gain[n] = dict(zip(pair.seeds, pair.diffs))
+        out.append(Comparison("more so as it grows", f"BN's usage gain at {_slots(t2[sizes[0], True])} − at "
+                              f"{_slots(t2[sizes[-1], True])}", gain[sizes[0]], gain[sizes[-1]], 1, " points"))
+    return Reading(out)
 
 
 def _product_vs_flat(cells: Cells) -> Reading | None:
-    """Per size of Table 4 run with both key types: usage, and the benchmark's speed at the paper's size."""
+    """Per size of Table 4 run with both key types: perplexity and usage; the benchmark's speed at the paper's size."""
     t4 = cells.table4
     sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
-    verdicts, numbers = [], []
+    out = []
     for n in sizes:
-        (pp, up, kp), (pf, uf, kf) = _stats(t4[n, "product"]), _stats(t4[n, "flat"])
-        faster, speed_text = _speed(cells.speeds, ("table4", n, "product"), ("table4", n, "flat"))
-        verdicts += [("usage", shows(up, uf)), ("speed", faster)]
-        numbers.append(f"{_slots_label(t4[n, 'product'].slots())} slots: usage {up.text()}% vs {uf.text()}% "
-                       f"(KL {kp.text(2)} vs {kf.text(2)}), ppl {pp.text()} vs {pf.text()}; at {_slots_label(n * n)} "
-                       f"slots, {speed_text}")
-    return Reading(verdicts, numbers, tuple(t4.values())) if sizes else None
+        product, flat, where = t4[n, "product"], t4[n, "flat"], _slots(t4[n, "product"])
+        out += [_compare("perplexity", f"ppl product − flat keys, {where}", product, flat, "ppl"),
+                _compare("usage", f"usage flat − product keys, {where}", flat, product, "usage")]
+    return Reading(out, [Timing(f"product vs flat keys at {_slots_label(n * n)} slots (the paper's size)",
+                                cells.speeds.get(("table4", n, "product")), cells.speeds.get(("table4", n, "flat")))
+                         for n in sizes]) if sizes else None
 
 
-def _best_upper(t3: dict[tuple, CellRuns]) -> Measure | None:
-    """The lower perplexity of Table 3's positions 4 and 5, of those run."""
-    upper = [t3[(p,)].measure("ppl") for p in (4, 5) if (p,) in t3]
-    return min(upper, key=lambda m: m.mean) if upper else None
+def memory_parameters(config: dict) -> tuple[int, int]:
+    """(keys, values) parameters of the first memory of a run's config.yaml, its model built on the meta device."""
+    cfg = load_config(start=config)
+    with torch.device("meta"):
+        model = TransformerLM(replace(cfg.model, vocab_size=1000))
+    memory = model.memories()[0][1]
+    return (sum(p.numel() for p in memory.keys.parameters()), sum(p.numel() for p in memory.values.parameters()))
+
+
+def _flat_keys_note(cells: Cells, judged: list[Judged]) -> str:
+    """Table 4 read: flat keys' usage against the paper's collapse (absent where flat keys use as much on average),
+    each key type's key parameters, and, where the perplexity is reversed, the likely cause."""
+    t4 = cells.table4
+    sizes = [n for n in KEYS if (n, "flat") in t4 and (n, "product") in t4]
+    usage = ", ".join(f"{t4[n, 'flat'].measure('usage').text()}% at {_slots(t4[n, 'flat'])} (the paper's at "
+                      f"{_slots_label(n * n)}: {PAPER['table4'][n, 'flat'][1]}%)" for n in sizes)
+    as_much = all(t4[n, "flat"].measure("usage").mean >= t4[n, "product"].measure("usage").mean for n in sizes)
+    collapse = ": as much as the product keys', the paper's collapse of flat-key usage does not appear" if as_much \
+        else ""
+    params = {(n, kind): memory_parameters(t4[n, kind].config) for n in sizes for kind in ("flat", "product")}
+    budget = "; ".join(f"{_slots(t4[n, 'flat'])}: flat keys {params[n, 'flat'][0]:,}, product keys "
+                       f"{params[n, 'product'][0]:,}, values {params[n, 'product'][1]:,} in both" for n in sizes)
+    big, run = sizes[-1], t4[sizes[-1], "flat"].config
+    tokens = run["train"]["max_steps"] * run["data"]["batch_size"] * run["data"]["bptt"]
+    ppl = [j for j in judged if j.comparison.part == "perplexity"]  # product − flat, one per size
+    found = "; ".join(f"{_slots(t4[n, 'flat'])} {j.verdict()}, {j.short()}" for n, j in zip(sizes, ppl))
+    cause = (f" Flat keys have the lower perplexity here, against the paper (product − flat keys, {found}). A likely "
+             f"cause: flat keys are heads × slots × k_dim parameters (product keys: heads × 2 × √slots × k_dim/2), "
+             f"at {_slots(t4[big, 'flat'])} {params[big, 'flat'][0]:,} against {params[big, 'product'][0]:,}, a large "
+             f"key budget the product keys do not have; and the model is tiny ({run['model']['n_layers']} layers × "
+             f"{run['model']['dim']}) and trained briefly ({tokens:,} tokens)."
+             if any(j.verdict() == REVERSED for j in ppl) else "")
+    return f"Flat keys' usage: {usage}{collapse}. Key parameters per memory: {budget}.{cause}"
+
+
+def _best_upper(t3: dict[tuple, CellRuns]) -> tuple[int, CellRuns] | None:
+    """(position, runs) of the lower mean perplexity of Table 3's positions 4 and 5, of those run."""
+    upper = [(p, t3[(p,)]) for p in (4, 5) if (p,) in t3]
+    return min(upper, key=lambda item: item[1].measure("ppl").mean) if upper else None
 
 
 def _upper_vs_first(cells: Cells) -> Reading | None:
@@ -449,22 +557,20 @@ def _upper_vs_first(cells: Cells) -> Reading | None:
     best = _best_upper(t3)
     if best is None or (1,) not in t3:
         return None
-    first = t3[(1,)].measure("ppl")
-    return Reading([("perplexity", shows(best, first, higher_is_better=False))],
-                   [f"test ppl {best.text()} (best of layers 4/5) vs {first.text()} (layer 1)"], tuple(t3.values()))
+    return Reading([_compare("perplexity", f"ppl layer {best[0]} (the better of 4/5) − layer 1", best[1], t3[(1,)],
+                             "ppl")])
 
 
 def _upper_is_best(cells: Cells) -> Reading | None:
     """Table 3: the better of positions 4 and 5 vs the best of the other positions run: perplexity."""
     t3 = cells.table3
     best = _best_upper(t3)
-    others = {p: t3[(p,)].measure("ppl") for p in (1, 2, 3, 6) if (p,) in t3}
+    others = {p: t3[(p,)] for p in (1, 2, 3, 6) if (p,) in t3}
     if best is None or not others:
         return None
-    rival, rival_ppl = min(others.items(), key=lambda item: item[1].mean)
-    return Reading([("perplexity", shows(best, rival_ppl, higher_is_better=False))],
-                   [f"test ppl {best.text()} (best of layers 4/5) vs {rival_ppl.text()} (layer {rival}, the best of "
-                    f"the others run: {', '.join(map(str, others))})"])
+    rival, runs = min(others.items(), key=lambda item: item[1].measure("ppl").mean)
+    return Reading([_compare("perplexity", f"ppl layer {best[0]} (the better of 4/5) − layer {rival} (the best of "
+                             f"the others run: {', '.join(map(str, others))})", best[1], runs, "ppl")])
 
 
 def _hk(cell: CellRuns) -> str:
@@ -477,10 +583,8 @@ def _heads_and_k_usage(cells: Cells) -> Reading | None:
     f6 = cells.figure6
     steps = sorted((a, b) for a in f6 for b in f6
                    if a[0] <= b[0] and a[1] <= b[1] and (a[0] < b[0]) + (a[1] < b[1]) == 1)  # one of them grows
-    usage = {key: cell.measure("usage") for key, cell in f6.items()}
-    return Reading([("usage", shows(usage[b], usage[a])) for a, b in steps],
-                   [f"{_hk(f6[a])} {usage[a].text()}% -> {_hk(f6[b])} {usage[b].text()}%" for a, b in steps],
-                   tuple(f6.values())) if steps else None
+    return Reading([_compare("usage", f"usage {_hk(f6[a])} − {_hk(f6[b])}", f6[a], f6[b], "usage")
+                    for a, b in steps]) if steps else None
 
 
 # The paper's directions, in the report's order: a new direction is one entry here.
@@ -489,21 +593,54 @@ CHECKS = [
     Check("A shallower model with a memory beats a deeper one without, and is faster (Table 1: 12 layers + 1 "
           "memory vs 24 layers)", _shallow_vs_deep),
     Check("BatchNorm raises usage, the more so as the memory grows (Table 2)", _batchnorm_usage),
-    Check("Product keys use more of the memory than flat keys, and run faster (Table 4)", _product_vs_flat),
+    Check("Product keys give a lower perplexity than flat keys, use more of the memory, and run faster (Table 4: at "
+          "147k slots 20.7 vs 22.1, usage 99.6% vs 10.1%)", _product_vs_flat, _flat_keys_note),
     Check("A memory in an upper-middle layer (4 or 5 of 6) beats one at layer 1 (Table 3)", _upper_vs_first),
     Check("The best position is layer 4 or 5 of 6 (Table 3: 5 best, 4 next)", _upper_is_best),
     Check("More memory heads and a larger k raise usage (Figure 6)", _heads_and_k_usage),
 ]
 
 
-def directions(runs: list[RunData], speeds: dict[tuple, float] | None = None) -> list[tuple[str, str, str]]:
-    """[(direction, verdict, the numbers)] for each of CHECKS; verdict: 'holds', 'does not hold',
-    'within noise' (see shows), a combination of them, or 'not run'. Speeds only from `speeds`
-    (bench_speeds), never from the runs."""
+def directions(runs: list[RunData], speeds: dict[tuple, float] | None = None) -> list[Direction]:
+    """Each of CHECKS read from the runs: its comparisons paired by seed, Holm's correction over all of them
+    (paired.holm), verdicts 'holds', 'reversed', 'inconclusive'; speeds only from `speeds` (bench_speeds)."""
     cells = Cells(*(by_cell(runs, table) for table in ("table1", "table2", "table3", "table4", "figure6")),
                   baseline_runs(runs), speeds or {})
-    readings = [(check.claim, check.read(cells)) for check in CHECKS]
-    return [(claim, "not run", "") if r is None else (claim, r.verdict(), r.text()) for claim, r in readings]
+    readings = [(check, check.read(cells)) for check in CHECKS]
+    comparisons = [c for _, r in readings if r for c in r.comparisons]
+    pairs = [c.pair() for c in comparisons]
+    judged = iter([Judged(c, p, h) for c, p, h in zip(comparisons, pairs, holm(pairs))])
+    out = []
+    for check, reading in readings:
+        if reading is None:
+            out.append(Direction(check.claim, None))
+            continue
+        mine = [next(judged) for _ in reading.comparisons]
+        out.append(Direction(check.claim, mine, reading.timings, check.note(cells, mine) if check.note else ""))
+    return out
+
+
+def directions_md(found: list[Direction]) -> str:
+    """The tally of every paired comparison's verdict, the reversed and inconclusive ones named, then each
+    direction with its verdict, each comparison and timing, and its note."""
+    judged = [j for d in found if d.judged for j in d.judged]
+    counts = {w: sum(j.verdict() == w for j in judged) for w in (HOLDS, REVERSED, INCONCLUSIVE)}
+    summary = [f"Of the {len(judged)} paired comparisons (Holm over all of them): "
+               + ", ".join(f"{n} {'hold' if w == HOLDS and n != 1 else w}" for w, n in counts.items()) + "."]
+    reversed_ = [j for j in judged if j.verdict() == REVERSED]
+    if reversed_:
+        summary.append(f"**{REVERSED.capitalize()}**: " + "; ".join(f"{j.comparison.what} ({j.short()})"
+                                                                    for j in reversed_) + ".")
+    inconclusive = [j.comparison.what for j in judged if j.verdict() == INCONCLUSIVE]
+    if inconclusive:
+        summary.append(f"**{INCONCLUSIVE.capitalize()}** (each with its intervals below): " + "; ".join(inconclusive)
+                       + ".")
+    items = []
+    for d in found:
+        items.append(f"- **{d.claim}**: {d.verdict()}")
+        items += [f"    - {item.text()}" for item in (*(d.judged or ()), *d.timings)]
+        items += [f"    - {d.note}"] if d.note else []
+    return "\n\n".join(summary) + "\n\n" + "\n".join(items)
 
 
 # ---- figures ---------------------------------------------------------------------------------
@@ -682,15 +819,21 @@ def write_report(runs: list[RunData], out: Path, benches: list[dict] = (), intro
         "paper does not report. Ours is the mean ± the standard deviation over the cell's seeds (a bare number: "
         "one seed). At a reduced scale the sizes differ from the paper's (see xlm_pkm/experiments/reproduce.py); "
         "the column labels give ours.",
-        "A direction **holds** when the gap between the two cells' means, in the paper's direction, exceeds the sum "
-        "of their standard deviations over seeds (with one seed, any gap), **does not hold** when the opposite gap "
-        "does, and is **within noise** otherwise.",
+        "**Directions, seed by seed.** Each direction of the paper is read as comparisons of two cells, each the "
+        "claim that cell a is below cell b (a lower perplexity of the cell the paper favours; for usage, which "
+        "the paper says a design raises, a is the cell it says uses less). Seeds pair the runs (same seed: same data "
+        "order), so a comparison gives the per-seed differences a − b, their sign on each seed (− as claimed), "
+        "their mean and its 95% interval (Student t with n − 1 degrees of freedom; "
+        "xlm_pkm/experiments/paired.py). Over all the comparisons of this report, Holm's correction: the adjusted "
+        f"interval is the t interval at level 1 − {ALPHA:g} / (m − min(i, s) + 1), i the rank of the comparison's "
+        f"p-value, s the first rank Holm does not reject. The verdict follows from it: **{HOLDS}** when it lies "
+        f"below 0, **{REVERSED}** when above 0, **{INCONCLUSIVE}** when it contains 0 (as always below two seeds).",
         "Speeds are never the runs' own: a training run's words/s measures whatever else shared the machine (two "
-        "runs of the same cost differed by 2× here). Speed verdicts and the speed row of Table 4 come from the "
+        "runs of the same cost differed by 2× here). Speed claims and the speed row of Table 4 come from the "
         "inference_speed benchmark (every model timed in one process, interleaved; paper-size, untrained models) "
-        "given with --bench, at the paper's sizes; without it they are \"not measured\".",
-        "## The paper's directions\n\n" + _md_table(["direction", "here", "numbers"],
-                                                     [list(d) for d in directions(runs, speeds)]),
+        "given with --bench, at the paper's sizes: one timing per model, so no interval; a speed claim reads "
+        "**faster** or **not faster**, and \"not measured\" without a benchmark row.",
+        "## The paper's directions\n\n" + directions_md(directions(runs, speeds)),
         "## Table 1: test perplexity, with and without memory\n\n" + table1_md(runs),
         "## Table 2: memory size, with and without query BatchNorm\n\n" + table2_md(runs)
         + "\n\nWithout memory (§4.5): " + _pair(base.measure("ppl") if base else None, PAPER["baseline"]),
