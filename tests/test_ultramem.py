@@ -196,6 +196,9 @@ def test_values_lr_decay_is_its_formula_and_the_default_is_constant():
         assert values_lr(step, cfg) == pytest.approx(expected, rel=1e-12)
     default = OptimConfig()
     assert all(values_lr(step, default) == default.values_lr for step in (1, 7, 10**6))  # bit for bit
+    own = dataclasses.replace(cfg, values_lr=4e-3, values_lr_decay_base="values_lr")  # no warm-up, as values_lr
+    for step in (0, 1, 10, 50, 100, 101, 400):
+        assert values_lr(step, own) == pytest.approx(4e-3 * (1 + 9 * max(0.0, 1 - step / 100)), rel=1e-12)
 
 
 def test_refusals():
