@@ -10,7 +10,7 @@ import torch
 import yaml
 
 from tests.test_report import make_run
-from xlm_pkm.config import load_config
+from xlm_pkm.config import load_config, to_dict
 from xlm_pkm.experiments import variants_report
 from xlm_pkm.experiments.reproduce import MATCHED, REPO, SCALES, TABLES, model_size, plan
 from xlm_pkm.experiments.study_plan import load_study
@@ -54,6 +54,22 @@ def test_the_values_lr_decay_spans_the_scaled_run(tmp_path):
     (run,), _ = plan("variants", SCALES["tiny"], tmp_path, only=["ultramem"])
     cfg = load_config(REPO / run.config, run.overrides)
     assert cfg.optim.values_lr_decay_steps == cfg.train.max_steps == 400  # 500,000 of 500,000 at the paper's
+
+
+def test_ultramem_steps_add_table_2s_rows_in_its_order():
+    """Query/key LayerNorm comes after "+rm softmax" and before "+IVE" in Table 2: step 1b, kept by every later
+    step; IVE and the steps after it initialise its values as the released code; ultramem.yaml is step 5."""
+    paper = REPO / "configs/variants/paper"
+    steps = ["pkm", "ultramem_step1_no_softmax", "ultramem_step1b_qk_layernorm", "ultramem_step2_ive",
+             "ultramem_step3_tdqkr", "ultramem_step4_mcs", "ultramem_step5_value_lr_decay"]
+    memory = {step: load_config(paper / f"{step}.yaml").model.memory for step in steps}
+    assert [memory[s].qk_layernorm for s in steps] == [False, False, True, True, True, True, True]
+    assert [memory[s].score for s in steps] == ["softmax", *["identity"] * 6]
+    assert [memory[s].values == "expanded" and memory[s].expanded.init == "released" for s in steps] == [
+        False, False, False, True, True, True, True]
+    whole, step5 = (to_dict(load_config(paper / f"{name}.yaml")) for name in ("ultramem", steps[-1]))
+    assert whole["train"].pop("exp_name") == "variant_ultramem" and step5["train"].pop("exp_name")
+    assert whole == step5
 
 
 def test_step5_decays_the_values_lr_from_ten_times_step4s_to_step4s():

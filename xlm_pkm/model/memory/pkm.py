@@ -91,6 +91,9 @@ class MemoryConfig:
     gated: bool = field(default=False, metadata=architecture())
     # L2-normalise queries and keys (product: each half) before scoring
     qk_norm: bool = field(default=False, metadata=architecture())
+    # LayerNorm queries and keys (product, tucker: each half and sub-key) before scoring, learned gains, no bias
+    # (UltraMem's query/key LN, keys.py)
+    qk_layernorm: bool = field(default=False, metadata=architecture())
     # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
     share_keys: bool = field(default=False, metadata=architecture())
     # softmax(scores / temperature) over the selected keys; 1: the paper
