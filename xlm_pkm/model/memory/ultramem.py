@@ -298,6 +298,9 @@ class ExpandedValues(ValueStore):
         self.register_parameter("proj", nn.Parameter(torch.randn(E, D_v, output_dim) * proj_std) if project else None)
         self.register_buffer("shuffle", torch.randperm(n_slots) if E > 1 else None)
 
+    def projections(self) -> list[nn.Parameter]:
+        return [] if self.proj is None else [self.proj]
+
     def physical_rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Virtual slots -> (their rows of `weight`, their blocks p), each like `slots`."""
         if self.shuffle is None:
