@@ -38,8 +38,8 @@ def scheduled_lr(step: int, cfg: OptimConfig) -> float:
 def values_lr(step: int, cfg: OptimConfig) -> float:
     """The memory values' learning rate at optimizer step `step` (1-based): values_lr, constant; or, with
     values_lr_decay_steps = S > 0, UltraMem's value lr decay (Huang et al. 2025, Table 2 "+value lr decay": the
-    values' lr starts at 10x and decays linearly to 1x over training), a factor on the lr the values would
-    otherwise have, their base (optim.values_lr_decay_base):
+    values' lr starts at 10x the other parameters' and decays linearly to 1x over training, as summaries of the
+    paper give it), a factor on the lr the values would otherwise have, their base (optim.values_lr_decay_base):
 
         lr_values(t) = base(t) · (1 + (F - 1) · max(0, 1 - t / S))      F = values_lr_start_factor
 
