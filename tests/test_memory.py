@@ -134,25 +134,38 @@ def test_gradients_match_finite_differences_in_float64(options, one_thread):
         assert memory.get_parameter(name).grad.abs().sum() > 0, name
 
 
+def naive_layer_norm(v, gain):
+    """LayerNorm of one vector, written out: gain ⊙ (v - mean) / sqrt(biased variance + 1e-5)."""
+    centred = v - v.sum() / v.numel()
+    return gain * centred / torch.sqrt((centred * centred).sum() / v.numel() + 1e-5)
+
+
 def naive_output(memory, x):
     """The layer written out one token and one head at a time (float64): every slot's score from the
     keys as the paper defines them (product: [c_i, c'_j], each half-query against its half; qk_norm:
-    each normalised first), the top-knn by sorting, softmax, the weighted rows summed over heads."""
+    each normalised first; qk_layernorm: each LayerNormed first), the top-knn by sorting, softmax, the
+    weighted rows summed over heads."""
     cfg = memory.cfg
     q = memory.normalize_queries(memory.query_net(x))  # (N, H, k_dim)
     weight = memory.keys.weight.expand(cfg.heads, *memory.keys.weight.shape[1:])
-    norm = (lambda v: v / v.norm()) if cfg.qk_norm else (lambda v: v)
+    gq, gk = (memory.keys.query_gain, memory.keys.key_gain) if cfg.qk_layernorm else (None, None)
+
+    def norm(v, gain):
+        if cfg.qk_norm:
+            return v / v.norm()
+        return v if gain is None else naive_layer_norm(v, gain)
+
     out = []
     for t in range(x.shape[0]):
         total = torch.zeros(memory.output_dim, dtype=x.dtype)
         for h in range(cfg.heads):
             if cfg.key_type == "product":
                 half, n = cfg.k_dim // 2, cfg.n_keys
-                s = torch.stack([norm(q[t, h, :half]) @ norm(weight[h, 0, i])
-                                 + norm(q[t, h, half:]) @ norm(weight[h, 1, j])
+                s = torch.stack([norm(q[t, h, :half], gq) @ norm(weight[h, 0, i], gk)
+                                 + norm(q[t, h, half:], gq) @ norm(weight[h, 1, j], gk)
                                  for i in range(n) for j in range(n)])  # (n²,) slot i·n + j
             else:
-                s = torch.stack([norm(q[t, h]) @ norm(weight[h, slot]) for slot in range(memory.n_slots)])
+                s = torch.stack([norm(q[t, h], gq) @ norm(weight[h, slot], gk) for slot in range(memory.n_slots)])
             best = sorted(range(memory.n_slots), key=lambda slot: -s[slot].item())[:cfg.knn]
             w = torch.softmax(s[best] / cfg.temperature, 0)
             total = total + sum(w[r] * memory.values.weight[slot] for r, slot in enumerate(best))
@@ -162,7 +175,8 @@ def naive_output(memory, x):
 
 @pytest.mark.parametrize("options", [dict(), dict(sparse=True), dict(key_type="flat"), dict(share_keys=True),
                                      dict(qk_norm=True, temperature=0.5, sparse=True),
-                                     dict(key_type="flat", share_keys=True, qk_norm=True)])
+                                     dict(key_type="flat", share_keys=True, qk_norm=True), dict(qk_layernorm=True),
+                                     dict(key_type="flat", qk_layernorm=True, sparse=True)])
 def test_output_and_every_gradient_equal_the_naive_layer_in_float64(options, one_thread):
     """The search's backward through the selected keys only (selected_scores.py) and the sparse rows
     (value_read.slot_sums) against autograd through the dense, written-out computation."""
@@ -171,6 +185,9 @@ def test_output_and_every_gradient_equal_the_naive_layer_in_float64(options, one
     memory = small_memory(input_dim=6, output_dim=5, n_keys=4, k_dim=4, heads=2, knn=3, query_norm="layernorm",
                           **options).double()
     memory.sparse_values = sparse
+    if memory.cfg.qk_layernorm:  # gains of their own, not the init's constant
+        with torch.no_grad():
+            memory.keys.query_gain.uniform_(0.5, 1.5), memory.keys.key_gain.uniform_(-1.5, -0.5)
     x = torch.randn(7, 6, dtype=torch.float64, requires_grad=True)
     ours, ref = memory(x), naive_output(memory, x)
     assert (ours - ref).abs().max() <= 1e-10

@@ -1,5 +1,6 @@
 """Memory usage statistics against hand-computed numbers, and how a memory accumulates them."""
 
+import json
 import math
 
 import pytest
@@ -56,3 +57,45 @@ def test_memory_accumulates_only_in_eval_with_track_stats():
     assert not any("stat" in key for key in memory.state_dict())
     memory.reset_stats()
     assert not memory.slot_weights().any()
+
+
+ULTRAMEM = ["model.memory.key_type=tucker", "model.memory.tucker.cores=2", "model.memory.values=expanded",
+            "model.memory.expanded.expansion=2", "model.memory.expanded.init=released", "model.memory.score=identity",
+            "model.memory.qk_layernorm=true"]
+
+
+@pytest.mark.parametrize("extra", [[], ["model.memory.values=peer", "model.memory.share_keys=true"], ULTRAMEM],
+                         ids=["pkm", "peer", "ultramem"])
+def test_logged_weight_and_output_norms_equal_a_recomputation(tiny_run, tmp_path, extra):
+    """The last valid event of a tiny run (at its last step, nothing trains after it) against the trained model:
+    the mean |w| of the value tables (PEER's two) and of UltraMem's projections from its weights, and the mean
+    L2 norm of the memory's outputs from the valid batches run through the model again, caught by a hook."""
+    trainer = tiny_run(tmp_path, "train.exp_id=norms", "train.max_steps=3", *extra)
+    events = [json.loads(line) for line in (trainer.run_dir / "metrics.jsonl").read_text().splitlines()]
+    valid = [e for e in events if e["event"] == "valid"]
+    assert valid[-1]["step"] == 3
+    (logged,) = valid[-1]["memories"]
+    ((layer, memory),) = trainer.model.memories()
+    assert logged["layer"] == layer
+    tables = [p.detach().double() for name, p in memory.values.named_parameters() if name != "proj"]
+    assert len(tables) == (2 if "model.memory.values=peer" in extra else 1)
+    assert logged["value_abs_mean"] == pytest.approx(
+        sum(t.abs().sum().item() for t in tables) / sum(t.numel() for t in tables), rel=1e-12)
+    if extra == ULTRAMEM:
+        assert logged["proj_abs_mean"] == pytest.approx(memory.values.proj.detach().double().abs().mean().item(),
+                                                        rel=1e-12)
+    else:
+        assert "proj_abs_mean" not in logged
+
+    outputs = []
+    hook = memory.register_forward_hook(lambda module, args, out: outputs.append(out.detach().double()))
+    model, stream = trainer.model.eval(), trainer.valid_stream
+    model.reset_stream_state(training=False)
+    stream.rewind()
+    with torch.no_grad():
+        for (x, y), _ in zip(stream, range(trainer.cfg.train.eval_max_batches)):
+            model(x, targets=y)
+    hook.remove()
+    norms = torch.cat([o.reshape(-1, o.shape[-1]) for o in outputs]).norm(dim=-1)  # one per position evaluated
+    assert norms.numel() == valid[-1]["tokens"]
+    assert logged["out_norm"] == pytest.approx(norms.mean().item(), rel=1e-12)

@@ -12,7 +12,7 @@ import torch
 
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
 from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
-from xlm_pkm.model.memory.ultramem import ExpandedConfig, TuckerConfig
+from xlm_pkm.model.memory.ultramem import ExpandedConfig, ExpandedValues, TuckerConfig
 from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 from xlm_pkm.optim.optimizers import OptimConfig, Optimizers
 from xlm_pkm.optim.schedule import values_lr
@@ -28,18 +28,28 @@ def replace(cfg: MemoryConfig, tucker: dict | None = None, expanded: dict | None
                                expanded=dataclasses.replace(cfg.expanded, **(expanded or {})))
 
 
-def naive_grid(q, weight, core, qk_norm=False):
+def layer_norm_rows(v, gain):
+    """LayerNorm of each row of v (..., d), written out: gain ⊙ (v - mean) / sqrt(biased variance + 1e-5)."""
+    centred = v - v.mean(-1, keepdim=True)
+    return gain * centred / torch.sqrt(centred.square().mean(-1, keepdim=True) + 1e-5)
+
+
+def naive_grid(q, weight, core, qk_norm=False, gains=None):
     """Every slot's score per core, from the equations: S_row = K_row q_row, S_col = K_col q_col (r, n) each,
     S_grid^(c) = S_rowᵀ C^(c) S_col (n, n). q (N, H, k_dim), weight (H, 2, n, r, k_dim/2), core (H, C, r, r)
-    -> (N, H, C, n²), slot i·n + j. qk_norm: each half-query and each key component divided by its norm."""
+    -> (N, H, C, n²), slot i·n + j. qk_norm: each half-query and each key component divided by its norm;
+    gains (query gain, key gain): each LayerNormed with them (query/key LN)."""
     N, H, d = q.shape
     n, C = weight.shape[2], core.shape[1]
-    unit = (lambda v: v / v.norm(dim=-1, keepdim=True)) if qk_norm else (lambda v: v)
+    if gains is not None:
+        qn, kn = (lambda v: layer_norm_rows(v, gains[0])), (lambda v: layer_norm_rows(v, gains[1]))
+    else:
+        qn = kn = (lambda v: v / v.norm(dim=-1, keepdim=True)) if qk_norm else (lambda v: v)
     out = torch.zeros(N, H, C, n * n, dtype=q.dtype)
     for t in range(N):
         for h in range(H):
-            S_row = unit(weight[h, 0]).permute(1, 0, 2) @ unit(q[t, h, : d // 2])  # (r, n)
-            S_col = unit(weight[h, 1]).permute(1, 0, 2) @ unit(q[t, h, d // 2 :])  # (r, n)
+            S_row = kn(weight[h, 0]).permute(1, 0, 2) @ qn(q[t, h, : d // 2])  # (r, n)
+            S_col = kn(weight[h, 1]).permute(1, 0, 2) @ qn(q[t, h, d // 2 :])  # (r, n)
             for c in range(C):
                 out[t, h, c] = (S_row.T @ core[h, c] @ S_col).reshape(-1)
     return out
@@ -51,7 +61,8 @@ def naive_output(memory, x):
     out = Σ_heads Σ_knn Σ_cores s^(c) · that."""
     lin = memory.query_net[0]
     q = (x @ lin.weight.T + lin.bias).view(x.shape[0], memory.heads, -1)
-    grid = naive_grid(q, memory.keys.weight, memory.keys.core)  # (N, H, C, n²)
+    gains = (memory.keys.query_gain, memory.keys.key_gain) if memory.cfg.qk_layernorm else None
+    grid = naive_grid(q, memory.keys.weight, memory.keys.core, gains=gains)  # (N, H, C, n²)
     best = grid.sum(2).topk(memory.knn, dim=-1).indices  # (N, H, K): brute force over all slots
     scores = grid.gather(3, best[:, :, None].expand(-1, -1, grid.shape[2], -1))  # (N, H, C, K)
     store = memory.values
@@ -75,16 +86,24 @@ def full_memory(**fields):
     return ProductKeyMemory(7, 6, replace(FULL, **fields)).double()
 
 
+def random_gains(keys):
+    """Gains of their own for a search's query/key LayerNorms (not the init's constant); their values."""
+    with torch.no_grad():
+        keys.query_gain.uniform_(0.5, 1.5), keys.key_gain.uniform_(-1.5, -0.5)
+    return keys.query_gain, keys.key_gain
+
+
 @pytest.mark.parametrize("fields", [{}, dict(tucker=dict(cores=1, rank=1)), dict(qk_norm=True, heads=1, knn=6),
-                                    dict(tucker=dict(both_signs=True))])
+                                    dict(tucker=dict(both_signs=True)), dict(qk_layernorm=True)])
 def test_search_with_m_equal_n_keys_is_brute_force(fields):
     torch.manual_seed(1)
     cfg = replace(FULL, **fields)
     keys = KEY_SEARCHES["tucker"](cfg).double()
+    gains = random_gains(keys) if cfg.qk_layernorm else None
     q = torch.randn(20, cfg.heads, cfg.k_dim, dtype=torch.float64)
     with torch.no_grad():
         scores, indices = keys.search(q)
-        grid = naive_grid(q, keys.weight, keys.core, cfg.qk_norm)  # (N, H, C, n²)
+        grid = naive_grid(q, keys.weight, keys.core, cfg.qk_norm, gains)  # (N, H, C, n²)
     total = grid.sum(2)
     expected_scores, expected = total.topk(cfg.knn, dim=-1)
     assert torch.equal(indices, expected)
@@ -137,9 +156,12 @@ def test_all_scores_is_the_dense_grid():
 
 
 @pytest.mark.parametrize("fields", [{}, dict(expanded=dict(expansion=1, value_dim=0)),
-                                    dict(expanded=dict(expansion=2), tucker=dict(cores=3))])
+                                    dict(expanded=dict(expansion=2), tucker=dict(cores=3)),
+                                    dict(qk_layernorm=True, expanded=dict(init="released"))])
 def test_layer_output_and_gradients_equal_the_naive_equations(fields):
     memory = full_memory(**fields)
+    if memory.cfg.qk_layernorm:
+        random_gains(memory.keys)
     assert (memory.values.proj is None) == (fields.get("expanded", {}).get("expansion") == 1)
     x = torch.randn(9, 7, dtype=torch.float64, requires_grad=True)
     out = memory(x)
@@ -152,6 +174,33 @@ def test_layer_output_and_gradients_equal_the_naive_equations(fields):
     for g, e in zip(grads, expected_grads):
         torch.testing.assert_close(g, e, rtol=0, atol=1e-10)
     assert best.unique().numel() > memory.knn  # the tokens read different slots
+
+
+def test_released_init_statistics_and_the_default_kept():
+    """expanded.init=released: physical values N(0, 0.02²), projections N(0, 1/(E·D_v)) (UltraMem's released code,
+    olmo/ultramem_layer.py reset_parameters), within sampling tolerance (the standard error of a sample std is
+    about std / sqrt(2n): under 0.2% for the 262,144 values, 0.6% for the 16,384 projection entries); the query/key
+    LayerNorms' gains (k_dim/2)^-0.33. The default (fan_in) is the earlier init draw for draw: N(0, 1/D_v) both."""
+    E, D_v, out = 4, 64, 64
+    cfg = replace(FULL, n_keys=128, k_dim=16, qk_layernorm=True, tucker=dict(cores=1, topm=0),
+                  expanded=dict(expansion=E, value_dim=D_v, init="released"))
+    torch.manual_seed(5)
+    store = ExpandedValues(cfg, 7, out, 128**2)
+    values, proj = store.weight.detach().double(), store.proj.detach().double()
+    assert values.shape == (128**2 // E, D_v) and proj.shape == (E, D_v, out)
+    for tensor, std in ((values, 0.02), (proj, (E * D_v) ** -0.5)):
+        n = tensor.numel()
+        assert abs(tensor.std().item() / std - 1) < 5 / math.sqrt(2 * n), (tensor.std().item(), std)
+        assert abs(tensor.mean().item()) < 5 * std / math.sqrt(n)
+    keys = KEY_SEARCHES["tucker"](cfg)
+    assert torch.equal(keys.query_gain, torch.full((8,), 8**-0.33)) and torch.equal(keys.key_gain, keys.query_gain)
+
+    torch.manual_seed(6)
+    store = ExpandedValues(replace(cfg, expanded=dict(init="fan_in")), 7, out, 128**2)
+    torch.manual_seed(6)
+    assert torch.equal(store.weight, torch.randn(128**2 // E, D_v) * D_v**-0.5)
+    assert torch.equal(store.proj, torch.randn(E, D_v, out) * D_v**-0.5)
+    assert ExpandedConfig().init == "fan_in" and not MemoryConfig().qk_layernorm  # earlier configs: as before
 
 
 def test_sparse_table_gradient_equals_dense_with_one_row_per_physical_value_read():
@@ -196,6 +245,9 @@ def test_values_lr_decay_is_its_formula_and_the_default_is_constant():
         assert values_lr(step, cfg) == pytest.approx(expected, rel=1e-12)
     default = OptimConfig()
     assert all(values_lr(step, default) == default.values_lr for step in (1, 7, 10**6))  # bit for bit
+    own = dataclasses.replace(cfg, values_lr=4e-3, values_lr_decay_base="values_lr")  # no warm-up, as values_lr
+    for step in (0, 1, 10, 50, 100, 101, 400):
+        assert values_lr(step, own) == pytest.approx(4e-3 * (1 + 9 * max(0.0, 1 - step / 100)), rel=1e-12)
 
 
 def test_refusals():
@@ -212,6 +264,8 @@ def test_refusals():
         (dict(expanded=dict(value_dim=7)), r"^memory.tucker.cores=2 must divide the physical value width 7"),
         (dict(shard_values=True), r"^memory.values=expanded is not sharded: .* set memory.shard_values=false$"),
         (dict(key_type="product"), r"^memory.tucker.cores=2 needs key_type=tucker"),
+        (dict(qk_norm=True, qk_layernorm=True),
+         r"^memory.qk_norm and memory.qk_layernorm both normalise the queries and keys: set one$"),
         (dict(tucker=dict(aux_coeff=-1.0)),
          r"^memory.tucker.aux_coeff=-1.0 and memory.tucker.aux_margin=0.15 must be >= 0$"),
     ]

@@ -135,6 +135,12 @@ def check_against_reference(rank: int, world: int, folder: str) -> None:
     stats, ref_stats = memory.stats(), ref_memory.stats()
     assert stats == pytest.approx(ref_stats, rel=1e-6)  # the weights: float rounding of the stepped queries
     assert torch.equal(memory.slot_stats.counts, ref_memory.slot_stats.counts)  # the same slots read
+    # the norms' (sum, count) pairs summed over ranks (this rank's columns and positions) give the whole's means
+    ref_sums = ref_memory.norm_sums()
+    for name, sums in memory.norm_sums().items():
+        dist.all_reduce(sums)
+        assert (sums[0] / sums[1]).item() == pytest.approx((ref_sums[name][0] / ref_sums[name][1]).item(), rel=1e-6)
+    assert sorted(ref_sums) == ["out_norm", "value_abs_mean"]
     model.train()
 
     # fp16: an overflow in one rank's shard skips the step on every rank

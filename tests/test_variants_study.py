@@ -10,10 +10,12 @@ import torch
 import yaml
 
 from tests.test_report import make_run
-from xlm_pkm.config import load_config
+from xlm_pkm.config import load_config, to_dict
 from xlm_pkm.experiments import variants_report
 from xlm_pkm.experiments.reproduce import MATCHED, REPO, SCALES, TABLES, model_size, plan
+from xlm_pkm.experiments.study_plan import load_study
 from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.optim.schedule import values_lr
 
 
 def test_every_variant_config_is_a_cell_and_builds():
@@ -54,6 +56,39 @@ def test_the_values_lr_decay_spans_the_scaled_run(tmp_path):
     assert cfg.optim.values_lr_decay_steps == cfg.train.max_steps == 400  # 500,000 of 500,000 at the paper's
 
 
+def test_ultramem_steps_add_table_2s_rows_in_its_order():
+    """Query/key LayerNorm comes after "+rm softmax" and before "+IVE" in Table 2: step 1b, kept by every later
+    step; IVE and the steps after it initialise its values as the released code; ultramem.yaml is step 5."""
+    paper = REPO / "configs/variants/paper"
+    steps = ["pkm", "ultramem_step1_no_softmax", "ultramem_step1b_qk_layernorm", "ultramem_step2_ive",
+             "ultramem_step3_tdqkr", "ultramem_step4_mcs", "ultramem_step5_value_lr_decay"]
+    memory = {step: load_config(paper / f"{step}.yaml").model.memory for step in steps}
+    assert [memory[s].qk_layernorm for s in steps] == [False, False, True, True, True, True, True]
+    assert [memory[s].score for s in steps] == ["softmax", *["identity"] * 6]
+    assert [memory[s].values == "expanded" and memory[s].expanded.init == "released" for s in steps] == [
+        False, False, False, True, True, True, True]
+    whole, step5 = (to_dict(load_config(paper / f"{name}.yaml")) for name in ("ultramem", steps[-1]))
+    assert whole["train"].pop("exp_name") == "variant_ultramem" and step5["train"].pop("exp_name")
+    assert whole == step5
+
+
+def test_step5_decays_the_values_lr_from_ten_times_step4s_to_step4s():
+    """The study's steps 4 and 5 at the tiny scale (values_lr 1e-3 x 4 = 4e-3, 40 warm-up steps, 1,600 steps,
+    the study's values_lr_decay_steps=1600), at the grid's factor 1: step 4's values lr is 4e-3 at every step;
+    step 5's is 4e-3 · (1 + 9 · (1 - t / 1600)), by hand: 10 x step 4's at the start, 9.775 x at the warm-up's
+    end, 5.5 x half-way, step 4's at the end."""
+    study = load_study(REPO / "results/variants/study.yaml")
+    step4, step5 = (load_study_run(study.run(cell, 1.0, 0)) for cell in (
+        "ultramem_step4_mcs", "ultramem_step5_value_lr_decay"))
+    assert step5.train.max_steps == step5.optim.values_lr_decay_steps == 1600 and step5.optim.warmup_steps == 40
+    by_hand = {0: 0.04, 40: 0.0391, 800: 0.022, 1600: 0.004}
+    for step, lr in by_hand.items():
+        assert values_lr(step, step4.optim) == pytest.approx(0.004, rel=1e-12)
+        assert values_lr(step, step5.optim) == pytest.approx(lr, rel=1e-12), step
+    assert values_lr(0, step5.optim) == pytest.approx(10 * values_lr(0, step4.optim), rel=1e-12)
+    assert all(values_lr(t, step5.optim) >= values_lr(t, step4.optim) for t in range(1, 1601))
+
+
 def test_report_judges_the_orderings_against_the_spread(tmp_path):
     root = tmp_path / "runs"
     ppl = {"dense_params": (200.0, 201.0, 199.0), "pkm_relu": (210.0, 211.0, 209.0), "pkm": (215.0, 230.0, 200.0),
@@ -77,6 +112,11 @@ def test_report_judges_the_orderings_against_the_spread(tmp_path):
     assert "pkm → ultramem_step1_tdqkr → ultramem_step2_mcs)" in ultra and "| `ultramem` |" in report
     assert "ultramem_step2_mcs < ultramem_step1_tdqkr does not hold" in ultra
     assert "| `pkm` |" in report and "1,234" in report and (tmp_path / "out" / "variants.png").stat().st_size > 1000
+
+
+def load_study_run(run):
+    """The resolved config of a study run."""
+    return load_config(REPO / run.run.config, run.run.overrides)
 
 
 def make_allocation_run(root, cell, ppl, seed, n_keys, table_size):

@@ -26,7 +26,8 @@ A run's overrides, in order: the scale's, the study's `set`, the cell's `set`, t
 (train.max_steps = ⌈tokens / (data.batch_size × data.bptt × optim.accumulate × world_size)⌉,
 train.eval_every from eval_every_tokens likewise, train.log_every a quarter of it), the learning
 rates (each of LR_KEYS times the factor, so their ratios stay), and train.seed. Learning rates given
-as a ratio to optim.lr (optim.engram_lr_scale, optim.values_lr_start_factor) follow optim.lr.
+as a ratio (optim.engram_lr_scale to optim.lr, optim.values_lr_start_factor to optim.lr or optim.values_lr,
+by optim.values_lr_decay_base) follow it.
 
 Learning rates are chosen on validation data only: the first seed runs at every factor of the grid;
 a cell's factor is the one whose run has the lowest valid perplexity (that of best.pt, the checkpoint
@@ -55,7 +56,7 @@ from xlm_pkm.config import Config
 from xlm_pkm.errors import UserError
 from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scale_overrides
 
-# The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to optim.lr follow it).
+# The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to them follow them).
 LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
 LR_RATIOS = ("engram_lr_scale", "values_lr_start_factor")
 KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "lr_extend", "set", "world_size",

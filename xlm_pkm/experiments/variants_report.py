@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -94,9 +95,11 @@ def design(name: str) -> tuple[str, str, str]:
 
 
 def ultramem_steps(cells: dict[str, CellRuns]) -> list[str]:
-    """UltraMem's Table 2 path: the reference, then configs ultramem_step<k>_* in k order, then ultramem
-    unless it is the last step's run (the same config)."""
-    steps = sorted((c for c in cells if c.startswith("ultramem_step")), key=lambda c: int(c[13:].split("_")[0]))
+    """UltraMem's Table 2 path: the reference, then configs ultramem_step<k>_* in k order (k a number, then a
+    letter for a step inserted after it: 1, 1b, 2), then ultramem unless it is the last step's run (the same
+    config)."""
+    steps = sorted((c for c in cells if c.startswith("ultramem_step")),
+                   key=lambda c: (int(re.match(r"\d+", c[13:]).group()), c[13:].split("_")[0]))
     same = steps and "ultramem" in cells and [r.path for r in cells["ultramem"]] == [r.path for r in cells[steps[-1]]]
     return ["pkm", *steps, *(["ultramem"] if "ultramem" in cells and not same else [])]
 

@@ -1,6 +1,7 @@
 """Optimizers of a run (paper §4.3): one Adam for the dense parameters on the inverse square-root
 schedule, and one for the memory values at a constant, higher learning rate (or, with
-optim.values_lr_decay_steps, UltraMem's value lr decay: schedule.values_lr).
+optim.values_lr_decay_steps, UltraMem's value lr decay from a multiple of the dense or the values' lr:
+schedule.values_lr).
 
 Each group has its own optimizer, learning-rate rule and gradient clipping (per group, or one global
 norm with `optim.clip_scope=global`). Both optimizers are chosen by name. The dense one
@@ -163,10 +164,13 @@ class OptimConfig:
     values_beta2: float = field(default=0.999, metadata=probability())  # adam / lazy_adam
     values_eps: float = field(default=1e-8, metadata=positive())  # epsilon of the values optimizer
     values_weight_decay: float = field(default=0.0, metadata=non_negative())  # adam / lazy_adam only
-    # UltraMem's value lr decay (optim/schedule.py): > 0: the values take the dense lr times a factor going
-    # linearly from values_lr_start_factor to 1 over this many steps (values_lr unused); 0: constant values_lr
+    # UltraMem's value lr decay (optim/schedule.py values_lr): > 0: the values take their base lr times a factor
+    # going linearly from values_lr_start_factor to 1 over this many steps; 0: constant values_lr
     values_lr_decay_steps: int = 0
-    values_lr_start_factor: float = 10.0  # the values' lr over the dense lr at step 0 (values_lr_decay_steps > 0)
+    values_lr_start_factor: float = 10.0  # the values' lr over their base lr at step 0 (values_lr_decay_steps > 0)
+    # the lr that factor multiplies: dense (the dense schedule, as UltraMem's released code; values_lr unused) |
+    # values_lr (the values' own constant lr: from values_lr_start_factor x values_lr down to values_lr)
+    values_lr_decay_base: Literal["dense", "values_lr"] = "dense"
     # Engram's tables (model.engram): the values optimizer at the dense lr times this, weight decay 0 (the
     # Engram paper's setting for its embeddings: Adam, 5x the backbone's lr, no weight decay)
     engram_lr_scale: float = field(default=5.0, metadata=positive())

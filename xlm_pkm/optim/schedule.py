@@ -38,13 +38,19 @@ def scheduled_lr(step: int, cfg: OptimConfig) -> float:
 def values_lr(step: int, cfg: OptimConfig) -> float:
     """The memory values' learning rate at optimizer step `step` (1-based): values_lr, constant; or, with
     values_lr_decay_steps = S > 0, UltraMem's value lr decay (Huang et al. 2025, Table 2 "+value lr decay": the
-    values start at 10x the other parameters' lr, which decays linearly to 1x; schedule of their released
-    code, olmo/optim.py):
+    values' lr starts at 10x the other parameters' and decays linearly to 1x over training, as summaries of the
+    paper give it), a factor on the lr the values would otherwise have, their base (optim.values_lr_decay_base):
 
-        lr_values(t) = lr_dense(t) · (1 + (F - 1) · max(0, 1 - t / S))     F = values_lr_start_factor
+        lr_values(t) = base(t) · (1 + (F - 1) · max(0, 1 - t / S))      F = values_lr_start_factor
 
-    lr_dense(t) is the dense schedule (scheduled_lr), warmup included; after S steps the values follow it."""
+    base "values_lr": the values' own constant values_lr, so that the decay goes from F · values_lr down to
+    values_lr, the lr of the same model without the decay (UltraMem's ablation step before it; in the paper
+    and their released code the values otherwise train at the other parameters' lr, which the factor then
+    multiplies). base "dense" (the default, as before this key): the dense schedule (scheduled_lr, warmup
+    included), as their released code (olmo/optim.py) multiplies its schedule; the values then end at the
+    dense lr, which is below values_lr when the values otherwise train faster than the rest (PKM's)."""
     if cfg.values_lr_decay_steps <= 0:
         return cfg.values_lr
     factor = 1.0 + (cfg.values_lr_start_factor - 1.0) * max(0.0, 1.0 - step / cfg.values_lr_decay_steps)
-    return scheduled_lr(step, cfg) * factor
+    base = cfg.values_lr if cfg.values_lr_decay_base == "values_lr" else scheduled_lr(step, cfg)
+    return base * factor

@@ -25,7 +25,9 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
     """One pass over `stream` (a TokenStream with train=False), from its first batch; sums over all ranks.
 
     Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
-    memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%), for
+    memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%; the mean
+    |w| of its values, value_abs_mean, and of its projections, proj_abs_mean (UltraMem's); the mean L2 norm of
+    its outputs over the positions evaluated, out_norm), for
     each Engram layer (key "engrams", models with Engram only) its table's rows, the % of them read and the
     KL of the reads from uniform;
     on character-level data (meta.json "unit": "byte") also bpc = loss / ln 2.
@@ -63,7 +65,11 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
         if memory.slot_stats.weights is not None:  # every rank evaluates at least one batch
             all_reduce_sum(memory.slot_stats.weights, env)
             all_reduce_sum(memory.slot_stats.counts, env)
-        memories.append({"layer": layer, **memory.stats()})
+        norms = {}  # each rank's (sum, count): of a value shard's columns, or of a copy, the whole's mean either way
+        for name, sums in memory.norm_sums().items():
+            sums = all_reduce_sum(sums, env)
+            norms[name] = (sums[0] / sums[1]).item()
+        memories.append({"layer": layer, **memory.stats(), **norms})
     engrams = []  # the share of each Engram table's rows read (its reads all count alike: usage = usage_count)
     for layer, engram in model.engrams():
         if engram.slot_stats.counts is not None:

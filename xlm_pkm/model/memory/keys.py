@@ -16,6 +16,14 @@ heads still differ by their queries.
 qk_norm: queries and keys are L2-normalised before scoring (product keys: each half-query and each
 sub-key), so every score is a sum of cosines; pair it with a softmax temperature < 1.
 
+qk_layernorm: queries and keys go through a LayerNorm before scoring, each piece a search scores on its own
+(product and tucker keys: each half-query and each sub-key; flat: the whole query and key), one learned gain
+for every query piece and one for every key, init (width)^-0.33, no bias: UltraMem's query/key LayerNorm
+(Huang et al. 2025, Table 2 "+query/key LN"; their released code's LayerNorms and gains, the bias left out as
+in the OLMoE configuration it builds on). For a piece v of width d:
+
+    LN(v) = g ⊙ (v - mean(v)) / sqrt(var(v) + 1e-5)            var: the biased variance over the d entries
+
 A new key structure is one class here, registered under its name (the value of model.memory.key_type),
 and an entry in tests/test_memory.py's brute-force cases.
 """
@@ -47,23 +55,46 @@ def uniform_keys(*shape: int) -> nn.Parameter:
     return keys
 
 
+def _layer_norm(v: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+    """LN(v) over the last dimension with the gain `gain` (width,), no bias, in v's dtype."""
+    return F.layer_norm(v, gain.shape, gain.to(v.dtype), eps=1e-5)
+
+
 class KeySearch(nn.Module, ABC):
     """The interface; subclasses hold their keys and check their own constraints on cfg."""
 
     shares_keys = False  # whether the class implements cfg.share_keys
+    pieces = 1  # the query's pieces scored each against its own keys (product and tucker keys: the two halves)
 
     def __init__(self, cfg: MemoryConfig):
         super().__init__()
         if cfg.share_keys and not self.shares_keys:
             raise ValueError(f"memory.share_keys is not available with key_type={cfg.key_type} (product, flat)")
+        if cfg.qk_norm and cfg.qk_layernorm:
+            raise ValueError("memory.qk_norm and memory.qk_layernorm both normalise the queries and keys: set one")
         self.heads, self.k_dim, self.knn, self.qk_norm = cfg.heads, cfg.k_dim, cfg.knn, cfg.qk_norm
         self.n_slots = self.slots(cfg)
         if not 1 <= cfg.knn <= self.max_knn(cfg):
             raise ValueError(f"memory.knn={cfg.knn} must be in [1, {self.max_knn(cfg)}] for "
                              f"key_type={cfg.key_type} with n_keys={cfg.n_keys}")
+        self.qk_layernorm = cfg.qk_layernorm
+        if cfg.qk_layernorm:  # the LayerNorms' gains, (width,) each
+            width = cfg.k_dim // self.pieces
+            self.query_gain = nn.Parameter(torch.full((width,), width**-0.33))
+            self.key_gain = nn.Parameter(torch.full((width,), width**-0.33))
+
+    def normalize(self, q: torch.Tensor, keys: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query and key pieces (..., width) as they are scored: L2-normalised (qk_norm), LayerNormed
+        (qk_layernorm), or unchanged."""
+        if self.qk_norm:
+            return F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
+        if self.qk_layernorm:
+            return _layer_norm(q, self.query_gain), _layer_norm(keys, self.key_gain)
+        return q, keys
 
     def extra_repr(self) -> str:
-        return f"heads={self.heads}, slots={self.n_slots}, k_dim={self.k_dim}, knn={self.knn}, qk_norm={self.qk_norm}"
+        return (f"heads={self.heads}, slots={self.n_slots}, k_dim={self.k_dim}, knn={self.knn}, qk_norm={self.qk_norm}"
+                + (", qk_layernorm=True" if self.qk_layernorm else ""))
 
     @classmethod
     @abstractmethod
@@ -80,7 +111,8 @@ class KeySearch(nn.Module, ABC):
 
     @abstractmethod
     def full_keys(self) -> torch.Tensor:
-        """(heads, n_slots, k_dim): slot s's key; without qk_norm its score is q · full_keys()[h, s]."""
+        """(heads, n_slots, k_dim): slot s's key; without qk_norm and qk_layernorm its score is
+        q · full_keys()[h, s]."""
 
 
 @KEY_SEARCHES.register("product")
@@ -94,6 +126,7 @@ class ProductKeys(KeySearch):
     """
 
     shares_keys = True
+    pieces = 2
 
     def __init__(self, cfg: MemoryConfig):
         if cfg.k_dim % 2:
@@ -114,9 +147,7 @@ class ProductKeys(KeySearch):
     def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, keys = at_least_float32(q), at_least_float32(self.weight)
         N, H, K = q.shape[0], self.heads, self.knn
-        q = q.view(N, H, 2, self.k_dim // 2)  # (N, H, 2, k_dim/2): the two sub-queries
-        if self.qk_norm:
-            q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
+        q, keys = self.normalize(q.view(N, H, 2, self.k_dim // 2), keys)  # (N, H, 2, k_dim/2): the two sub-queries
         keys = keys.expand(H, *keys.shape[1:]).reshape(2 * H, self.n_keys, -1)  # (H·2, n_keys, k_dim/2)
         half_scores, half_indices = top_scores(q.reshape(N, 2 * H, -1), keys, K)  # (N, H·2, K) each
         half_scores, half_indices = half_scores.view(N, H, 2, K), half_indices.view(N, H, 2, K)
@@ -149,9 +180,7 @@ class FlatKeys(KeySearch):
         return cfg.n_keys**2
 
     def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q, keys = at_least_float32(q), at_least_float32(self.weight)
-        if self.qk_norm:
-            q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
+        q, keys = self.normalize(at_least_float32(q), at_least_float32(self.weight))
         return top_scores(q, keys.expand(self.heads, *keys.shape[1:]), self.knn)  # keys: (H, n_slots, k_dim)
 
     def full_keys(self) -> torch.Tensor:

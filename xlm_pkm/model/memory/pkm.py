@@ -43,7 +43,8 @@ their sections, beside their code: PeerConfig, TuckerConfig, ExpandedConfig), ch
     included; in eval mode it uses running statistics and is causal. "layernorm" is causal in both.
 
 Evaluation statistics: set `memory.track_stats = True`; in eval mode every forward accumulates the
-per-slot weight and hit count (see stats.py); `memory.stats()` summarises them.
+per-slot weight and hit count and the outputs' norms (see stats.py); `memory.stats()` summarises the reads,
+`memory.norm_sums()` the scale of the values, projections and outputs.
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
 from xlm_pkm.model.memory.peer import PeerConfig
 from xlm_pkm.model.memory.scores import SCORE_FUNCTIONS
-from xlm_pkm.model.memory.stats import SlotStats
+from xlm_pkm.model.memory.stats import OutputNorms, SlotStats, abs_sum
 from xlm_pkm.model.memory.ultramem import ExpandedConfig, TuckerConfig
 from xlm_pkm.model.memory.value_read import choose_backend, resolve_backend
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore
@@ -91,6 +92,9 @@ class MemoryConfig:
     gated: bool = field(default=False, metadata=architecture())
     # L2-normalise queries and keys (product: each half) before scoring
     qk_norm: bool = field(default=False, metadata=architecture())
+    # LayerNorm queries and keys (product, tucker: each half and sub-key) before scoring, learned gains, no bias
+    # (UltraMem's query/key LN, keys.py)
+    qk_layernorm: bool = field(default=False, metadata=architecture())
     # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
     share_keys: bool = field(default=False, metadata=architecture())
     # softmax(scores / temperature) over the selected keys; 1: the paper
@@ -150,6 +154,7 @@ class ProductKeyMemory(nn.Module):
         self.sparse_values = False
         self.track_stats = False
         self.slot_stats = SlotStats(self.n_slots)  # evaluation's reads, while track_stats
+        self.output_norms = OutputNorms()  # evaluation's output norms, while track_stats
         self.step_reads: SlotStats | None = None  # training's reads, when set (memory_finetune.py)
         self.read_backend = choose_backend(cfg.value_read, self.device)
 
@@ -177,6 +182,8 @@ class ProductKeyMemory(nn.Module):
         out = self.value_dropout(out)
         if self.cfg.gated:  # Memory+: out = W_o(silu(W_g x) ⊙ read)
             out = self.out_proj(F.silu(self.gate(x)) * out)
+        if self.track_stats and not self.training:
+            self.output_norms.add(out)
         return out.view(*lead, self.output_dim)
 
     def lookup(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -219,10 +226,22 @@ class ProductKeyMemory(nn.Module):
 
     def reset_stats(self) -> None:
         self.slot_stats.reset()
+        self.output_norms.reset()
 
     def stats(self) -> dict[str, float]:
         """usage (%), kl (nats), usage_count, kl_count, slots_50/90/99 of the reads since reset_stats()."""
         return self.slot_stats.summary()
+
+    def norm_sums(self) -> dict[str, torch.Tensor]:
+        """The scale of the memory's weights and outputs (stats.py), each a (2,) float64 (sum, count) whose ratio
+        is the mean: value_abs_mean, |w| over the value store's tables; proj_abs_mean, over its projections
+        (UltraMem's, when it has some); out_norm, ‖m(x)‖₂ over the outputs since reset_stats() (when any)."""
+        sums = {"value_abs_mean": abs_sum(self.values.tables())}
+        if self.values.projections():
+            sums["proj_abs_mean"] = abs_sum(self.values.projections())
+        if self.output_norms.sums is not None:
+            sums["out_norm"] = self.output_norms.sums
+        return sums
 
     def slot_weights(self) -> torch.Tensor:
         """(n_slots,) float64 summed weight of every slot since reset_stats() (zeros before any read)."""

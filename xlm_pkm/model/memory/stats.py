@@ -9,6 +9,11 @@ softmax, or the magnitude of a ReLU / raw score) and c_i (how many times it was 
 
 The same two numbers are reported for the counts c (`usage_count`, `kl_count`), and `slots_p` is
 the smallest number of slots holding p% of the weight mass (p = 50, 90, 99).
+
+Beside them, the scale of a memory's weights and outputs, to tell an initialisation's effect from a design's
+(OutputNorms, abs_sum): the mean |w| of its value tables and of its projections (UltraMem's), and the mean L2
+norm of its output vectors over the evaluated positions, mean_x ‖m(x)‖₂. Each is kept as a (sum, count) pair
+in float64, so that the processes' pairs add up to the whole's mean (a value shard's columns, or a copy).
 """
 
 from __future__ import annotations
@@ -72,3 +77,28 @@ def slots_holding(mass: torch.Tensor, fraction: float) -> int:
     cumulative = mass.sort(descending=True).values.cumsum(0)  # (n_slots,)
     target = torch.tensor(fraction, dtype=cumulative.dtype, device=cumulative.device) * cumulative[-1]
     return min(int(torch.searchsorted(cumulative, target * (1 - 1e-12)).item()) + 1, mass.numel())
+
+
+class OutputNorms:
+    """Σ_x ‖m(x)‖₂ over the output vectors a memory produced while its statistics were on, and their number:
+    `sums` (2,) float64 on the outputs' device (no host sync), allocated at the first add; not module state."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.sums: torch.Tensor | None = None
+
+    def add(self, out: torch.Tensor) -> None:
+        """out: (N, output_dim) a memory's outputs, one per position."""
+        norms = torch.linalg.vector_norm(out.detach(), dim=-1, dtype=torch.float64)  # (N,)
+        if self.sums is None:
+            self.sums = torch.zeros(2, dtype=torch.float64, device=out.device)
+        self.sums[0] += norms.sum()
+        self.sums[1] += norms.numel()
+
+
+def abs_sum(params: list[torch.Tensor]) -> torch.Tensor:
+    """(2,) float64: Σ|w| over every element of `params` (at least one), and their number."""
+    total = sum(torch.linalg.vector_norm(p.detach(), 1, dtype=torch.float64) for p in params)
+    return torch.stack([total, total.new_tensor(float(sum(p.numel() for p in params)))])

@@ -30,7 +30,10 @@ IVE, Implicit Value Expansion (Eq. 13-15), the "expanded" store: n_slots virtual
         o = Σ_p W_pᵀ [Σ_{v ∈ p} s^(1)_v V^(1)[π(v)]; ...; Σ_{v ∈ p} s^(h)_v V^(h)[π(v)]]   pool, then project
 aux loss on the core (Eq. 11-12), per head, averaged over the heads:
     C = U Λ Tᵀ,   L_aux = α/(r-1) Σ_{i=2..r} max(0, λ_i - τ)²        α = 0.001, τ = 0.15 (Table 5)
-value lr decay (Table 2 "+value lr decay"): optim.values_lr_decay_steps, xlm_pkm/optim/schedule.py
+query/key LayerNorm (Table 2 "+query/key LN"): memory.qk_layernorm, each half-query and each key component
+    LayerNormed before scoring (keys.py)
+value lr decay (Table 2 "+value lr decay": 10x, decaying to 1x): optim.values_lr_decay_steps, with
+    optim.values_lr_decay_base the lr it multiplies (optim/schedule.py values_lr)
 
 Where the paper is silent or ambiguous, chosen here (their released code, ZihaoHuang-notabot/
 Ultra-Sparse-Memory-Network olmo/ultramem_layer.py, decides where it speaks):
@@ -43,13 +46,22 @@ Ultra-Sparse-Memory-Network olmo/ultramem_layer.py, decides where it speaks):
   - the aux loss is on the summed core, its mean over heads (their code); multi-core selection is by the summed
     scores (Eq. 16), the returned per-core scores sum to them, descending.
   - m (memory.tucker.topm, 0: knn): their code keeps knn rows and columns; m must be in [knn, n_keys].
-  - init: sub-keys uniform ±1/sqrt(k_dim/2) (keys.py's, XLM), cores uniform in [0, 1) (their code); physical
-    values N(0, 1/D_v), projections N(0, 1/D_v) (each virtual value V[i] W_p then has N(0, ~1/D_v) entries,
-    close to the table store's N(0, 1/output_dim)). Not the paper's "improved init" (Table 2, Appendix A).
+  - init of the expanded store (memory.expanded.init): "released", their code's (UltraMemLayerV1.reset_parameters):
+    physical values N(0, 0.02²), projections N(0, 1/(E·D_v)) (theirs is one Linear from the E pooled blocks,
+    E·D_v inputs); "fan_in" (the default, the init before this key): both N(0, 1/D_v), each virtual value
+    V[i] W_p then N(0, ~1/D_v), close to the table store's N(0, 1/output_dim). Sub-keys uniform ±1/sqrt(k_dim/2)
+    (keys.py's, XLM; theirs N(0, 1/(k_dim/2)), √3 times wider), cores uniform in [0, 1) (their code).
+    The paper differs: its "improved init" (Table 2, a row after MCS; Appendix A) sets the values' variance from
+    the model, E/(2·m·H·L) (m values read per head, H heads, L layers: the memory's output then has an FFN's
+    variance at init), and the query and key LayerNorm gains so that the selected scores average about 1 (from
+    a Monte Carlo estimate of the mean of the top-m of normal scores). It is not implemented: the released code
+    uses neither (0.02, and gains (k_dim/2)^-0.33), and the appendix was read here only through summaries of it.
+  - query/key LayerNorm: their code's query_norm and keys_norm, one gain per side shared by every head and half,
+    init (k_dim/2)^-0.33, no bias (the OLMoE configuration their code builds on has no norm biases). Their query
+    is one per token shared by the heads (Table 2's "+share query", not reproduced); ours is per head, after the
+    cell's own query norm (memory.query_norm). qk_norm, L2-normalising instead, is not the paper's.
   - no projection when E = 1 and D_v = output_dim: "expanded" is then one table split by core (E = 1 and
     D_v < output_dim is Table 2's "+half vdim+proj": one projection).
-  - qk_norm L2-normalises each half-query and each key component; the paper's query/key LayerNorm (Table 2
-    "+query/key LN") is not reproduced here (memory.query_norm=layernorm normalises the queries).
 Equation numbers follow arXiv 2411.12364 as cited by secondary sources (reviews and implementations of it).
 
 The store reads its table with value_read.py's read: one bag per (token, block, core), weights zero outside
@@ -61,7 +73,7 @@ lookups); the projections are dense parameters.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import torch
 import torch.nn.functional as F
@@ -102,6 +114,9 @@ class ExpandedConfig:
     expansion: int = field(default=1, metadata=architecture())  # E virtual blocks over n_slots / E physical values
     # width of the physical values; 0: the memory's output dim
     value_dim: int = field(default=0, metadata=architecture())
+    # fan_in: values and projections N(0, 1/D_v) (as before this key) | released: UltraMem's released code,
+    # values N(0, 0.02²) and projections N(0, 1/(E·D_v)) (module docstring)
+    init: Literal["fan_in", "released"] = "fan_in"
 
 
 def rank_one(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,6 +133,8 @@ class TuckerKeys(KeySearch):
     """TDQKR with multi-core scoring (module docstring). weight (H, 2, n_keys, r, k_dim/2): row (0) and
     column (1) sub-keys of r components; core (H, cores, r, r). search(q) -> scores (N, H, knn), or
     (N, H, knn, cores) with several cores, and indices i·n_keys + j."""
+
+    pieces = 2  # row and column halves
 
     def __init__(self, cfg: MemoryConfig):
         if cfg.k_dim % 2:
@@ -158,8 +175,7 @@ class TuckerKeys(KeySearch):
         dtype = torch.promote_types(at_least_float32(q).dtype, at_least_float32(self.weight).dtype)
         q, keys = q.to(dtype), self.weight.to(dtype)
         q = q.view(q.shape[0], self.heads, 2, self.k_dim // 2)  # (N, H, 2, k_dim/2): row and column queries
-        if self.qk_norm:
-            q, keys = F.normalize(q, dim=-1), F.normalize(keys, dim=-1)
+        q, keys = self.normalize(q, keys)  # each half-query and each key component
         return torch.einsum("nhpd,hpird->nhpir", q, keys)
 
     def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -275,10 +291,15 @@ class ExpandedValues(ValueStore):
             raise ValueError(f"memory.tucker.cores={C} needs key_type=tucker (per-core scores), "
                              f"got key_type={cfg.key_type}")
         self.expansion, self.cores, self.value_dim, self.n_physical = E, C, D_v, n_slots // E
-        self.weight = mark_memory_value(nn.Parameter(torch.randn(self.n_physical, D_v) * D_v**-0.5))
+        # their code's projection is one Linear of the E pooled blocks, E·D_v inputs
+        value_std, proj_std = (0.02, (E * D_v) ** -0.5) if cfg.expanded.init == "released" else (D_v**-0.5,) * 2
+        self.weight = mark_memory_value(nn.Parameter(torch.randn(self.n_physical, D_v) * value_std))
         project = E > 1 or D_v != output_dim
-        self.register_parameter("proj", nn.Parameter(torch.randn(E, D_v, output_dim) * D_v**-0.5) if project else None)
+        self.register_parameter("proj", nn.Parameter(torch.randn(E, D_v, output_dim) * proj_std) if project else None)
         self.register_buffer("shuffle", torch.randperm(n_slots) if E > 1 else None)
+
+    def projections(self) -> list[nn.Parameter]:
+        return [] if self.proj is None else [self.proj]
 
     def physical_rows(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Virtual slots -> (their rows of `weight`, their blocks p), each like `slots`."""

@@ -61,6 +61,10 @@ class ValueStore(nn.Module, ABC):
         """The tables read by slot (each (n_slots, width))."""
         return [p for p in self.parameters() if is_memory_value(p)]
 
+    def projections(self) -> list[nn.Parameter]:
+        """The dense maps the values go through after their read (UltraMem's implicit value expansion), if any."""
+        return []
+
     def table_rows(self, slots: torch.Tensor) -> torch.Tensor:
         """The rows of the tables that `slots` read (here the same: a table row per slot; UltraMem's
         expanded store maps virtual slots to physical rows)."""
