@@ -38,7 +38,8 @@ def write_study(tmp_path, data_dir=None, **changes) -> Path:
 def test_the_variants_study_file_reads(tmp_path):
     study = load_study(REPO / "results/variants/study.yaml")
     assert {"dense_params", "dense_flops", "pkm", "memory_plus", "peer", "ultramem_step5_value_lr_decay",
-            "engram_share25", "engram_share50", "engram"} <= set(study.cells) and study.lr_grid == (0.5, 1.0, 2.0)
+            "engram_share25", "engram_share50", "engram"} <= set(study.cells)
+    assert len(study.lr_grid) == 3 and study.lr_extend >= 1  # a 3-point grid, grown where the best is at an end
     for cell in study.cells:
         run = study.run(cell, 1.0, 0)
         assert run.steps * run.tokens_per_step >= 1_600_000, cell  # at least 4x the 400-step runs
