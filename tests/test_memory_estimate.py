@@ -1,7 +1,7 @@
-"""The memory estimate per rank (train/memory_estimate.py): its parameters, gradients and optimizer state
-against those of a built model after a real step; its activations against the tensors a real forward saves
-for the backward (counted by autograd's saved-tensor hooks); its sharding arithmetic against the model's own
-sizes."""
+"""The memory estimate per rank (train/memory_estimate.py) and train.py --dry-run: its parameters, gradients and
+optimizer state against those of a built model after a real step; its activations against the tensors a real
+forward saves for the backward (counted by autograd's saved-tensor hooks); its sharding arithmetic against
+the model's own sizes."""
 
 from __future__ import annotations
 
@@ -13,9 +13,11 @@ import torch
 from conftest import TINY
 
 from xlm_pkm.config import load_config
+from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.trainable import freeze
+from xlm_pkm.launch.cli import train_main
 from xlm_pkm.model.attention import SelfAttention
 from xlm_pkm.model.blocks import FeedForward
 from xlm_pkm.model.memory.engram import Engram
@@ -180,3 +182,24 @@ def test_a_sublayer_without_a_formula_is_named_not_counted():
     est = estimate(cfg, 1)
     assert est.omitted == ("the activations of sublayer all_attention (no formula)",)
     assert est.lines()[-1] == "  not counted: the activations of sublayer all_attention (no formula)"
+
+
+def test_dry_run_prints_the_estimate_and_trains_nothing(tiny_data_dir, tmp_path, capsys, monkeypatch):
+    overrides = [f"data.path={tiny_data_dir}", f"train.dump_path={tmp_path}", *TINY]
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+    assert train_main(["--dry-run", "--world-size", "2", *overrides]) == 0
+    out = capsys.readouterr().out
+    vocab = len(Dictionary.load(tiny_data_dir / "vocab"))
+    expected = estimate(load_config(None, [*overrides, f"model.vocab_size={vocab}"]), 2)
+    assert out.splitlines() == expected.lines() and "world size 2" in out
+    assert not any(tmp_path.iterdir())  # no run directory
+
+    monkeypatch.setenv("WORLD_SIZE", "4")  # under torchrun: its world size; only rank 0 prints
+    monkeypatch.setenv("RANK", "1")
+    assert train_main(["--dry-run", *overrides]) == 0 and capsys.readouterr().out == ""
+    monkeypatch.setenv("RANK", "0")
+    assert train_main(["--dry-run", *overrides]) == 0 and "world size 4" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stopped:
+        train_main(["--world-size", "2", *overrides])
+    assert stopped.value.code == 2 and "--world-size takes W >= 1, with --dry-run" in capsys.readouterr().err
