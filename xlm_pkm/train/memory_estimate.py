@@ -28,6 +28,13 @@ bytes per rank:
                    fsdp: the largest FSDP unit (a block; or the rest: embeddings, norms, output) gathered whole,
                    its weights and its gradients at once in the backward, before the reduce-scatter: 8·P_unit
     activations    of one micro-batch (below)
+    step           the optimizer step's own temporaries, once the activations are freed: torch's AdamW steps
+                   one tensor at a time off CUDA (sqrt(v), then its quotient: 2 copies of the largest tensor,
+                   8·max |p|) and a whole group at once on CUDA (foreach: a copy of its second moments, 4·P);
+                   ClippedAdagrad 8·max |p| (the scaled gradient, sqrt of the sum); the sparse optimizers'
+                   row-sized ones are left out. The larger of the two groups' steps (they run one after the other)
+    total          parameters + gradients + optimizer + communication + max(activations, step): the gradients
+                   grow while the activations are freed in the backward, so adding both errs high there
 
 Activations: what the forward of one micro-batch saves for its backward, and the largest transient of
 the step added to all of it (the saved tensors of the layers before a transient are fewer, so this
@@ -74,12 +81,11 @@ loss stay float32 (4 bytes). Memory heads H, knn K, k_dim k, query MLP widths h_
                          4N·2H·n_keys (product keys' half scores), 4N·H·n_keys² (flat keys' scores)
 
 Left out: the allocator's fragmentation and caching, library workspaces (cuBLAS, oneDNN), CUDA's own
-context, the optimizer step's temporaries (on CUDA, torch's foreach Adam makes a copy of a group's second
-moments, 4·P, once the activations are freed), the backward's gradient temporaries (a layer's worth),
-torch.compile's changes to what is saved; activations are counted as for full training even where
-optim.trainable freezes the layers below (an upper bound). A sublayer, output, key search or value store
-without a formula here (the all-attention family's context attentions, the adaptive softmax, a plugin's)
-is named in `omitted`, its activations not counted. The formulas are checked against the tensors a real
+context, the backward's gradient temporaries (a layer's worth), torch.compile's changes to what is saved;
+activations are counted as for full training even where optim.trainable freezes the layers below (an upper
+bound). A sublayer, output, key search or value store without a formula here (the all-attention family's
+context attentions, the adaptive softmax, a plugin's), or an optimizer without a step rule, is named in
+`omitted`, and not counted. The formulas are checked against the tensors a real
 forward saves (tests/test_memory_estimate.py), the total against the peak resident memory of training on
 the CPU (benchmarks/memory_estimate.py; docs/training.md, "How much memory per rank").
 """
@@ -107,7 +113,7 @@ from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.ultramem import ExpandedValues, TuckerKeys
 from xlm_pkm.model.memory.value_stores import TableValues
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, value_optimizer
+from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, value_optimizer
 
 PARALLEL_MODES = ("ddp", "fsdp")
 FLOAT = 4  # bytes of a float32: weights, gradients, optimizer states, the residual stream
@@ -128,6 +134,7 @@ class MemoryEstimate:
     optimizer: int
     communication: int  # DDP's gradient buckets, or FSDP's gathered unit
     activations: dict[str, int]  # by part: embeddings, attention, ffn, memory, engram, output, ...; transient
+    step_temporaries: int  # the optimizer step's own, once the activations are freed
     elements: dict[str, int]  # parameter elements of the whole model: dense, memory values, Engram tables
     omitted: tuple[str, ...] = field(default=())  # what has no formula here, in words
 
@@ -137,7 +144,10 @@ class MemoryEstimate:
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.optimizer + self.communication + self.activation_bytes
+        """The peak: the weights, gradients, optimizer state and buffers, and the larger of the activations
+        (forward and backward) and the optimizer step's temporaries (after the backward)."""
+        held = self.parameters + self.gradients + self.optimizer + self.communication
+        return held + max(self.activation_bytes, self.step_temporaries)
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "activation_bytes": self.activation_bytes, "total": self.total}
@@ -148,11 +158,12 @@ class MemoryEstimate:
         rows = [("parameters", self.parameters), ("gradients", self.gradients), ("optimizer state", self.optimizer),
                 (communication, self.communication), ("activations", self.activation_bytes)]
         rows += [(f"  {part}", size) for part, size in self.activations.items() if size]
+        rows.append(("optimizer step temporaries", self.step_temporaries))
         counts = ", ".join(f"{name} {n:,}" for name, n in self.elements.items() if n)
         head = (f"memory per rank: {self.parallel}, world size {self.world_size}, {self.precision}, batch "
                 f"{self.batch_size} x bptt {self.bptt} per rank ({counts} parameters in the model)")
         lines = [head] + [f"  {name:<30} {_size(size):>12}" for name, size in rows]
-        lines.append(f"  {'total':<30} {_size(self.total):>12}")
+        lines.append(f"  {'total':<30} {_size(self.total):>12}  (activations or step temporaries: the larger)")
         lines += [f"  not counted: {what}" for what in self.omitted]
         return lines
 
@@ -179,63 +190,103 @@ def meta_model(cfg: Config) -> TransformerLM:
 def estimate(cfg: Config, world_size: int = 1, parallel: str = "ddp", device_type: str | None = None
              ) -> MemoryEstimate:
     """Bytes per rank of training `cfg` (model.vocab_size set) on `world_size` processes in `parallel` mode
-    (ddp | fsdp). device_type (cpu | cuda; default: train.device's, auto being this machine's) decides only
-    whether attention runs torch's fused kernel (module docstring)."""
+    (ddp | fsdp). device_type (cpu | cuda; default: train.device's, auto being this machine's) decides whether
+    attention runs torch's fused kernel and how torch's Adam steps (module docstring)."""
     if parallel not in PARALLEL_MODES:
         raise ConfigError(f"parallel mode {parallel!r}: expected one of {' | '.join(PARALLEL_MODES)}")
     if world_size < 1:
         raise ConfigError(f"world size must be >= 1, got {world_size}")
-    memory = cfg.model.memory
-    if memory.shard_values and cfg.model.dim % world_size:
+    if cfg.model.memory.shard_values and cfg.model.dim % world_size:
         raise ConfigError(f"model.memory.shard_values: the value dimension {cfg.model.dim} does not split into "
                           f"{world_size} equal slices (one per process); use a world size dividing it")
+    device_type = device_type or _device_type(cfg.train.device)
     model = meta_model(cfg)
-    W, tokens = world_size, cfg.data.batch_size * cfg.data.bptt
+    W, fsdp = world_size, parallel == "fsdp"
     tables = model.memory_value_parameters()
     table_ids = {id(p) for p in tables}
-    dense = [p for p in model.parameters() if id(p) not in table_ids]
-    fsdp = parallel == "fsdp"
-
-    def dense_rank_elements(p: nn.Parameter) -> int:  # FSDP2: ceil(rows / W) rows of the first dimension
-        return math.ceil(p.shape[0] / W) * (p.numel() // p.shape[0]) if fsdp and p.dim() else p.numel()
-
-    dense_elements = sum(dense_rank_elements(p) for p in dense)
-    dense_trained = sum(dense_rank_elements(p) for p in dense if p.requires_grad)
-    sparse = value_optimizer(cfg.optim).sparse
-    reads = _lookups_per_token(model, cfg.model.engram.heads)
-    table_elements = table_grads = table_trained = replicated_dense_grads = 0
-    for p in tables:
-        shard = getattr(p, "value_shard", None)  # built here on one process: the whole width
-        width = p.shape[1] * shard.world // W if shard else p.shape[1]
-        elements = p.shape[0] * width
-        table_elements += elements
-        if not p.requires_grad:
-            continue
-        table_trained += elements
-        if sparse:
-            lookups = tokens * reads[id(p)] * cfg.optim.accumulate * W
-            table_grads += min(lookups, p.shape[0]) * (FLOAT * width + INDEX)
-        else:
-            table_grads += FLOAT * elements
-            replicated_dense_grads += 0 if shard else elements
+    groups = _optimizer_groups(cfg, model, W, fsdp)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    value_state = VALUE_OPTIMIZERS[cfg.optim.values_optimizer].state_size
-    dense_state = DENSE_OPTIMIZERS[cfg.optim.optimizer].state_size
+    parameters = FLOAT * sum(_rank_elements(p, W, fsdp and id(p) not in table_ids) for p in model.parameters())
     if fsdp:
         communication = 2 * FLOAT * max(_fsdp_units(model, table_ids))
-    else:
-        communication = FLOAT * (dense_trained + replicated_dense_grads) if W > 1 else 0
+    else:  # DDP all-reduces every trainable gradient but the sparse or sharded tables'
+        communication = FLOAT * sum(sum(g.elements) for g in groups if g.in_ddp) if W > 1 else 0
     activations, omitted = activation_bytes(cfg, model, W, device_type)
+    step = [_step_temporaries(g, device_type) for g in groups]
+    omitted += [f"the step temporaries of optimizer {g.optimizer} ({g.name})" for g, t in zip(groups, step)
+                if t is None]
     engram = sum(p.numel() for p in tables if getattr(p, "engram_table", False))
     whole_values = sum(p.numel() * (p.value_shard.world if hasattr(p, "value_shard") else 1) for p in tables)
     return MemoryEstimate(
         world_size=W, parallel=parallel, precision=cfg.train.precision, batch_size=cfg.data.batch_size,
-        bptt=cfg.data.bptt, parameters=FLOAT * (dense_elements + table_elements) + buffers,
-        gradients=FLOAT * dense_trained + table_grads,
-        optimizer=FLOAT * (dense_state * dense_trained + value_state * table_trained),
-        communication=communication, activations=activations,
-        elements={"dense": sum(p.numel() for p in dense), "memory values": whole_values - engram, "Engram": engram},
+        bptt=cfg.data.bptt, parameters=parameters + buffers, gradients=sum(g.gradients for g in groups),
+        optimizer=sum(FLOAT * g.state_size * sum(g.elements) for g in groups), communication=communication,
+        activations=activations, step_temporaries=max([t or 0 for t in step], default=0),
+        elements={"dense": sum(p.numel() for p in model.parameters() if id(p) not in table_ids),
+                  "memory values": whole_values - engram, "Engram": engram},
         omitted=tuple(omitted))
+
+
+def _rank_elements(p: nn.Parameter, world_size: int, fsdp: bool) -> int:
+    """The elements of `p` this rank holds: a sharded value table's 1/W of its columns (built here on one
+    process, with every column); with FSDP (a dense parameter), ceil(rows / W) rows of its first dimension."""
+    shard = getattr(p, "value_shard", None)
+    if shard is not None:
+        return p.shape[0] * (p.shape[1] * shard.world // world_size)
+    if fsdp and p.dim():
+        return math.ceil(p.shape[0] / world_size) * (p.numel() // p.shape[0])
+    return p.numel()
+
+
+@dataclass(frozen=True)
+class _Group:
+    """An optimizer group as this rank holds it (optim/optimizers.Optimizers' groups)."""
+
+    name: str  # dense | values | engram
+    optimizer: str  # its name in DENSE_OPTIMIZERS or VALUE_OPTIMIZERS
+    state_size: int
+    elements: list[int]  # this rank's elements of each trainable tensor
+    gradients: int  # bytes
+    sparse: bool  # row-sparse gradients
+    in_ddp: bool  # DDP all-reduces its gradients (dense ones of replicated tensors)
+
+
+def _optimizer_groups(cfg: Config, model: TransformerLM, world_size: int, fsdp: bool) -> list[_Group]:
+    """The trainable parameters by optimizer group, with their gradients' bytes (module docstring)."""
+    tables = model.memory_value_parameters()
+    table_ids = {id(p) for p in tables}
+    dense = [_rank_elements(p, world_size, fsdp) for p in model.parameters()
+             if p.requires_grad and id(p) not in table_ids]
+    groups = [_Group("dense", cfg.optim.optimizer, DENSE_OPTIMIZERS[cfg.optim.optimizer].state_size, dense,
+                     FLOAT * sum(dense), False, True)] if dense else []
+    values = value_optimizer(cfg.optim)
+    reads = _lookups_per_token(model, cfg.model.engram.heads)
+    tokens = cfg.data.batch_size * cfg.data.bptt * cfg.optim.accumulate
+    for name in ("values", "engram"):
+        trained = [p for p in tables if p.requires_grad and getattr(p, "engram_table", False) == (name == "engram")]
+        if not trained:
+            continue
+        elements = [_rank_elements(p, world_size, False) for p in trained]
+        if values.sparse:  # the rows read, every rank's once exchanged
+            gradients = sum(min(tokens * reads[id(p)] * world_size, p.shape[0]) * (FLOAT * n // p.shape[0] + INDEX)
+                            for p, n in zip(trained, elements))
+        else:
+            gradients = FLOAT * sum(elements)
+        replicated = not any(hasattr(p, "value_shard") for p in trained)
+        groups.append(_Group(name, cfg.optim.values_optimizer, values.state_size, elements, gradients,
+                             values.sparse, replicated and not values.sparse))
+    return groups
+
+
+def _step_temporaries(group: _Group, device_type: str) -> int | None:
+    """Bytes the optimizer step of `group` allocates for itself (module docstring); None: no rule for it."""
+    if group.sparse:
+        return 0  # row-sized: left out
+    if group.optimizer == "adam":  # torch's AdamW: foreach on CUDA, one tensor at a time elsewhere
+        return FLOAT * (sum(group.elements) if device_type == "cuda" else 2 * max(group.elements))
+    if group.optimizer == "adagrad" and group.name == "dense":  # ClippedAdagrad: the scaled gradient, sqrt(sum)
+        return 2 * FLOAT * max(group.elements)
+    return None
 
 
 def _lookups_per_token(model: TransformerLM, engram_heads: int) -> Counter:
