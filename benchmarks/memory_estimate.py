@@ -11,6 +11,11 @@ builds the model and its optimizers and trains --steps steps on random tokens th
 before the build: what the model, its optimizers and the steps added at their worst moment. The estimate
 is that of one process on the CPU; its ratio to the measured peak is the figure of interest. The vocabulary
 (hence the logits, most of the default model's activations) is --data's, by default the bundled corpus's.
+
+On W processes: the estimates for the runs of benchmarks/sharded_values.py (one layer of dim 1024 whose FFN is
+a memory, replicated or sharded values, lazy_adam or adam, W = 2 and 4), against the peak resident memory per
+rank it measured, minus its resident memory before the model (read after the process group started, with no
+warm-up: the first step's library pages are in it), from its JSON (--sharded-values).
 Writes dumped/bench/memory_estimate_cpu.json (--out elsewhere).
 """
 
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -96,12 +102,38 @@ def run_entry(name: str, steps: int, data: str | None) -> dict:
             **json.loads(done.stdout.strip().splitlines()[-1])}
 
 
+def against_sharded_values(path: Path) -> list[dict]:
+    """Each run of benchmarks/sharded_values.py's result at `path`: its estimate per rank and measured peak."""
+    from types import SimpleNamespace
+
+    import sharded_values
+
+    from xlm_pkm.config import load_config
+    from xlm_pkm.train.memory_estimate import estimate
+
+    result = json.loads(path.read_text())
+    settings = SimpleNamespace(**result["settings"])
+    rows = []
+    for run in result["entries"]:
+        overrides = sharded_values.overrides(settings, run["n_keys"], run["mode"] == "sharded", run["values"])
+        cfg = load_config(None, [*overrides, f"data.batch_size={settings.batch}", f"data.bptt={settings.seq}"])
+        est = estimate(cfg, run["world"], "ddp", device_type="cpu")
+        measured = round((run["peak_gib_max"] - run["before_model_gib"]) * 2**30)
+        rows.append({key: run[key] for key in ("mode", "world", "values", "n_keys")} | {
+            "estimate": est.as_dict(), "measured_peak_bytes": measured,
+            "estimate_over_measured": round(est.total / measured, 3)})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--only", nargs="+", choices=list(ENTRIES), default=list(ENTRIES))
     parser.add_argument("--steps", type=int, default=3, help="training steps measured (Adam's state from the first)")
     parser.add_argument("--data", help="preprocessed corpus whose vocabulary the models take (default: the "
                                        "configs' data.path, the bundled corpus)")
+    parser.add_argument("--sharded-values", default=str(Path(__file__).resolve().parent / "results" /
+                                                        "sharded_values_cpu.json"),
+                        help="benchmarks/sharded_values.py's result to compare the estimates on W processes with")
     parser.add_argument("--out", help="default: dumped/bench/memory_estimate_cpu.json")
     parser.add_argument("--entry", choices=list(ENTRIES), help=argparse.SUPPRESS)  # one entry, in this process
     args = parser.parse_args()
@@ -109,7 +141,7 @@ def main() -> None:
     if args.entry:
         print(json.dumps(measure(ENTRIES[args.entry][0], entry_overrides(args.entry, args.data), args.steps)))
         return
-    from machine import machine_info, write_result
+    from machine import REPO, machine_info, write_result
 
     rows = []
     for name in args.only:
@@ -118,9 +150,16 @@ def main() -> None:
         mib = 2**20
         print(f"{name:26s} estimate {row['estimate']['total'] / mib:8.1f} MiB  measured peak "
               f"{row['measured_peak_bytes'] / mib:8.1f} MiB  ratio {row['estimate_over_measured']:.3f}", flush=True)
+    sharded = against_sharded_values(Path(args.sharded_values))
+    for row in sharded:
+        print(f"{row['mode']} values, W={row['world']}, {row['values']}, n_keys {row['n_keys']}: estimate "
+              f"{row['estimate']['total'] / 2**30:.2f} GiB, measured {row['measured_peak_bytes'] / 2**30:.2f} GiB, "
+              f"ratio {row['estimate_over_measured']:.3f}")
     machine = machine_info("cpu")
     machine["threads"] = 1  # each entry's process
-    write_result({"benchmark": "memory_estimate", "machine": machine, "rows": rows}, args, "memory_estimate")
+    against = {"source": os.path.relpath(args.sharded_values, REPO), "rows": sharded}
+    write_result({"benchmark": "memory_estimate", "machine": machine, "rows": rows, "sharded_values": against}, args,
+                 "memory_estimate")
 
 
 if __name__ == "__main__":

@@ -108,7 +108,10 @@ def test_sharding_divides_what_each_rank_holds():
     assert (sharded.gradients, sharded.optimizer) == (4 * (dense + values // 4), 8 * (dense + values // 4))
     assert sharded.communication == 4 * dense  # the sharded table is averaged outside DDP
     assert estimate(cfg, 4).communication == 4 * (dense + values)  # a replicated table with dense gradients: in DDP
-    assert estimate(tiny_config(*four, "optim.values_optimizer=lazy_adam"), 4).communication == 4 * dense
+    # sparse rows, outside DDP: each rank's 64 (of its 1,024 lookups, 64 slots) gathered from 4 ranks and concatenated,
+    # then the merged 64 rows divided by W; a row holds 32 float32 and its int64 index
+    lazy = estimate(tiny_config(*four, "optim.values_optimizer=lazy_adam"), 4)
+    assert lazy.communication == 4 * dense + (4 * 32 + 8) * (2 * 4 * 64 + 64)
     with pytest.raises(ConfigError, match="value dimension 32 does not split into 3"):
         estimate(tiny_config(*four, "model.memory.shard_values=true"), 3)
 

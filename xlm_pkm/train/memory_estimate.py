@@ -26,7 +26,11 @@ bytes per rank:
     communication  ddp on W > 1: DDP's gradient buckets, a copy of every gradient it all-reduces (the trainable
                    dense parameters, and replicated value tables with dense gradients): 4·P.
                    fsdp: the largest FSDP unit (a block; or the rest: embeddings, norms, output) gathered whole,
-                   its weights and its gradients at once in the backward, before the reduce-scatter: 8·P_unit
+                   its weights and its gradients at once in the backward, before the reduce-scatter: 8·P_unit.
+                   Either, on W > 1: a replicated table's sparse gradient averaged over the ranks (runtime/
+                   distributed.all_reduce_sparse_grad_): every rank's rows gathered, then concatenated, 2·W·R
+                   rows, and the merged gradient divided by W, a second copy of it (R: a rank's rows, the
+                   gradient's formula above without the factor W)
     activations    of one micro-batch (below)
     step           the optimizer step's own temporaries, once the activations are freed: torch's AdamW steps
                    one tensor at a time off CUDA (sqrt(v), then its quotient: 2 copies of the largest tensor,
@@ -211,6 +215,7 @@ def estimate(cfg: Config, world_size: int = 1, parallel: str = "ddp", device_typ
         communication = 2 * FLOAT * max(_fsdp_units(model, table_ids))
     else:  # DDP all-reduces every trainable gradient but the sparse or sharded tables'
         communication = FLOAT * sum(sum(g.elements) for g in groups if g.in_ddp) if W > 1 else 0
+    communication += sum(g.exchange for g in groups)
     activations, omitted = activation_bytes(cfg, model, W, device_type)
     step = [_step_temporaries(g, device_type) for g in groups]
     omitted += [f"the step temporaries of optimizer {g.optimizer} ({g.name})" for g, t in zip(groups, step)
@@ -249,6 +254,7 @@ class _Group:
     gradients: int  # bytes
     sparse: bool  # row-sparse gradients
     in_ddp: bool  # DDP all-reduces its gradients (dense ones of replicated tensors)
+    exchange: int = 0  # bytes of the sparse gradients' all-gather (replicated tables on W > 1)
 
 
 def _optimizer_groups(cfg: Config, model: TransformerLM, world_size: int, fsdp: bool) -> list[_Group]:
@@ -267,14 +273,18 @@ def _optimizer_groups(cfg: Config, model: TransformerLM, world_size: int, fsdp: 
         if not trained:
             continue
         elements = [_rank_elements(p, world_size, False) for p in trained]
-        if values.sparse:  # the rows read, every rank's once exchanged
-            gradients = sum(min(tokens * reads[id(p)] * world_size, p.shape[0]) * (FLOAT * n // p.shape[0] + INDEX)
-                            for p, n in zip(trained, elements))
-        else:
-            gradients = FLOAT * sum(elements)
         replicated = not any(hasattr(p, "value_shard") for p in trained)
+        gradients = FLOAT * sum(elements)
+        exchange = 0
+        if values.sparse:  # the rows read, every rank's once exchanged; a row: its values and its index
+            row = [FLOAT * n // p.shape[0] + INDEX for p, n in zip(trained, elements)]
+            mine = [min(tokens * reads[id(p)], p.shape[0]) for p in trained]  # rows of this rank's tokens
+            merged = [min(tokens * reads[id(p)] * world_size, p.shape[0]) for p in trained]
+            gradients = sum(r * u for r, u in zip(row, merged))
+            if replicated and world_size > 1:  # gathered and concatenated, then the merged rows divided by W
+                exchange = sum(r * (2 * world_size * n + u) for r, n, u in zip(row, mine, merged))
         groups.append(_Group(name, cfg.optim.values_optimizer, values.state_size, elements, gradients,
-                             values.sparse, replicated and not values.sparse))
+                             values.sparse, replicated and not values.sparse, exchange))
     return groups
 
 
