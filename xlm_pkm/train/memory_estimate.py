@@ -136,7 +136,7 @@ class MemoryEstimate:
     parameters: int
     gradients: int
     optimizer: int
-    communication: int  # DDP's gradient buckets, or FSDP's gathered unit
+    communication: int  # DDP's gradient buckets or FSDP's gathered unit, and sparse gradients' exchange
     activations: dict[str, int]  # by part: embeddings, attention, ffn, memory, engram, output, ...; transient
     step_temporaries: int  # the optimizer step's own, once the activations are freed
     elements: dict[str, int]  # parameter elements of the whole model: dense, memory values, Engram tables
@@ -158,9 +158,8 @@ class MemoryEstimate:
 
     def lines(self) -> list[str]:
         """The readable table: one line per kind, the activations by part, the total."""
-        communication = ("DDP gradient buckets" if self.parallel == "ddp" else "FSDP unit gathered whole")
         rows = [("parameters", self.parameters), ("gradients", self.gradients), ("optimizer state", self.optimizer),
-                (communication, self.communication), ("activations", self.activation_bytes)]
+                ("communication buffers", self.communication), ("activations", self.activation_bytes)]
         rows += [(f"  {part}", size) for part, size in self.activations.items() if size]
         rows.append(("optimizer step temporaries", self.step_temporaries))
         counts = ", ".join(f"{name} {n:,}" for name, n in self.elements.items() if n)
