@@ -37,5 +37,6 @@ $PY benchmarks/value_read_bandwidth.py "${READ[@]}" --out "$out/value_read_bandw
 OMP_NUM_THREADS=1 $PY benchmarks/generation_speed.py --out "$out/generation_speed_$dev.json"
 $PY benchmarks/sharded_values.py --device "$dev" "${SHARD[@]}" --out "$out/sharded_values_$dev.json"
 $PY benchmarks/checkpoint_cost.py --out "$out/checkpoint_cost_$dev.json"
+$PY benchmarks/memory_estimate.py --out "$out/memory_estimate_cpu.json"  # the CPU's resident memory, on any machine
 $PY benchmarks/ultramem_topm.py --out "$out/ultramem_topm_$dev.json"
 OMP_NUM_THREADS=1 $PY benchmarks/variants_speed.py --out "$out/variants_speed_$dev.json"

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from xlm_pkm.checkpoint.trained import load_trained
+from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, UserError, fail
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
@@ -18,7 +19,9 @@ from xlm_pkm.launch.run_config import launch_config
 from xlm_pkm.runtime.distributed import describe_failure, init_distributed, is_collective_failure, read_env, shutdown
 from xlm_pkm.runtime.hardware import is_out_of_memory
 from xlm_pkm.runtime.precision import check_precision, resolve_device
+from xlm_pkm.train.build import resolved_config
 from xlm_pkm.train.evaluation import evaluate_checkpoint
+from xlm_pkm.train.memory_estimate import estimate
 from xlm_pkm.train.trainer import Trainer
 from xlm_pkm.utils.atomic import check_writable, holds_json_with, refuse_foreign_file, write_text
 from xlm_pkm.utils.program import program_name
@@ -69,6 +72,18 @@ def is_result_file(path: Path) -> bool:
     return holds_json_with(path, {"split", "tokens", "memories"})
 
 
+def _dry_run(args) -> None:
+    """train.py --dry-run: the run's config resolved as training would (its vocabulary size from the data's
+    vocab file unless model.vocab_size sets it), its memory estimate per rank printed on rank 0."""
+    cfg = launch_config(args.config, args.overrides)
+    if not cfg.model.vocab_size:
+        cfg = resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), cfg.train.exp_id)
+    env = read_env()
+    parallel = getattr(cfg.train, "parallel", "ddp")  # train.parallel lands with the fsdp branch
+    if env.is_main:
+        print(estimate(cfg, args.world_size or env.world_size, parallel))
+
+
 def train_main(argv: list[str] | None = None) -> int:
     prog = program_name("train.py")
     parser = argparse.ArgumentParser(
@@ -82,12 +97,22 @@ def train_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
     parser.add_argument("--keys", nargs="?", const="", metavar="SECTION",
                         help="list the config keys (of SECTION: model, data, optim, train...) and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="print the memory each rank needs (parameters, gradients, optimizer state, "
+                             "activations) and exit, without training or reading data beyond the vocabulary")
+    parser.add_argument("--world-size", type=int, default=0, metavar="W",
+                        help="with --dry-run: the number of processes (default: torchrun's or SLURM's, else 1)")
     parser.add_argument("overrides", nargs="*", metavar="key.sub=value", help="config overrides")
     argv = sys.argv[1:] if argv is None else argv
     args = parser.parse_intermixed_args(argv)  # options and overrides in any order
-    if args.keys is not None:
+    if args.world_size < 0 or args.world_size and not args.dry_run:
+        parser.error("--world-size takes W >= 1, with --dry-run (a training run's processes are its launcher's)")
+    if args.keys is not None or args.dry_run:
         try:
-            print(describe_keys(args.keys))
+            if args.dry_run:
+                _dry_run(args)
+            else:
+                print(describe_keys(args.keys))
         except USER_ERRORS as e:
             return fail(prog, e)
         return 0
