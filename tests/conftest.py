@@ -277,3 +277,31 @@ def signal_at_step(monkeypatch):
         monkeypatch.setattr(Trainer, "train_step", step_then_signal)
 
     return arm
+
+
+def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
+    """Rank `rank` of a `world`-process gloo group on the CPU, running check(rank, world, folder) (spawn)."""
+    from xlm_pkm.runtime.distributed import init_distributed, shutdown
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    init_distributed(torch.device("cpu"), timeout_minutes=1.0)
+    failed = True
+    try:
+        check(rank, world, folder)
+        failed = False
+    finally:
+        shutdown(failed)  # after a failure no barrier: spawn then stops the other ranks
+
+
+def spawn(check, world: int, folder) -> None:
+    """Runs check(rank, world, folder) on `world` processes, forked from a server that imported torch and
+    check's module once (a fresh interpreter per rank costs ~3 s of imports each on 2 cores)."""
+    import torch.multiprocessing as mp
+
+    from xlm_pkm.runtime.distributed import free_port
+
+    mp.set_forkserver_preload(["torch", "xlm_pkm.model.memory.sharded_read", check.__module__])
+    mp.start_processes(run_rank, args=(world, free_port(), str(folder), check), nprocs=world,
+                       start_method="forkserver")

@@ -320,8 +320,8 @@ def test_metrics_after_a_crash_and_resume_read_like_the_uninterrupted_run(tiny_t
 
 # ---- distributed: a frozen or killed rank ------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", ["SIGSTOP", "SIGKILL"])
-def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrides, tmp_path, signum):
+@pytest.mark.parametrize("signum, parallel", [("SIGSTOP", "ddp"), ("SIGKILL", "ddp"), ("SIGKILL", "fsdp")])
+def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrides, tmp_path, signum, parallel):
     """Two ranks started by hand (as srun does, no torchrun); rank 1 freezes or dies mid-training."""
     import signal as signals
 
@@ -329,7 +329,7 @@ def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrid
            "OMP_NUM_THREADS": "1"}
     args = [sys.executable, str(ROOT / "train.py"), "--no-test",
             *tiny_overrides(tmp_path, "train.exp_id=lost", "train.max_steps=100000", "train.num_threads=1",
-                            "train.collective_timeout_minutes=0.05")]  # 3 s
+                            "train.collective_timeout_minutes=0.05", f"train.parallel={parallel}")]  # 3 s
     ranks = [subprocess.Popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import assert_two_processes_equal_one
+from conftest import assert_two_processes_equal_one, spawn
 
 from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.config import Config
@@ -32,7 +31,7 @@ from xlm_pkm.model.memory.value_shards import ValueShard, init_shard
 from xlm_pkm.model.memory.value_stores import TableValues
 from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 from xlm_pkm.optim.optimizers import OptimConfig, Optimizers, value_optimizer
-from xlm_pkm.runtime.distributed import DistEnv, average_value_grads_, free_port, init_distributed, shutdown
+from xlm_pkm.runtime.distributed import DistEnv, average_value_grads_
 from xlm_pkm.train.step import optimizer_update
 from xlm_pkm.utils.atomic import OutputError
 
@@ -217,27 +216,6 @@ def check_uneven_token_counts(rank: int, world: int) -> None:
         torch.testing.assert_close(out, read_values(table, indices, weights, False)[mine])
         torch.testing.assert_close(own.grad, ref_weights.grad[mine])
         torch.testing.assert_close(dense_grad(shard), dense_grad(ref_table)[:, columns])
-
-
-def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    init_distributed(torch.device("cpu"), timeout_minutes=1.0)
-    failed = True
-    try:
-        check(rank, world, folder)
-        failed = False
-    finally:
-        shutdown(failed)  # after a failure no barrier: spawn then stops the other ranks
-
-
-def spawn(check, world: int, folder) -> None:
-    """Runs check(rank, world, folder) on `world` processes, forked from a server that imported torch
-    and this module once (a fresh interpreter per rank costs ~3 s of imports each on 2 cores)."""
-    mp.set_forkserver_preload(["torch", "xlm_pkm.model.memory.sharded_read", __name__])
-    mp.start_processes(run_rank, args=(world, free_port(), str(folder), check), nprocs=world,
-                       start_method="forkserver")
 
 
 def check_all(rank: int, world: int, folder: str) -> None:

@@ -18,7 +18,7 @@ sharded on dim 1 (each rank's columns, model/memory/value_shards.py); every othe
 DCP writes one copy of it, spreading those copies over the ranks. Loading reads, for each tensor, the part
 that the loading rank holds in its own layout: a checkpoint resumes on any number of processes (dividing the
 value dimension when values are sharded) in either train.parallel, and loads whole on one process without a
-process group (read_model: evaluate.py, export, generation).
+process group (read_whole: evaluate.py, export, generation, or to look into a checkpoint).
 """
 
 from __future__ import annotations
@@ -78,14 +78,15 @@ def _quiet_single_process():
         yield
 
 
-def _summary(error: BaseException) -> str:
-    """A CheckpointException (every failed rank's error with its traceback) in one line: the first failure."""
+def _summary(error: BaseException, ranks: bool = False) -> str:
+    """An error in one line; of a CheckpointException (every failed rank's error with its traceback), the first
+    failure, after its rank when `ranks`."""
     failures = getattr(error, "failures", None)
     if failures:
-        rank, (error, _) = next(iter(sorted(failures.items(), key=lambda item: item[0])))
-        return f"rank {rank}: {_summary(error)}"
+        rank, (error, _) = min(failures.items(), key=lambda item: item[0])
+        return f"rank {rank}: {_summary(error)}" if ranks else _summary(error)
     text = (str(error).strip().splitlines() or [""])[0][:300]
-    return f"{type(error).__name__}: {text}"
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def save(record: dict, path: Path, model: nn.Module, params: dict[str, list[nn.Parameter]], env: DistEnv,
@@ -131,7 +132,7 @@ def save(record: dict, path: Path, model: nn.Module, params: dict[str, list[nn.P
         if env.is_main:
             shutil.rmtree(partial, ignore_errors=True)
         kept = f"; the previous {path.name} is kept" if path.exists() else ""
-        raise OutputError(f"cannot write {partial}: {_summary(e)}{kept}") from None
+        raise OutputError(f"cannot write {partial}: {_summary(e, env.is_distributed)}{kept}") from None
     if env.is_main:
         os.replace(partial, folder / name)
     rest = {k: v for k, v in record.items() if k not in ("model", "optimizers")}
@@ -163,13 +164,13 @@ def _read(tensors: dict, path: Path, state: dict, env: DistEnv | None) -> None:
     from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint import load as dcp_load
 
-    folder = path.parent / state[KEY]
+    folder, distributed = path.parent / state[KEY], env is not None and env.is_distributed
     try:
         with _quiet_single_process():
-            dcp_load(tensors, checkpoint_id=folder, no_dist=env is None or not env.is_distributed)
+            dcp_load(tensors, checkpoint_id=folder, no_dist=not distributed)
     except CheckpointException as e:  # on every rank, with every failed rank's error
-        raise ValueError(f"{path}: its tensors in {folder} cannot be read ({_summary(e)}); restore the whole "
-                         f"{folder.parent.name}/ folder of that checkpoint") from None
+        raise ValueError(f"{path}: its tensors in {folder} cannot be read ({_summary(e, distributed)}); restore the "
+                         f"whole {folder.parent.name}/ folder of that checkpoint") from None
 
 
 def load(state: dict, path: Path, model: nn.Module, params: dict[str, list[nn.Parameter]], env: DistEnv,
@@ -197,16 +198,29 @@ def load(state: dict, path: Path, model: nn.Module, params: dict[str, list[nn.Pa
     return state
 
 
-def read_model(state: dict, path: Path, model: nn.Module) -> dict[str, torch.Tensor]:
-    """The model weights of the checkpoint `state` (loaded from `path`) for `model`'s state dict, whole (a value
-    table sharded by column in `model` is read with every column), read by this process alone (no collective,
-    also in a process group); the model is not changed."""
-    named, _ = _names(model)
+def read_whole(state: dict, path: Path, optimizers: bool = True) -> dict:
+    """The checkpoint `state` (loaded from `path`) with its tensors read whole by this process alone (no
+    collective, also in a process group): state["model"] (value tables with every column) and, with
+    `optimizers`, the tensors of state["optimizers"]; no model needed (the folder's metadata gives each shape)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    def whole(name: str, t: torch.Tensor) -> torch.Tensor:
-        shard = getattr(named.get(name), "value_shard", None)
-        return t.new_empty(t.shape[0], t.shape[1] * shard.world) if shard is not None else torch.empty_like(t)
-
-    tensors = {f"model.{k}": whole(k, t) for k, t in model.state_dict().items()}
+    folder = path.parent / state[KEY]
+    try:
+        metadata = FileSystemReader(folder).read_metadata().state_dict_metadata
+    except (OSError, ValueError, RuntimeError, EOFError) as e:  # no folder, no or a damaged .metadata
+        raise ValueError(f"{path}: its tensors in {folder} cannot be read ({_summary(e)}); restore the whole "
+                         f"{folder.parent.name}/ folder of that checkpoint") from None
+    tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.items()
+               if isinstance(m, TensorStorageMetadata) and (optimizers or k.startswith("model."))}
     _read(tensors, path, state, None)
-    return {k.removeprefix("model."): t for k, t in tensors.items()}
+
+    def filled(v):
+        return tensors[v[KEY]] if isinstance(v, dict) and KEY in v else v
+
+    out = {**state, "model": {k.removeprefix("model."): t for k, t in tensors.items() if k.startswith("model.")}}
+    if optimizers:
+        out["optimizers"] = {group: {**saved, "state": {i: {k: filled(v) for k, v in values.items()}
+                                                        for i, values in saved["state"].items()}}
+                             for group, saved in state["optimizers"].items()}
+    return out

@@ -78,7 +78,7 @@ def _load(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedMode
     if dcp_tensors.KEY in state:  # checkpoint.pt's tensors: read whole, then this rank's columns of sharded values
         names = sharded_values.sharded_names(model)
         state["model"] = {k: t[:, shard.columns(t.shape[1])] if k in names else t
-                          for k, t in dcp_tensors.read_model(state, path, model).items()}
+                          for k, t in dcp_tensors.read_whole(state, path, optimizers=False)["model"].items()}
     else:
         state = sharded_values.attach(state, path, shard)
     checkpoint.load_model_state(model, state.pop("model"), path)

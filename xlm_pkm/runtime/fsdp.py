@@ -28,6 +28,7 @@ search, softmax and value sums run in float32 as they do under autocast (model/m
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 
 import torch
@@ -49,6 +50,9 @@ def fully_shard_model(model: nn.Module, blocks: list[nn.Module], float32_parts: 
                       kept_out: list[nn.Parameter], env: DistEnv, device: torch.device, precision: str,
                       reshard_after_forward: bool) -> nn.Module:
     """`model`, its `blocks` and `model` itself made FSDP units in place (module docstring); returns it."""
+    # FSDP warns at the first forward that the model's output (the NLL, a view) would lose its backward hook to an
+    # in-place op: the training step only takes its mean
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mesh = world_mesh(device, env)
     ignored = set(kept_out)
     low = DTYPES.get(precision)  # None: fp32
