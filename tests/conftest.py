@@ -240,18 +240,25 @@ def train_losses():
     return logged_losses
 
 
+def whole_checkpoint(path) -> dict:
+    """A run checkpoint read whole on this process: checkpoint.pt's tensors from its folder (Distributed
+    Checkpoint), best.pt's (or an earlier checkpoint.pt's) value shard files gathered."""
+    from xlm_pkm.checkpoint import dcp_tensors, files, sharded_values
+
+    state = files.load(path)
+    if dcp_tensors.KEY in state:
+        return dcp_tensors.read_whole(state, Path(path))
+    return sharded_values.attach(state, Path(path), None)
+
+
 def assert_two_processes_equal_one(run_dir: Path, single) -> None:
     """The 4-step run in run_dir, trained on 2 processes, logged the losses of `single` (a finished 1-process
     Trainer with the same global batch) and ends with its weights (sharded values gathered whole)."""
-    from xlm_pkm.checkpoint import files as checkpoint
-    from xlm_pkm.checkpoint import sharded_values
-
     two, one = logged_losses(run_dir), logged_losses(single.run_dir)
     assert sorted(two) == sorted(one) == [1, 2, 3, 4]
     for step in one:
         assert math.isclose(two[step], one[step], rel_tol=1e-5), (step, two[step], one[step])
-    path = Path(run_dir) / "checkpoint.pt"
-    state = sharded_values.attach(checkpoint.load(path), path, None)
+    state = whole_checkpoint(Path(run_dir) / "checkpoint.pt")
     assert [rank["data"]["world_size"] for rank in state["train_state"]] == [2, 2]
     for name, p in single.model.state_dict().items():  # Adam magnifies float rounding of tiny gradients
         torch.testing.assert_close(state["model"][name], p, rtol=1e-3, atol=1e-3)

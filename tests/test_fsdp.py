@@ -17,10 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import logged_losses, spawn
-
-from xlm_pkm.checkpoint import dcp_tensors
-from xlm_pkm.checkpoint import files as checkpoint
+from conftest import logged_losses, spawn, whole_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -39,8 +36,7 @@ STEPS = 20
 
 def whole(run_dir: Path) -> dict:
     """A run's checkpoint.pt read whole on this process (model and optimizer tensors)."""
-    path = Path(run_dir) / "checkpoint.pt"
-    return dcp_tensors.read_whole(checkpoint.load(path), path)
+    return whole_checkpoint(Path(run_dir) / "checkpoint.pt")
 
 
 def optimizer_tensors(state: dict) -> dict[str, torch.Tensor]:

@@ -85,6 +85,11 @@ def _summary(error: BaseException, ranks: bool = False) -> str:
     if failures:
         rank, (error, _) = min(failures.items(), key=lambda item: item[0])
         return f"rank {rank}: {_summary(error)}" if ranks else _summary(error)
+    cause = error
+    while cause is not None and not isinstance(cause, OSError):  # a full disk under torch.save's own error
+        cause = cause.__cause__ or cause.__context__
+    if cause is not None and cause.strerror:
+        return f"{cause.strerror}: {cause.filename}" if cause.filename else cause.strerror
     text = (str(error).strip().splitlines() or [""])[0][:300]
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
