@@ -58,12 +58,14 @@ def train_each(rank: int, world: int, folder: str) -> None:
             trainer.close()
 
 
-def train_in_both_modes(tiny_overrides, folder: Path, world: int, configs: dict) -> None:
+def train_in_both_modes(tiny_overrides, folder: Path, world: int, configs: dict, **more: tuple[str, ...]) -> None:
     """Each config of `configs` trained STEPS steps on `world` processes in ddp and in fsdp mode (exp_id
-    NAME-ddp, NAME-fsdp under folder)."""
+    NAME-ddp, NAME-fsdp under folder), and each of `more` (exp_id: overrides)."""
     runs = {f"{name}-{parallel}": tiny_overrides(folder, *extra, f"train.parallel={parallel}",
                                                  f"train.exp_id={name}-{parallel}", f"train.max_steps={STEPS}")
             for name, extra in configs.items() for parallel in ("ddp", "fsdp")}
+    runs |= {name: tiny_overrides(folder, *extra, f"train.exp_id={name}", f"train.max_steps={STEPS}")
+             for name, extra in more.items()}
     (folder / "runs.json").write_text(json.dumps(runs))
     spawn(train_each, world, folder)
 
@@ -91,9 +93,16 @@ def assert_fsdp_equals_ddp(folder: Path, name: str) -> None:
 
 @pytest.mark.slow
 def test_fsdp_equals_ddp_for_pkm_peer_and_engram_on_2_processes(tiny_overrides, tmp_path):
-    train_in_both_modes(tiny_overrides, tmp_path, 2, CONFIGS)
+    """Also the PKM config in fsdp with bf16 (FSDP's mixed precision: blocks in bf16, the memory in float32):
+    its losses track the float32 ones, not equal to them."""
+    train_in_both_modes(tiny_overrides, tmp_path, 2, CONFIGS,
+                        bf16=(*CONFIGS["pkm"], "train.parallel=fsdp", "train.precision=bf16"))
     for name in CONFIGS:
         assert_fsdp_equals_ddp(tmp_path, name)
+    fp32, bf16 = logged_losses(tmp_path / "tiny" / "pkm-fsdp"), logged_losses(tmp_path / "tiny" / "bf16")
+    assert sorted(bf16) == sorted(fp32) and bf16 != fp32
+    for step, loss in fp32.items():
+        assert math.isclose(bf16[step], loss, rel_tol=0.02), (step, bf16[step], loss)
 
 
 @pytest.mark.slow
@@ -178,3 +187,23 @@ def test_a_run_saved_on_2_processes_resumes_on_1_and_on_4(tiny_overrides, tiny_t
         assert len(positions) == world and all(p["world_size"] * p["batch_size"] == 8 for p in positions)
         assert {(p["epoch"], p["step"]) for p in positions} == {(d["epoch"], d["step"]) for d in
                                                                (r["data"] for r in full["train_state"])}
+
+
+def test_per_rank_states_saved_by_2_ranks_are_resharded_for_4():
+    """The counters and data position as saved; the log window's mean loss kept (the logged loss is the sum
+    over ranks over W x steps); each stream's cache row to the rank that now reads that stream; the random
+    states seeded anew per rank, the same for the same (seed, step, rank)."""
+    from xlm_pkm.train.state import resharded_states
+
+    caches = [torch.arange(2 * 3 * 4, dtype=torch.float32).view(2, 3, 4) + 100 * r for r in range(2)]  # (B, C, D)
+    saved = [{"step": 7, "best_ppl": 9.5, "log_steps": 3, "log_loss_sum": loss, "data": {"epoch": 1, "step": 7},
+              "stream_cache": [cache, None], "rng": {"torch": None}} for loss, cache in zip((6.0, 9.0), caches)]
+    assert resharded_states(saved, 2, seed=0) is saved
+    four = resharded_states(saved, 4, seed=0)
+    assert len(four) == 4 and all(r["step"] == 7 and r["data"] == {"epoch": 1, "step": 7} for r in four)
+    assert sum(r["log_loss_sum"] for r in four) / (4 * 3) == (6.0 + 9.0) / (2 * 3)
+    streams = torch.cat(caches)  # (4, C, D): stream s is row s, read by rank s now
+    assert all(torch.equal(r["stream_cache"][0], streams[i: i + 1]) and r["stream_cache"][1] is None
+               for i, r in enumerate(four))
+    assert len({tuple(r["rng"]["seed"]) for r in four}) == 4
+    assert [r["rng"] for r in resharded_states(saved, 4, seed=0)] == [r["rng"] for r in four]
