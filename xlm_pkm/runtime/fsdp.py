@@ -16,8 +16,9 @@ sharded_read.py), and distributed.average_value_grads_ averages their gradients.
 for them: their gradient is row-sparse (one row per slot read) and their optimizer (LazyAdam) updates only
 those rows, so a step costs in proportion to the rows read, not the table size. FSDP all-gathers whole
 parameters and reduce-scatters dense gradients, which for a 512² x 1024 table is the whole table every
-step; DTensor has no sparse gradients, nor ops for torch.sparse_coo tensors. Today's column split already
-keeps their cost in rows read and their memory at 1/W per rank.
+step; and a DTensor cannot hold a row-sparse (sparse COO) gradient (in torch 2.13 DTensor.from_local of one
+fails on aten::view for the sparse backend). Today's column split already keeps their cost in rows read and
+their memory at 1/W per rank.
 
 Mixed precision (bf16, fp16) is FSDP's MixedPrecisionPolicy instead of autocast: the blocks compute with
 their weights gathered in the low precision, gradients are reduced in float32 and the sharded weights and
