@@ -5,13 +5,16 @@
 Builds the config's model and optimizers on the CPU (vocabulary: --vocab, the paper's 60k BPE codes by
 default), gives every optimizer its state (one step on zero gradients: Adam's two moments), then
 writes checkpoint.pt as the trainer does (xlm_pkm.train.trainer.Trainer.save_checkpoint on one process):
-the non-finite scan, then torch.save to a temporary file, fsync and rename (checkpoint.save_atomic).
+the non-finite scan, then the tensors through Distributed Checkpoint into checkpoint.dcp/stepS (written,
+fsynced, renamed: checkpoint/dcp_tensors.py) and the rest to checkpoint.pt (checkpoint.save_atomic). Its
+bytes are both together.
 Reports the median of --repeats writes (and each), so that `train.save_every_steps/minutes` can be
 chosen knowing what a save costs. Writes dumped/bench/checkpoint_cost_cpu.json (--out elsewhere).
 """
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import sys
 import tempfile
@@ -24,8 +27,10 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from machine import machine_info, write_result
 from model_setup import REPO, benchmark_parser, build_model
 
+from xlm_pkm.checkpoint import dcp_tensors
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.config import to_dict
+from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.train import build
 
 
@@ -50,11 +55,14 @@ def main() -> None:
             start = time.perf_counter()
             assert checkpoint.first_non_finite({"model": record["model"], "optimizer": record["optimizers"]}) is None
             scanned = time.perf_counter()
-            checkpoint.save_atomic(record, path)
+            rest = dcp_tensors.save(record, path, model, optimizers.params(), DistEnv(), torch.device("cpu"))
+            checkpoint.save_atomic(rest, path)
             scans.append(scanned - start)
             writes.append(time.perf_counter() - scanned)
-            sizes.append(path.stat().st_size)
+            folder = dcp_tensors.folder_of(path)
+            sizes.append(path.stat().st_size + sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()))
             path.unlink()
+            shutil.rmtree(folder)
     result = {
         "benchmark": "checkpoint_cost", "config": str(Path(args.config).resolve().relative_to(REPO)),
         "vocab": args.vocab, "parameters": params, "bytes": sizes[0], "gib": round(sizes[0] / 2**30, 3),

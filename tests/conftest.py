@@ -240,18 +240,25 @@ def train_losses():
     return logged_losses
 
 
+def whole_checkpoint(path) -> dict:
+    """A run checkpoint read whole on this process: checkpoint.pt's tensors from its folder (Distributed
+    Checkpoint), best.pt's (or an earlier checkpoint.pt's) value shard files gathered."""
+    from xlm_pkm.checkpoint import dcp_tensors, files, sharded_values
+
+    state = files.load(path)
+    if dcp_tensors.KEY in state:
+        return dcp_tensors.read_whole(state, Path(path))
+    return sharded_values.attach(state, Path(path), None)
+
+
 def assert_two_processes_equal_one(run_dir: Path, single) -> None:
     """The 4-step run in run_dir, trained on 2 processes, logged the losses of `single` (a finished 1-process
     Trainer with the same global batch) and ends with its weights (sharded values gathered whole)."""
-    from xlm_pkm.checkpoint import files as checkpoint
-    from xlm_pkm.checkpoint import sharded_values
-
     two, one = logged_losses(run_dir), logged_losses(single.run_dir)
     assert sorted(two) == sorted(one) == [1, 2, 3, 4]
     for step in one:
         assert math.isclose(two[step], one[step], rel_tol=1e-5), (step, two[step], one[step])
-    path = Path(run_dir) / "checkpoint.pt"
-    state = sharded_values.attach(checkpoint.load(path), path, None)
+    state = whole_checkpoint(Path(run_dir) / "checkpoint.pt")
     assert [rank["data"]["world_size"] for rank in state["train_state"]] == [2, 2]
     for name, p in single.model.state_dict().items():  # Adam magnifies float rounding of tiny gradients
         torch.testing.assert_close(state["model"][name], p, rtol=1e-3, atol=1e-3)
@@ -277,3 +284,31 @@ def signal_at_step(monkeypatch):
         monkeypatch.setattr(Trainer, "train_step", step_then_signal)
 
     return arm
+
+
+def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
+    """Rank `rank` of a `world`-process gloo group on the CPU, running check(rank, world, folder) (spawn)."""
+    from xlm_pkm.runtime.distributed import init_distributed, shutdown
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    init_distributed(torch.device("cpu"), timeout_minutes=1.0)
+    failed = True
+    try:
+        check(rank, world, folder)
+        failed = False
+    finally:
+        shutdown(failed)  # after a failure no barrier: spawn then stops the other ranks
+
+
+def spawn(check, world: int, folder) -> None:
+    """Runs check(rank, world, folder) on `world` processes, forked from a server that imported torch and
+    check's module once (a fresh interpreter per rank costs ~3 s of imports each on 2 cores)."""
+    import torch.multiprocessing as mp
+
+    from xlm_pkm.runtime.distributed import free_port
+
+    mp.set_forkserver_preload(["torch", "xlm_pkm.model.memory.sharded_read", check.__module__])
+    mp.start_processes(run_rank, args=(world, free_port(), str(folder), check), nprocs=world,
+                       start_method="forkserver")

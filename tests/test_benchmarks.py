@@ -133,7 +133,7 @@ def test_sharded_values_arithmetic():
 
 
 def test_checkpoint_cost(tmp_path):
-    """The bytes it reports are those of a checkpoint.pt that loads back as a run checkpoint."""
+    """It reports the bytes of checkpoint.pt and its tensors' folder, and leaves neither behind."""
     result = run_benchmark("checkpoint_cost", tmp_path / "ckpt.json", "--vocab", "100", "--repeats", "2",
                            "--dir", str(tmp_path), "--override", *TINY_MODEL, "model.memory.n_keys=8")
     assert result["parameters"] > 0 and len(result["write_s_each"]) == 2

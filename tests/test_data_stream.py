@@ -125,3 +125,30 @@ def test_unshuffled_training_streams_continue_from_one_batch_to_the_next(tiny_da
         assert torch.equal(y0[:, -1], x1[:, 0])
     shuffled = list(islice(TokenStream(tiny_data_dir, "train", batch_size=3, bptt=16, seed=2), len(stream)))
     assert sorted(map(lambda b: b[0].sum().item(), shuffled)) == sorted(map(lambda b: b[0].sum().item(), batches))
+
+
+def test_a_position_saved_by_2_ranks_resumes_on_1_and_4_reading_each_token_once(tiny_data_dir):
+    """Saved by 2 ranks x 4 streams after 5 steps, resumed by 1 x 8 and 4 x 2 (the same 8 streams): every step
+    after the cut reads, over all ranks in rank order, the rows of the uninterrupted run's step, into the next
+    epoch: no token is skipped or read twice, since the uninterrupted run reads every block of an epoch once
+    (test_train_epochs_read_every_block_once_in_a_seeded_shuffled_order). Another count of streams is refused."""
+    def rows(world: int, batch_size: int, state: dict | None, steps: int) -> list[torch.Tensor]:
+        """Each step's (8, 17) rows of every rank (x and the last target), ranks in order."""
+        streams = [TokenStream(tiny_data_dir, "train", batch_size, 16, rank, world, seed=4) for rank in range(world)]
+        for stream in streams:
+            if state is not None:
+                stream.load_state_dict(state)
+        steps_read = zip(*(islice(stream, steps) for stream in streams))
+        return [torch.cat([torch.cat([x, y[:, -1:]], 1) for x, y in ranks]) for ranks in steps_read]
+
+    saved = TokenStream(tiny_data_dir, "train", 4, 16, 0, 2, seed=4)
+    epoch, cut = len(saved), 5
+    list(islice(saved, cut))
+    state = saved.state_dict()
+    uninterrupted = rows(2, 4, None, epoch + 3)
+    for world, batch_size in ((1, 8), (4, 2)):
+        resumed = rows(world, batch_size, state, epoch - cut + 3)
+        assert all(torch.equal(a, b) for a, b in zip(resumed, uninterrupted[cut:], strict=True))
+    with pytest.raises(ValueError, match=r"saved by 2 process\(es\) x data.batch_size=4 = 8 streams, resumed by 4 x 4: "
+                                         r".* resume with data.batch_size=2$"):
+        TokenStream(tiny_data_dir, "train", 4, 16, 0, 4, seed=4).load_state_dict(state)

@@ -56,15 +56,18 @@ def test_small_filesystem_fills_for_real(small_filesystem):
 def test_full_disk_during_training_is_one_line_and_keeps_the_previous_checkpoint(reference_run, tiny_overrides,
                                                                                   small_filesystem, capsys):
     reference = reference_run()
-    last, best = reference.ckpt_path.stat().st_size, reference.best_path.stat().st_size
-    # room for the logs, checkpoint.pt of step 4 and best.pt of step 8, not for a second checkpoint.pt beside the first
+    tensors = sum(p.stat().st_size for p in (reference.run_dir / "checkpoint.dcp").rglob("*") if p.is_file())
+    last, best = reference.ckpt_path.stat().st_size + tensors, reference.best_path.stat().st_size
+    # room for the logs, checkpoint.pt (and its tensors) of step 4 and best.pt of step 8, not for a second
+    # checkpoint beside the first
     fs = small_filesystem((last + best + last // 2) // 1024 + 64)
     status = train_main(tiny_overrides(fs, "train.exp_id=full", "train.save_every_steps=4"))
     run = fs / "tiny" / "full"
     assert status == 2
-    assert capsys.readouterr().err == (f"train.py: error: cannot write {run}/checkpoint.pt: {FULL}; "
+    assert capsys.readouterr().err == (f"train.py: error: cannot write {run}/checkpoint.dcp/step8.partial: {FULL}; "
                                        f"the previous checkpoint.pt is kept\n")
     assert checkpoint.load(run / "checkpoint.pt")["step"] == 4
+    assert [p.name for p in (run / "checkpoint.dcp").iterdir()] == ["step4"]  # its tensors; no partial folder
     assert checkpoint.load(run / "best.pt")["step"] == 8  # written before the disk was full
     assert temporary_files(fs) == []
 

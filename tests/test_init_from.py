@@ -3,6 +3,7 @@ retrofits a memory into a dense model, refuses what does not fit in one line, an
 
 import pytest
 import torch
+from conftest import whole_checkpoint
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.errors import ConfigError
@@ -19,7 +20,7 @@ def trained(tiny_run, tmp_path_factory):
 
 
 def _weights(path) -> dict[str, torch.Tensor]:
-    return checkpoint.load(path)["model"]
+    return whole_checkpoint(path)["model"]
 
 
 @pytest.mark.parametrize("source", ["best.pt", "checkpoint.pt", "exported"])

@@ -4,9 +4,8 @@ import sys
 
 import pytest
 import torch
-from conftest import logged_losses
+from conftest import logged_losses, whole_checkpoint
 
-from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.finetune.lora import MISSING_PEFT
@@ -59,7 +58,7 @@ def test_lora_run_resumes_exactly(tiny_run, reference_run, tmp_path):
     pytest.importorskip("peft")
     full = reference_run(*LORA)
     tiny_run(tmp_path, "train.exp_id=cut", "train.max_steps=3", *LORA)
-    assert any(".lora_B." in k for k in checkpoint.load(tmp_path / "tiny" / "cut" / "checkpoint.pt")["model"])
+    assert any(".lora_B." in k for k in whole_checkpoint(tmp_path / "tiny" / "cut" / "checkpoint.pt")["model"])
     resumed = tiny_run(tmp_path, "train.exp_id=cut", *LORA)
     assert logged_losses(resumed.run_dir) == logged_losses(full.run_dir)
     for name, p in full.model.state_dict().items():

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import TINY_VALUES, brute_force_top_slots, read_events, train_recording_steps
+from conftest import TINY_VALUES, brute_force_top_slots, read_events, train_recording_steps, whole_checkpoint
 
 from xlm_pkm.finetune.memory_finetune import Background, random_slots, tf_idf, top_by_count, top_slots
 from xlm_pkm.launch.cli import train_main
@@ -125,10 +125,9 @@ def test_two_processes_with_sharded_values_update_the_rows_of_one_process(finetu
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     from xlm_pkm.checkpoint import files as checkpoint
-    from xlm_pkm.checkpoint import sharded_values
 
     path = tmp_path / "tiny" / "two" / "checkpoint.pt"
-    two = sharded_values.attach(checkpoint.load(path), path, None)["model"][TINY_VALUES]
+    two = whole_checkpoint(path)["model"][TINY_VALUES]
     start, one = checkpoint.load(best)["model"][TINY_VALUES], single.model.state_dict()[TINY_VALUES]
     moved = (one != start).any(dim=1)
     assert moved.sum() >= 3 and torch.equal((two != start).any(dim=1), moved)

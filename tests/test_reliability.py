@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import whole_checkpoint
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.files import NonFiniteError
@@ -46,7 +47,7 @@ def test_non_finite_weights_never_overwrite_the_good_checkpoint(tiny_run, tiny_t
     trainer.close()
     assert trainer.ckpt_path.read_bytes() == good
     assert f"Last good checkpoint: {trainer.ckpt_path} (step 3)" in str(raised.value)
-    assert checkpoint.first_non_finite(checkpoint.load(trainer.ckpt_path)["model"]) is None
+    assert checkpoint.first_non_finite(whole_checkpoint(trainer.ckpt_path)["model"]) is None
 
 
 def test_first_non_finite_names_the_tensor():
@@ -248,10 +249,11 @@ def test_a_run_directory_without_checkpoint_is_not_overwritten(tiny_run, tiny_ov
     stopped before its first one) and the same command runs again."""
     run_dir = tiny_run(tmp_path, "train.exp_id=kept", "train.eval_every=4").run_dir
     (run_dir / "checkpoint.pt").unlink()
-    outputs = lambda: {p.name: p.read_bytes() for p in run_dir.iterdir() if p.name != ".lock"}  # noqa: E731
+    outputs = lambda: {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}  # noqa: E731
     before = outputs()
     assert train_main(tiny_overrides(tmp_path, "train.exp_id=kept", "train.eval_every=4")) == 2
-    assert capsys.readouterr().err.startswith(f"train.py: error: {run_dir} holds a run (best.pt, config.yaml, ")
+    err = capsys.readouterr().err
+    assert err.startswith(f"train.py: error: {run_dir} holds a run (best.pt, checkpoint.dcp, config.yaml, ")
     assert outputs() == before
 
 
@@ -320,8 +322,8 @@ def test_metrics_after_a_crash_and_resume_read_like_the_uninterrupted_run(tiny_t
 
 # ---- distributed: a frozen or killed rank ------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("signum", ["SIGSTOP", "SIGKILL"])
-def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrides, tmp_path, signum):
+@pytest.mark.parametrize("signum, parallel", [("SIGSTOP", "ddp"), ("SIGKILL", "ddp"), ("SIGKILL", "fsdp")])
+def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrides, tmp_path, signum, parallel):
     """Two ranks started by hand (as srun does, no torchrun); rank 1 freezes or dies mid-training."""
     import signal as signals
 
@@ -329,7 +331,7 @@ def test_frozen_or_killed_rank_ends_the_job_with_one_line_naming_it(tiny_overrid
            "OMP_NUM_THREADS": "1"}
     args = [sys.executable, str(ROOT / "train.py"), "--no-test",
             *tiny_overrides(tmp_path, "train.exp_id=lost", "train.max_steps=100000", "train.num_threads=1",
-                            "train.collective_timeout_minutes=0.05")]  # 3 s
+                            "train.collective_timeout_minutes=0.05", f"train.parallel={parallel}")]  # 3 s
     ranks = [subprocess.Popen(args, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, cwd=tmp_path,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(2)]
     try:

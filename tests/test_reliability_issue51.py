@@ -50,6 +50,19 @@ def test_evaluate_json_on_a_checkpoint_is_refused_before_evaluating(reference_ru
 
 
 # ---- 9. a non-finite weight in a checkpoint (bit rot) --------------------------------------------------
+def rewrite_tensor(path: Path, name: str, change) -> None:
+    """checkpoint.pt's tensor `name` (in its Distributed Checkpoint folder) changed in place by change(tensor),
+    the folder written again whole, on this process."""
+    from torch.distributed.checkpoint import FileSystemReader, load, save
+
+    folder = path.parent / torch.load(path, weights_only=False)["dcp"]
+    metadata = FileSystemReader(folder).read_metadata().state_dict_metadata
+    tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.items()}
+    load(tensors, checkpoint_id=folder, no_dist=True)
+    change(tensors[name])
+    save(tensors, checkpoint_id=folder, no_dist=True)
+
+
 def test_a_nan_weight_is_refused_by_evaluate_generate_and_resume(reference_run, tiny_run, tiny_trainer, tmp_path,
                                                                  capsys):
     damaged = tmp_path / "damaged.pt"
@@ -61,9 +74,7 @@ def test_a_nan_weight_is_refused_by_evaluate_generate_and_resume(reference_run, 
     assert generate_main(["--checkpoint", str(damaged), "--max-tokens", "3"]) == 2
     assert f"{damaged}: weight {TINY_VALUES} holds nan or inf" in one_line(capsys)
     run_dir = tiny_run(tmp_path, "train.exp_id=rot", "train.max_steps=2").run_dir
-    state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    state["model"][TINY_VALUES][0, 0] = float("inf")
-    torch.save(state, run_dir / "checkpoint.pt")
+    rewrite_tensor(run_dir / "checkpoint.pt", f"model.{TINY_VALUES}", lambda t: t[0].fill_(float("inf")))
     with pytest.raises(NonFiniteError, match=f"checkpoint.pt: weight {TINY_VALUES} holds nan or inf") as refused:
         tiny_trainer(tmp_path, "train.exp_id=rot", "train.max_steps=4")
     assert "Last good checkpoint" not in str(refused.value)

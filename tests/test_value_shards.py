@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
-from conftest import assert_two_processes_equal_one
+from conftest import assert_two_processes_equal_one, spawn
 
 from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.config import Config
@@ -32,7 +31,7 @@ from xlm_pkm.model.memory.value_shards import ValueShard, init_shard
 from xlm_pkm.model.memory.value_stores import TableValues
 from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 from xlm_pkm.optim.optimizers import OptimConfig, Optimizers, value_optimizer
-from xlm_pkm.runtime.distributed import DistEnv, average_value_grads_, free_port, init_distributed, shutdown
+from xlm_pkm.runtime.distributed import DistEnv, average_value_grads_
 from xlm_pkm.train.step import optimizer_update
 from xlm_pkm.utils.atomic import OutputError
 
@@ -225,27 +224,6 @@ def check_uneven_token_counts(rank: int, world: int) -> None:
         torch.testing.assert_close(dense_grad(shard), dense_grad(ref_table)[:, columns])
 
 
-def run_rank(rank: int, world: int, port: int, folder: str, check) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    init_distributed(torch.device("cpu"), timeout_minutes=1.0)
-    failed = True
-    try:
-        check(rank, world, folder)
-        failed = False
-    finally:
-        shutdown(failed)  # after a failure no barrier: spawn then stops the other ranks
-
-
-def spawn(check, world: int, folder) -> None:
-    """Runs check(rank, world, folder) on `world` processes, forked from a server that imported torch
-    and this module once (a fresh interpreter per rank costs ~3 s of imports each on 2 cores)."""
-    mp.set_forkserver_preload(["torch", "xlm_pkm.model.memory.sharded_read", __name__])
-    mp.start_processes(run_rank, args=(world, free_port(), str(folder), check), nprocs=world,
-                       start_method="forkserver")
-
-
 def check_all(rank: int, world: int, folder: str) -> None:
     check_against_reference(rank, world, folder)
     check_uneven_token_counts(rank, world)
@@ -260,7 +238,7 @@ def check_then_train(rank: int, world: int, folder: str) -> None:
     """check_all; the tiny run with sharded values to step 2, resumed to step 4 (train.py's
     way), its checkpoint evaluated on the W processes (each loads its columns); the tiny run with
     replicated dense values (DDP's all-reduce) to step 4; the sharded run resumed and loaded without the
-    last rank's value file. All in one start-up of W processes."""
+    last rank's file of its tensors. All in one start-up of W processes."""
     import json
 
     from xlm_pkm.checkpoint.trained import load_trained
@@ -280,23 +258,22 @@ def check_then_train(rank: int, world: int, folder: str) -> None:
     if rank == 0:
         (Path(folder) / "evaluated.json").write_text(json.dumps(result))
 
-    # the last rank's value file missing: that rank names it, the others name it as another rank's, and
-    # none goes on (without the agreement, the ranks that loaded theirs trained on, waiting for it)
+    # the file the last rank wrote (its columns, and replicated tensors DCP gave it) missing: every rank stops with
+    # the same line (none goes on into training, waiting for the others)
     damaged = Path(folder) / "missing" / "tiny" / "sharded"
-    lost = f"step4.rank{world - 1}-of-{world}.pt"
+    lost = damaged / "checkpoint.dcp" / "step4" / f"__{world - 1}_0.distcp"
     if rank == 0:
         shutil.copytree(Path(folder) / "tiny" / "sharded", damaged)
-        (damaged / "checkpoint.values" / lost).unlink()
+        lost.unlink()
     dist.barrier()
-    missing = f"{damaged}/checkpoint.pt: its value shard {damaged}/checkpoint.values/{lost} is missing"
-    expected = missing if rank == world - 1 else \
-        f"rank {world - 1} could not load its part of {damaged}/checkpoint.pt, so no rank goes on: {missing}"
-    error = FileNotFoundError if rank == world - 1 else sharded_values.OtherRankError
-    with pytest.raises(error, match=re.escape(expected)):
+    unreadable = re.escape(f"{damaged}/checkpoint.pt: its tensors in {damaged}/checkpoint.dcp/step4 cannot be read (")
+    missing = re.escape(f"No such file or directory: {lost}); restore the whole checkpoint.dcp/ folder of that "
+                        f"checkpoint")
+    with pytest.raises(ValueError, match=unreadable + r"rank \d: " + missing):
         Trainer(load_config(None, [*overrides["sharded"], f"train.dump_path={damaged.parents[1]}",
                                    "train.max_steps=6"]), test=False)
-    with pytest.raises(error, match=re.escape(expected)):
-        load_trained(damaged / "checkpoint.pt", env=DistEnv(rank, rank, world))  # evaluate.py's load
+    with pytest.raises(ValueError, match=unreadable + missing):  # evaluate.py's load: each rank reads alone
+        load_trained(damaged / "checkpoint.pt", env=DistEnv(rank, rank, world))
 
 
 @pytest.mark.slow
@@ -320,9 +297,9 @@ def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, re
     for run, single in singles.items():
         assert_two_processes_equal_one(tmp_path / "tiny" / run, single)
     run = tmp_path / "tiny" / "sharded"
-    assert sorted(f.name for f in (run / "checkpoint.values").iterdir()) == ["step4.rank0-of-2.pt",
-                                                                            "step4.rank1-of-2.pt"]
-    assert (run / "best.values").is_dir()
+    assert sorted(f.name for f in (run / "checkpoint.dcp" / "step4").iterdir()) == [".metadata", "__0_0.distcp",
+                                                                                   "__1_0.distcp"]
+    assert sorted(f.name for f in (run / "best.values").iterdir()) == ["step4.rank0-of-2.pt", "step4.rank1-of-2.pt"]
     sharded = evaluate_checkpoint(run / "checkpoint.pt", "valid", max_batches=2)  # one process: whole tables
     unsharded = evaluate_checkpoint(singles["sharded"].run_dir / "checkpoint.pt", "valid", max_batches=2)
     assert sharded["ppl"] == pytest.approx(unsharded["ppl"], rel=1e-3)
@@ -334,14 +311,14 @@ def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, re
 
 
 def truncated_shard(run: Path, overrides: list[str], dump: Path, capsys) -> None:
-    """The 2-process sharded run `run` (step 4), copied with rank 1's value file cut in half: train.py
-    resuming it under torchrun ends at once on both ranks, exit status 2, one line on each rank's stderr,
-    nothing written (it used to end rank 1 only, after the collective timeout, with a traceback, while
-    rank 0 trained on); evaluate.py on one process (both files): one line."""
+    """The 2-process sharded run `run` (step 4), copied with the file of tensors rank 1 wrote cut short:
+    train.py resuming it under torchrun ends at once on both ranks, exit status 2, the same line on each rank's
+    stderr, nothing written (never one rank alone, after the collective timeout, while the other trains on);
+    evaluate.py on one process: one line."""
     copy = dump / "tiny" / run.name
     shutil.copytree(run, copy)
-    shard = copy / "checkpoint.values" / "step4.rank1-of-2.pt"
-    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    shard = copy / "checkpoint.dcp" / "step4" / "__1_0.distcp"
+    shard.write_bytes(shard.read_bytes()[:1024])  # every tensor of it cut short
 
     def files() -> dict[Path, bytes]:
         return {p: p.read_bytes() for p in copy.rglob("*") if p.is_file() and p.name != ".lock"}
@@ -357,12 +334,10 @@ def truncated_shard(run: Path, overrides: list[str], dump: Path, capsys) -> None
     elapsed = time.monotonic() - start
     assert proc.returncode == 1, proc.stderr[-3000:]  # torchrun's own status when a rank fails
     err = {int(p.parent.name): p.read_text().strip().splitlines() for p in logs.rglob("stderr.log")}
-    damaged = (re.escape(f"{copy}/checkpoint.pt: its value shard {shard} is truncated or damaged (") + r"\w+: .+"
-               + re.escape("); restore the whole checkpoint.values/ folder of that checkpoint"))  # (torch's reason)
+    damaged = (re.escape(f"{copy}/checkpoint.pt: its tensors in {copy}/checkpoint.dcp/step4 cannot be read (")
+               + r"(rank \d: )?\w+.*" + re.escape("); restore the whole checkpoint.dcp/ folder of that checkpoint"))
     assert sorted(err) == [0, 1] and all(len(lines) == 1 for lines in err.values()), err
-    assert re.fullmatch(re.escape(f"train.py: error: rank 1 could not load its part of {copy}/checkpoint.pt, so no "
-                                  f"rank goes on: ") + damaged, err[0][0]), err
-    assert re.fullmatch("train.py: error: " + damaged, err[1][0]), err
+    assert err[0] == err[1] and re.fullmatch("train.py: error: " + damaged, err[0][0]), err
     # each rank's status, from torchrun's report: 2, unless torchrun saw one rank's exit before the other's and
     # sent it SIGTERM (-15) as it was exiting too (its line written, so past the agreement)
     codes = re.findall(r"^\s*exitcode\s*:\s*(-?\d+)", proc.stderr, re.M)
@@ -376,12 +351,12 @@ def truncated_shard(run: Path, overrides: list[str], dump: Path, capsys) -> None
     assert len(err) == 1 and re.fullmatch("evaluate.py: error: " + damaged, err[0]), err
 
 
-def test_sharded_checkpoint_on_one_process_is_kept_whole_when_a_shard_cannot_be_written(tiny_run, tiny_trainer,
+def test_sharded_best_on_one_process_is_kept_whole_when_a_shard_cannot_be_written(tiny_run, tiny_trainer,
                                                                                        tmp_path, monkeypatch):
     run = tiny_run(tmp_path, "model.memory.shard_values=true", "train.max_steps=2", "train.exp_id=one").run_dir
-    files = sorted(p.name for p in (run / "checkpoint.values").iterdir())
+    files = sorted(p.name for p in (run / "best.values").iterdir())
     assert files == ["step2.rank0-of-1.pt"]  # one process holds the one shard: the whole table
-    before = (run / "checkpoint.pt").read_bytes()
+    before = (run / "best.pt").read_bytes()
 
     def full_disk(obj, target):
         raise OutputError(f"{target}: no space left on device")
@@ -391,19 +366,19 @@ def test_sharded_checkpoint_on_one_process_is_kept_whole_when_a_shard_cannot_be_
         trainer.train_step(iter(trainer.train_stream))
         monkeypatch.setattr(sharded_values, "save_atomic", full_disk)
         with pytest.raises(OutputError, match="step3.rank0-of-1.pt: no space left"):
-            trainer.save_checkpoint()
+            trainer.save_best()
     finally:
         trainer.close()
-    assert (run / "checkpoint.pt").read_bytes() == before  # still names the step-2 files, which are there
-    assert sorted(p.name for p in (run / "checkpoint.values").iterdir()) == files
+    assert (run / "best.pt").read_bytes() == before  # still names the step-2 files, which are there
+    assert sorted(p.name for p in (run / "best.values").iterdir()) == files
 
-    shard = run / "checkpoint.values" / files[0]
+    shard = run / "best.values" / files[0]
     shard.unlink()
     with pytest.raises(FileNotFoundError, match="value shard .*step2.rank0-of-1.pt is missing"):
-        sharded_values.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)
+        sharded_values.attach(torch.load(run / "best.pt", weights_only=False), run / "best.pt", None)
     shard.write_bytes(b"")
     with pytest.raises(ValueError, match=r"value shard .*step2.rank0-of-1.pt is truncated or damaged \(\w+: "):
-        sharded_values.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)
+        sharded_values.attach(torch.load(run / "best.pt", weights_only=False), run / "best.pt", None)
     torch.save(torch.zeros(3), shard)
     with pytest.raises(ValueError, match="step2.rank0-of-1.pt is a torch file, but not a value shard"):
-        sharded_values.attach(torch.load(run / "checkpoint.pt", weights_only=False), run / "checkpoint.pt", None)
+        sharded_values.attach(torch.load(run / "best.pt", weights_only=False), run / "best.pt", None)

@@ -87,6 +87,12 @@ class TrainConfig:
     num_threads: int = field(default=0, metadata=non_negative())  # torch CPU threads; 0: torch's default
     # a collective waiting longer fails, naming the missing ranks
     collective_timeout_minutes: float = field(default=10.0, metadata=positive())
+    # ddp: every rank holds the whole dense model (DistributedDataParallel) | fsdp: the dense model's blocks fully
+    # sharded over the ranks (FSDP2, runtime/fsdp.py); memory values and Engram tables stay outside either
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    # fsdp: free each block's gathered weights after its forward (gathered again for the backward: less memory,
+    # one more all-gather per block); false: keep them until the backward
+    fsdp_reshard_after_forward: bool = True
     # a trained model to start from (best.pt, checkpoint.pt or an exported folder): its weights only, the run
     # keeps its own step 0, optimizers and data (init_from.py); ignored when the run directory resumes
     init_from: str = ""
@@ -123,6 +129,9 @@ class Config:
         if context and self.data.shuffle_blocks:
             raise ConfigError(f"data.shuffle_blocks: {context[0]} carries its cache from one batch to the next, so "
                               f"the blocks must be read in order (data.shuffle_blocks=false)")
+        if self.train.parallel == "fsdp" and self.optim.lora.rank:
+            raise ConfigError("train.parallel=fsdp: LoRA's adapters (optim.lora) are not fully sharded here (best.pt "
+                              "merges them from whole weights); use train.parallel=ddp")
         if self.data.fact_batches:  # a fact batch is one optimizer step of a model without a stream cache
             if self.optim.accumulate > 1:
                 raise ConfigError(f"data.fact_batches: each step is one fact's batch; optim.accumulate="

@@ -7,6 +7,7 @@ error is one line naming the file (OutputError).
 A run checkpoint is a dict with at least `config`, `model` and `step`; `checkpoint.pt` adds the
 optimizer and run state (resume), `best.pt` holds the model only (evaluation). Both record the
 vocabulary's fingerprint (`vocab_fingerprint`), checked against the data on resume and evaluation.
+checkpoint.pt keeps its tensors in a folder beside it instead (`dcp`, in place of `model`: dcp_tensors.py).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ from torch import nn
 
 from xlm_pkm.errors import UserError
 from xlm_pkm.utils.atomic import atomic_file, write_error
+from xlm_pkm.utils.dtensors import local_part
 
-RUN_KEYS = ("config", "model", "step")
+RUN_KEYS = ("config", "model", "step")  # "model", or "dcp": the folder of its tensors (dcp_tensors.py)
 
 
 class NonFiniteError(UserError, RuntimeError):
@@ -40,8 +42,9 @@ def save_atomic(obj: dict, path: str | Path) -> None:
 
 
 def _tensors(obj, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) of every tensor in obj (nested dicts/lists); of a DTensor, the part this rank holds."""
     if isinstance(obj, torch.Tensor):
-        yield prefix, obj
+        yield prefix, local_part(obj)
     elif isinstance(obj, dict):
         for k, v in obj.items():
             yield from _tensors(v, f"{prefix}.{k}" if prefix else str(k))
@@ -58,12 +61,17 @@ def first_non_finite(obj) -> str | None:
     return None
 
 
+def damaged_weight(name: str, source: str | Path) -> NonFiniteError:
+    """The error for a weight `name` of `source` that holds a nan or inf: training never saves one."""
+    return NonFiniteError(f"{source}: weight {name} holds nan or inf, which training never saves: the file is "
+                          f"damaged; use another checkpoint of the run (best.pt, checkpoint.pt, a copy)")
+
+
 def refuse_non_finite(weights: dict, source: str | Path) -> None:
     """NonFiniteError naming the first weight with a nan or inf: training never saves one, so the file is damaged."""
     bad = first_non_finite(weights)
     if bad is not None:
-        raise NonFiniteError(f"{source}: weight {bad} holds nan or inf, which training never saves: the file is "
-                             f"damaged; use another checkpoint of the run (best.pt, checkpoint.pt, a copy)")
+        raise damaged_weight(bad, source)
 
 
 def load(path: str | Path) -> dict:
@@ -76,7 +84,7 @@ def load(path: str | Path) -> dict:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated or foreign file
         raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
-    if not isinstance(state, dict) or not all(k in state for k in RUN_KEYS):
+    if not isinstance(state, dict) or not all(k in state for k in RUN_KEYS if k != "model" or "dcp" not in state):
         raise ValueError(f"{path}: a torch file, but not a checkpoint of an xlm-pkm run "
                          f"(expected a dict with {', '.join(RUN_KEYS)})")
     return state

@@ -1,15 +1,17 @@
-"""Sharded memory values in run checkpoints: one file per rank beside the checkpoint, re-shardable on load.
+"""Sharded memory values in best.pt: one file per rank beside it, re-shardable on load; also read from a
+checkpoint.pt of an earlier version, which kept them so (today's checkpoint.pt: dcp_tensors.py).
 
 With model.memory.shard_values, rank r of W holds columns [r·w, (r+1)·w) of each value table and its
-optimizer state (model/memory/value_shards.py, w = dim / W). Saving `checkpoint.pt` (or `best.pt`) at step S:
+optimizer state (model/memory/value_shards.py, w = dim / W). Saving `best.pt` (an earlier `checkpoint.pt`
+the same way, with the values optimizer's state) at step S:
 
-    every rank writes   checkpoint.values/step{S}.rank{r}-of-{W}.pt   its tables' columns and, in
-                                                                      checkpoint.pt, the values optimizer's
-    then rank 0 writes  checkpoint.pt                                  the rest, naming the W files
+    every rank writes   best.values/step{S}.rank{r}-of-{W}.pt   its tables' columns (and an earlier
+                                                                checkpoint.pt's: the values optimizer's)
+    then rank 0 writes  best.pt                                  the rest, naming the W files
 
-Each file is written atomically and checkpoint.pt last, so checkpoint.pt always names complete files
-of its own step: a crash while saving leaves the previous checkpoint.pt and its files. Files that no
-checkpoint names any more are removed after the new checkpoint.pt is written.
+Each file is written atomically and best.pt last, so best.pt always names complete files of its own
+step: a crash while saving leaves the previous best.pt and its files. Files that no checkpoint names any
+more are removed after the new best.pt is written.
 
 Loading (`attach`) re-shards: the target shard (rank', W') takes its columns from the files that hold
 them (memory-mapped, so only those are read), and optimizer tensors of the table's shape are cut the

@@ -18,8 +18,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from xlm_pkm.checkpoint import dcp_tensors, sharded_values
 from xlm_pkm.checkpoint import files as checkpoint
-from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.config import Config, load_config_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.meta import file_digest
@@ -74,7 +74,13 @@ def _load(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedMode
     data_dir, dictionary = _check_vocabulary(cfg, state.get("vocab_fingerprint"), data_dir, path)
     _check_codes(state.get("codes_digest"), Path(cfg.data.path), data_dir, path)
     model = _build(cfg, whole=not sharded)  # sharded values: this rank's columns under several processes (env)
-    state = sharded_values.attach(state, path, sharded_values.model_shard(model))
+    shard = sharded_values.model_shard(model)
+    if dcp_tensors.KEY in state:  # checkpoint.pt's tensors: read whole, then this rank's columns of sharded values
+        names = sharded_values.sharded_names(model)
+        state["model"] = {k: t[:, shard.columns(t.shape[1])] if k in names else t
+                          for k, t in dcp_tensors.read_whole(state, path, optimizers=False)["model"].items()}
+    else:
+        state = sharded_values.attach(state, path, shard)
     checkpoint.load_model_state(model, state.pop("model"), path)
     return TrainedModel(model.eval(), cfg, dictionary, data_dir, state["step"], state.get("vocab_fingerprint"),
                         path, state)

@@ -10,7 +10,8 @@ x holds `<pad>` and y holds PAD_TARGET after each sequence's end, so that the lo
 counts leave those positions out (the model is causal: padding on the right changes no earlier position).
 Facts arrive in order, one per step (the continual setting), and again from the first after the last
 (an epoch). With several ranks, rank r takes paraphrases r, r + W, ... of the fact. The state is
-{epoch, step} as TokenStream's, with what must match on resume.
+{epoch, step} as TokenStream's, with what must match on resume (not the number of processes: a step reads
+the same fact on any).
 """
 
 from __future__ import annotations
@@ -87,7 +88,7 @@ class FactBatches:
                 "world_size": self.world_size, "facts": len(self.facts)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        for key in ("fact_batches", "world_size", "facts"):
+        for key in ("fact_batches", "facts"):  # a step reads one fact whatever the ranks: any world_size resumes
             if state.get(key) != self.state_dict()[key]:
                 raise ValueError(f"the checkpoint's data position does not match {self.data_dir}: its {key} is "
                                  f"{state.get(key)}, this run's {self.state_dict()[key]}; resume with the "

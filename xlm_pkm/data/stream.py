@@ -21,7 +21,9 @@ A shard's checksum is verified the first time it is read (shard.py).
 
 `state_dict()` is {epoch, step, ...} as plain ints; all ranks advance in lockstep, so one rank's
 state resumes every rank. The iterator updates the state before yielding a batch: a state saved
-after consuming k batches resumes at batch k + 1.
+after consuming k batches resumes at batch k + 1. The epoch's offset and block order do not depend on
+the ranks, only on S: a run saved by W processes resumes on W' with the same S (data.batch_size = S / W')
+at the same global position, each of its ranks reading S / W' of the same S streams.
 """
 
 from __future__ import annotations
@@ -160,6 +162,20 @@ class TokenStream:
                 "shuffle": int(self.shuffle)}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """Continues at `state`, saved by this rank or, on another number of processes, by any rank: the position
+        (epoch, step) is global, and so are the streams when world_size x batch_size is the same (each rank then
+        reads other rows of the same blocks: no token is read twice or skipped)."""
+        saved_world = state.get("world_size", self.world_size)
+        if saved_world != self.world_size:
+            streams = saved_world * state["batch_size"]
+            if streams != self.world_size * self.batch_size:
+                fits = (f"data.batch_size={streams // self.world_size}" if streams % self.world_size == 0 else
+                        f"a number of processes that divides {streams}")
+                raise ValueError(f"the run was saved by {saved_world} process(es) x data.batch_size="
+                                 f"{state['batch_size']} = {streams} streams, resumed by {self.world_size} x "
+                                 f"{self.batch_size}: its data position carries over to the same streams only; "
+                                 f"resume with {fits}")
+            state = {**state, "world_size": self.world_size, "batch_size": self.batch_size}
         for key in ("seed", "batch_size", "bptt", "world_size", "total_tokens", "shuffle"):
             if key in state and state[key] != self.state_dict()[key]:
                 saved, now = state[key], self.state_dict()[key]

@@ -79,9 +79,8 @@ def _dry_run(args) -> None:
     if not cfg.model.vocab_size:
         cfg = resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), cfg.train.exp_id)
     env = read_env()
-    parallel = getattr(cfg.train, "parallel", "ddp")  # train.parallel lands with the fsdp branch
     if env.is_main:
-        print(estimate(cfg, args.world_size or env.world_size, parallel))
+        print(estimate(cfg, args.world_size or env.world_size, cfg.train.parallel))
 
 
 def train_main(argv: list[str] | None = None) -> int:

@@ -1,4 +1,5 @@
-"""Gradient norms and clipping that count sparse gradients (the memory values) and sharded value tables."""
+"""Gradient norms and clipping that count sparse gradients (the memory values), sharded value tables and
+FSDP's sharded parameters (DTensors: runtime/fsdp.py)."""
 
 from __future__ import annotations
 
@@ -6,19 +7,27 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from xlm_pkm.utils.dtensors import is_dtensor, local_part
 from xlm_pkm.utils.sparse_grads import coalesced
+
+
+def _local(grad: torch.Tensor) -> torch.Tensor:
+    """The gradient's entries held by this rank, as a plain tensor that scaling in place scales the gradient:
+    a sparse gradient's values, a DTensor's local shard, else the gradient itself."""
+    return grad._values() if grad.is_sparse else local_part(grad)
 
 
 def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
     """Total 2-norm of the gradients, like torch.nn.utils.get_total_norm, but sparse gradients count too
-    (coalesced in place first), and sharded value tables (model/value_shards.py) count with every rank's
-    columns (one all-reduce)."""
+    (coalesced in place first), and the gradients each rank holds a part of count with every rank's part (one
+    all-reduce): sharded value tables (model/value_shards.py), FSDP's DTensors."""
     grads, sharded = [], []
     for p in params:
         if p.grad is not None and p.grad.is_sparse:
             p.grad = coalesced(p.grad)
         if p.grad is not None:
-            (sharded if hasattr(p, "value_shard") else grads).append(p.grad._values() if p.grad.is_sparse else p.grad)
+            split = hasattr(p, "value_shard") or is_dtensor(p.grad)
+            (sharded if split else grads).append(_local(p.grad))
     norm = torch.nn.utils.get_total_norm(grads)
     if sharded:
         squares = torch.nn.utils.get_total_norm(sharded) ** 2
@@ -34,7 +43,7 @@ def scale_grads_(params: list[nn.Parameter], norm: torch.Tensor, max_norm: float
         scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
         for p in params:
             if p.grad is not None:
-                (p.grad._values() if p.grad.is_sparse else p.grad).mul_(scale)
+                _local(p.grad).mul_(scale)
 
 
 def clip_grad_norm(params: list[nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -51,6 +51,7 @@ from xlm_pkm.optim.lazy_adam import LazyAdam
 from xlm_pkm.optim.schedule import SCHEDULES, scheduled_lr, values_lr
 from xlm_pkm.registry import Registry
 from xlm_pkm.settings import non_negative, one_of, positive, probability
+from xlm_pkm.utils.dtensors import is_dtensor
 
 
 @dataclass(frozen=True)
@@ -199,7 +200,8 @@ def _saved_state(group: str, name: str) -> str:
 
 def _skip_on_every_rank(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> None:
     """After unscale_: the optimizer's inf/nan flags are ORed over ranks, so that a step skipped for an
-    overflow in one rank's value shard is skipped on every rank (replicated gradients agree already).
+    overflow in one rank's part (a value shard, an FSDP shard) is skipped on every rank (replicated gradients
+    agree already).
     GradScaler keeps the flags in its per-optimizer state (a private field, read here only)."""
     for found_inf in scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values():
         dist.all_reduce(found_inf, op=dist.ReduceOp.MAX)
@@ -212,7 +214,7 @@ class OptimGroup:
     optimizer: torch.optim.Optimizer
     lr_at: Callable[[int], float]
     clip: float
-    sharded: bool = False  # its parameters are value shards: each rank holds other columns
+    sharded: bool = False  # its parameters are split over the ranks (value shards, FSDP's DTensors): each holds a part
 
 
 class Optimizers:
@@ -238,7 +240,8 @@ class Optimizers:
         self.groups = []  # a group whose parameters are all frozen (optim.trainable) is left out
         if dense:
             self.groups.append(OptimGroup("dense", dense, DENSE_OPTIMIZERS[cfg.optimizer].build(dense, cfg),
-                                          lambda step: scheduled_lr(step, cfg), group_clip))
+                                          lambda step: scheduled_lr(step, cfg), group_clip,
+                                          sharded=any(map(is_dtensor, dense))))
         if values:
             self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
                                           lambda step: values_lr(step, cfg), group_clip,
@@ -281,6 +284,10 @@ class Optimizers:
 
     def state_dict(self) -> dict:
         return {g.name: g.optimizer.state_dict() for g in self.groups}
+
+    def params(self) -> dict[str, list[nn.Parameter]]:
+        """Each group's parameters, in the order of its state_dict's indices."""
+        return {g.name: g.params for g in self.groups}
 
     def load_state_dict(self, state: dict, saved_config: dict | None = None, source: str | Path | None = None) -> None:
         """Each group's state, from Optimizers.state_dict() of the checkpoint `source`; given the config

@@ -201,10 +201,11 @@ def all_reduce_sparse_grad_(param: torch.Tensor, env: DistEnv) -> None:
     param.grad = merged.coalesce() / env.world_size
 
 
-def synced_values(model: torch.nn.Module, sparse: bool) -> list[torch.nn.Parameter]:
-    """The memory-value parameters that DDP must leave to average_value_grads_: all of them when their
-    gradients are sparse (DDP carries dense tensors only), else the sharded ones."""
-    return [p for p in model.memory_value_parameters() if sparse or hasattr(p, "value_shard")]
+def synced_values(model: torch.nn.Module, sparse: bool, fsdp: bool = False) -> list[torch.nn.Parameter]:
+    """The memory-value parameters that DDP or FSDP leave to average_value_grads_: under FSDP all of them
+    (runtime/fsdp.py keeps them out); under DDP all of them when their gradients are sparse (DDP carries dense
+    tensors only), else the sharded ones."""
+    return [p for p in model.memory_value_parameters() if fsdp or sparse or hasattr(p, "value_shard")]
 
 
 def data_parallel(model: torch.nn.Module, synced: list[torch.nn.Parameter], device: torch.device):
@@ -216,9 +217,10 @@ def data_parallel(model: torch.nn.Module, synced: list[torch.nn.Parameter], devi
 
 
 def average_value_grads_(params: list[torch.Tensor], env: DistEnv) -> None:
-    """Averages the memory values' gradients over ranks, as DDP does the others (these are left out of
-    DDP): a sharded table's gradient already sums every rank's tokens (model/memory/value_shards.py), so it is
-    divided by the world size; a replicated sparse one goes through all_reduce_sparse_grad_."""
+    """Averages the memory values' gradients over ranks, as DDP or FSDP do the others (these are left out of
+    them): a sharded table's gradient already sums every rank's tokens (model/memory/value_shards.py), so it is
+    divided by the world size; a replicated sparse one goes through all_reduce_sparse_grad_, a replicated dense
+    one (left out of FSDP only) through an all-reduce."""
     if not env.is_distributed:
         return
     for p in params:
@@ -228,6 +230,9 @@ def average_value_grads_(params: list[torch.Tensor], env: DistEnv) -> None:
             p.grad.div_(env.world_size)
         elif p.grad.is_sparse:
             all_reduce_sparse_grad_(p, env)
+        else:
+            dist.all_reduce(p.grad)
+            p.grad.div_(env.world_size)
 
 
 def free_port() -> int:

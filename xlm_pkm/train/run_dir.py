@@ -15,6 +15,7 @@ restart) whose directory already exists is refused, not resumed into an unrelate
 from __future__ import annotations
 
 import secrets
+import shutil
 import time
 from fnmatch import fnmatch
 from pathlib import Path
@@ -85,7 +86,7 @@ def run_directory(dump_path: str, exp_name: str, exp_id: str, env: DistEnv, max_
 
 # What a run writes in its directory (other files, e.g. the reproduction harness's reproduce.json, are not a run).
 RUN_OUTPUTS = ("best.pt", "metrics.jsonl", "train.log", "config.yaml", "config.until-step*.yaml",
-               "events.out.tfevents.*", "*.values")
+               "events.out.tfevents.*", "*.values", "*.dcp")
 
 
 # What a run that failed before its first step leaves: nothing a new run there would lose.
@@ -119,13 +120,17 @@ def refuse_unresumable(run_dir: Path, resumed: bool, env: DistEnv) -> bool:
 
 
 def remove_temporary_files(run_dir: Path) -> int:
-    """Removes the temporary files (NAME.PID.TOKEN.tmp) that a process killed while writing left in the run
-    directory; the caller holds its lock, so no live writer owns one. Returns how many."""
+    """Removes the temporary files (NAME.PID.TOKEN.tmp) and checkpoint folders (checkpoint.dcp/*.partial) that a
+    process killed while writing left in the run directory; the caller holds its lock, so no live writer owns
+    one. Returns how many."""
     stale = [p for folder in (run_dir, run_dir / "checkpoint.values", run_dir / "best.values")
              if folder.is_dir() for p in folder.iterdir() if is_temporary(p)]
     for p in stale:
         p.unlink(missing_ok=True)
-    return len(stale)
+    partial = list((run_dir / "checkpoint.dcp").glob("*.partial"))
+    for p in partial:
+        shutil.rmtree(p, ignore_errors=True)
+    return len(stale) + len(partial)
 
 
 def _leaves(tree: dict, prefix: str = "") -> dict:

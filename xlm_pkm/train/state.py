@@ -3,6 +3,7 @@
     state = TrainState(stream, device)
     saved = state.state_dict()          # plain values; the trainer gathers one per rank
     state.load_state_dict(saved)        # continues exactly where `saved` was taken
+    saved = resharded_states(saved_by_every_rank, world, seed)[rank]   # saved on another number of processes
 
 The log window (losses summed since the last train log line) is part of it, so that the first line
 logged after a resume averages the same steps as the uninterrupted run's; so are the caches that
@@ -15,6 +16,7 @@ import math
 import random
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from xlm_pkm.data.fact_batches import FactBatches
@@ -55,10 +57,34 @@ class TrainState:
         self.saved_threads = state.get("threads")
         self.stream.load_state_dict(state["data"])
         self.model.load_stream_state(state.get("stream_cache") or [None] * len(self.model.stream_layers()))
+        if "seed" in state["rng"]:  # resharded_states: a rank of a resume on another number of processes
+            seed = int(np.random.SeedSequence(state["rng"]["seed"]).generate_state(1)[0])
+            torch.manual_seed(seed)  # and every CUDA device's
+            random.seed(seed)
+            return
         torch.set_rng_state(state["rng"]["torch"])
         random.setstate(state["rng"]["python"])
         if state["rng"]["cuda"] is not None and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["rng"]["cuda"], self.device)
+
+
+def resharded_states(ranks: list[dict], world: int, seed: int) -> list[dict]:
+    """The per-rank states `ranks` that len(ranks) processes saved, for `world` processes (`ranks` itself when
+    the counts are equal). What every rank shares carries over as saved: the counters and the data position
+    (the streams' epoch and step are global, and the stream checks that the run reads the same streams:
+    TokenStream.load_state_dict). The log window's loss becomes each new rank's share of the saved ranks' mean,
+    and the stream caches (B rows per rank, one per stream, in rank order) are cut anew. The random states
+    cannot carry over (each rank drew its own dropout masks): each new rank's is seeded from (seed, step,
+    rank), so a resume on another number of processes draws other dropout masks than the uninterrupted run."""
+    if len(ranks) == world:
+        return ranks
+    first = ranks[0]
+    mean_loss = sum(r["log_loss_sum"] for r in ranks) / len(ranks)
+    caches = [None if any(r["stream_cache"][i] is None for r in ranks)
+              else torch.cat([r["stream_cache"][i] for r in ranks]).chunk(world)
+              for i in range(len(first.get("stream_cache") or []))]
+    return [{**first, "log_loss_sum": mean_loss, "rng": {"seed": [seed, first["step"], rank]},
+             "stream_cache": [None if c is None else c[rank] for c in caches]} for rank in range(world)]
 
 
 def from_earlier_version(checkpoint: dict) -> list[dict]:

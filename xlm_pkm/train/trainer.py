@@ -1,4 +1,4 @@
-"""The training loop: mixed precision, gradient accumulation, clipping, DDP, evaluation, checkpoints.
+"""The training loop: mixed precision, gradient accumulation, clipping, DDP or FSDP, evaluation, checkpoints.
 
 A run lives in `dump_path/exp_name/exp_id/`, locked to one process group at a time (run_dir.py).
 Starting a run whose directory holds `checkpoint.pt` resumes it exactly: model, optimizers, loss
@@ -62,7 +62,7 @@ from xlm_pkm.train.run_dir import (
     run_directory,
 )
 from xlm_pkm.train.run_log import RunLogger
-from xlm_pkm.train.state import TrainState, from_earlier_version
+from xlm_pkm.train.state import TrainState, from_earlier_version, resharded_states
 from xlm_pkm.train.step import loss_backward, optimizer_update
 from xlm_pkm.train.wandb_log import import_wandb
 from xlm_pkm.utils.progress import format_duration
@@ -116,10 +116,13 @@ class Trainer:
         with self.initial_weights.drawing():  # LoRA's adapters draw their initial weights
             self.trainable = (lora.add_adapters(self.model, cfg.optim) if self.lora
                               else freeze(self.model, cfg.optim.trainable, cfg.optim.freeze_norm_stats))
+        self.fsdp = cfg.train.parallel == "fsdp" and self.env.is_distributed  # one process: the model itself
+        # with FSDP, its MixedPrecisionPolicy casts the weights (runtime/fsdp.py) in place of autocast
+        self.autocast_precision = "fp32" if self.fsdp else cfg.train.precision
+        self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse, self.fsdp)
+        self.forward_model = self._wrap_model()  # before the optimizers: FSDP replaces the parameters
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
-        self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse)
-        self.forward_model = self._wrap_model()
         torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # the only seeding: dropout differs across ranks
         random.seed(cfg.train.seed * 1000 + self.env.rank)
         self.state = TrainState(self.train_stream, self.device, self.model)
@@ -182,12 +185,20 @@ class Trainer:
         return (torch.device("cuda", env.local_rank) if device.type == "cuda" else device), env
 
     def _wrap_model(self) -> torch.nn.Module:
-        """The module the step calls: the model, in DDP when distributed and a parameter trains outside the
-        values that average_value_grads_ synchronises (sparse or sharded ones, left out of DDP's all-reduce),
+        """The module the step calls: with train.parallel=fsdp on several processes, the model fully sharded
+        in place (runtime/fsdp.py); else the model, in DDP when distributed and a parameter trains outside the
+        values that average_value_grads_ synchronises (sparse or sharded ones, left out of DDP's all-reduce);
         compiled when asked."""
         model = self.model
         synced = {id(p) for p in self.synced_values}
-        if self.env.is_distributed and any(p.requires_grad and id(p) not in synced for p in model.parameters()):
+        if self.fsdp:
+            from xlm_pkm.runtime.fsdp import fully_shard_model  # FSDP's import: only its runs pay it
+
+            float32_parts = [m for _, m in [*model.memories(), *model.engrams()]]
+            model = fully_shard_model(model, list(model.blocks), float32_parts, self.synced_values, self.env,
+                                      self.device, self.cfg.train.precision,
+                                      self.cfg.train.fsdp_reshard_after_forward)
+        elif self.env.is_distributed and any(p.requires_grad and id(p) not in synced for p in model.parameters()):
             model = data_parallel(model, self.synced_values, self.device)
         return torch.compile(model) if self.cfg.train.compile else model
 
@@ -205,7 +216,9 @@ class Trainer:
             self.log.info(f"resumed on {threads} CPU thread(s), saved on {saved}: float reductions round differently, "
                           f"so the losses will not be bit-identical to an uninterrupted run's "
                           f"(train.num_threads={saved} would make them so)")
-        self.log.info(f"device {self.device}, {self.env.world_size} process(es), precision {self.cfg.train.precision}, "
+        parallel = f" ({self.cfg.train.parallel})" if self.env.is_distributed else ""
+        self.log.info(f"device {self.device}, {self.env.world_size} process(es){parallel}, "
+                      f"precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
         if self.model.ngram_hash is not None:
             canonical = int(self.model.ngram_hash.canonical.max()) + 1
@@ -234,27 +247,34 @@ class Trainer:
                              f"to train on more streams raise data.batch_size")
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def _model_record(self) -> dict:
+    def _model_record(self, weights: dict) -> dict:
         """What evaluation needs: best.pt is this, checkpoint.pt adds the optimizer and run state."""
-        return {"config": to_dict(self.cfg), "model": self.model.state_dict(), "step": self.step,
+        return {"config": to_dict(self.cfg), "model": weights, "step": self.step,
                 "vocab_fingerprint": self.vocab_fingerprint, "codes_digest": self.codes_digest}
 
     def save_checkpoint(self) -> None:
-        """checkpoint.pt: the model, optimizers, loss scaler and every rank's TrainState (gathered to rank 0).
-        Refused if not finite (RunCheckpoints.save_last). Collective: every rank takes part."""
-        record = {**self._model_record(), "optimizers": self.optimizers.state_dict(),
+        """checkpoint.pt: the model, optimizers, loss scaler and every rank's TrainState (gathered to rank 0);
+        the tensors as each rank holds them (RunCheckpoints: Distributed Checkpoint). Refused if not finite
+        (RunCheckpoints.save_last). Collective: every rank takes part."""
+        record = {**self._model_record(self.model.state_dict()), "optimizers": self.optimizers.state_dict(),
                   "scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
                   "train_state": gather_objects(self.state.state_dict(), self.env)}
         with self._write_whole():
-            self.checkpoints.save_last(record)
+            self.checkpoints.save_last(record, self.optimizers.params())
 
     def save_best(self) -> None:
-        """best.pt: the model only (for evaluation), LoRA adapters merged into plain weights."""
-        record = self._model_record()
+        """best.pt: the model only (for evaluation), whole (FSDP's shards gathered), LoRA adapters merged into
+        plain weights."""
         if self.lora:
-            record["model"] = lora.merged_state_dict(self.model)
+            weights = lora.merged_state_dict(self.model)
+        elif self.fsdp:
+            from xlm_pkm.runtime.fsdp import full_state_dict
+
+            weights = full_state_dict(self.model, self.env)
+        else:
+            weights = self.model.state_dict()
         with self._write_whole():
-            self.checkpoints.save_best(record)
+            self.checkpoints.save_best(self._model_record(weights))
 
     @property
     def saved_step(self) -> int | None:
@@ -262,11 +282,13 @@ class Trainer:
         return self.checkpoints.saved_step
 
     def resume(self) -> None:
-        state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab", self.cfg)
+        """The run's checkpoint.pt loaded: saved on W processes, it resumes on any number (resharded_states)."""
+        state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab", self.cfg,
+                                           self.optimizers.params())
         self.optimizers.load_state_dict(state["optimizers"], state["config"], self.ckpt_path)
         self.scaler.load_state_dict(state["scaler"])
         ranks = state["train_state"] if "train_state" in state else from_earlier_version(state)
-        self.state.load_state_dict(ranks[self.env.rank])
+        self.state.load_state_dict(resharded_states(ranks, self.env.world_size, self.cfg.train.seed)[self.env.rank])
 
     def initialise(self, path: str) -> None:
         """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""
@@ -314,9 +336,11 @@ class Trainer:
             last = i == accumulate - 1
             in_ddp = hasattr(self.forward_model, "no_sync")  # also through torch.compile's wrapper
             sync = self.forward_model.no_sync() if in_ddp and not last else nullcontext()
+            if self.fsdp:
+                self.model.set_requires_gradient_sync(last)  # reduce-scatter after the last micro-batch only
             with sync:
-                loss_sum += loss_backward(self.forward_model, x, y, cfg.train.precision, self.device, self.scaler,
-                                          accumulate, aux, real)
+                loss_sum += loss_backward(self.forward_model, x, y, self.autocast_precision, self.device,
+                                          self.scaler, accumulate, aux, real)
         average_value_grads_(self.synced_values, self.env)  # host sync if sparse and replicated: row counts
         slots = self.memory_finetune.restrict_gradients() if self.memory_finetune else {}  # host sync
         loss = loss_sum / accumulate
@@ -444,7 +468,7 @@ class Trainer:
     def validate(self) -> dict:
         """Valid perplexity and memory statistics; writes best.pt when the perplexity improves."""
         try:
-            result = evaluate(self.model, self.valid_stream, self.device, self.cfg.train.precision,
+            result = evaluate(self.model, self.valid_stream, self.device, self.autocast_precision,
                               self.cfg.train.eval_max_batches, self.env)
         except (ShardError, OSError) as e:  # the data moved, deleted or damaged since the start
             raise self._saved_before_stopping(e) from None
