@@ -9,13 +9,15 @@
 # read (value_read_bandwidth.py), infer (inference_speed.py: Table 4 with flat keys up to 1M slots,
 # Figure 4 with the sample's vocabulary and with 60k tokens as the paper's), train
 # (training_speed.py: 12 layers d=1024 with and without a memory, bf16 and fp16, compiled), shard
-# (sharded_values.py on one GPU: the sharded setting against replicated values, the paper's batch).
+# (sharded_values.py on one GPU: the sharded setting against replicated values, the paper's batch), fsdp
+# (train.py under torchrun on NCCL, the default config in bf16 with train.parallel=ddp then =fsdp: FSDP2's
+# mixed precision on CUDA; one GPU, so one rank: it checks the code path, not the sharding).
 # Results go to OUT_DIR (JSON, plus the tests' summary). The GPU machine has a Python with torch and
 # Triton but no sacremoses/fastBPE, and no network: carry .device, tools/fastbpe, data/processed/sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard OUT_DIR}
+step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp OUT_DIR}
 out=${2:-}
 [ "$step" = prepare ] || { [ -n "$out" ] || { echo "gpu_suite.sh $step: give an output directory" >&2; exit 2; }; mkdir -p "$out"; }
 
@@ -43,6 +45,12 @@ case $step in
   shard)
     $PY benchmarks/sharded_values.py --device cuda --worlds 1 --n-keys 512 1024 --batch 32 --seq 256 \
       --budget-gib 60 --out "$out/sharded_values_cuda.json" ;;
+  fsdp)
+    for mode in ddp fsdp; do
+      $PY -m torch.distributed.run --nproc_per_node=1 train.py --no-test train.parallel=$mode train.precision=bf16 \
+        train.max_steps=200 train.eval_every=100 train.dump_path="$out/fsdp" train.exp_id=$mode 2>&1 | tail -3
+      cp "$out/fsdp/default/$mode/metrics.jsonl" "$out/fsdp_${mode}_metrics.jsonl"
+    done ;;
   *)
     echo "gpu_suite.sh: unknown step $step" >&2; exit 2 ;;
 esac
