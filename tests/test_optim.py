@@ -115,3 +115,12 @@ def test_a_plugin_optimizer_declares_its_state_and_the_memory_check_counts_it(mo
     more = adam_need + 4 * dense * 3  # 3 more per element
     monkeypatch.setattr(build, "available_memory", lambda device: (more, "test"))
     build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))
+    # fsdp: each of W ranks holds 1/W of the dense weights, gradients and states, after the whole weights once
+    fsdp = [*small, "optim.optimizer=five_moments", "train.parallel=fsdp"]
+    monkeypatch.setattr(build, "available_memory", lambda device: (4 * (values * 3 + dense * 7 / 4), "test"))
+    build.check_memory_fits(load_config(None, fsdp), torch.device("cpu"), world_size=4)  # fits exactly
+    with pytest.raises(ConfigError, match="more than the"):
+        build.check_memory_fits(load_config(None, fsdp), torch.device("cpu"), world_size=2)
+    monkeypatch.setattr(build, "available_memory", lambda device: (4 * (values * 3 + dense) - 1, "test"))
+    with pytest.raises(ConfigError, match="more than the"):  # the whole weights, built before sharding
+        build.check_memory_fits(load_config(None, fsdp), torch.device("cpu"), world_size=64)

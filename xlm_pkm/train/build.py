@@ -78,10 +78,12 @@ class InitialWeights:
             self.states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(i) for i in self.cuda)]
 
 
-def check_memory_fits(cfg: Config, device: torch.device) -> None:
+def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) -> None:
     """Refuses in one line a model whose float32 weights, dense gradients and optimizer states (a lower
     bound of what training holds) exceed the device's available memory, before anything is allocated:
-    the model is built on the meta device, which counts this rank's parameters (its value shard)."""
+    the model is built on the meta device, which counts this rank's parameters (its value shard). With
+    train.parallel=fsdp a rank holds 1/world_size of the dense weights, gradients and states, after
+    building the whole weights once (runtime/fsdp.py shards a built model): the larger of the two counts."""
     available = available_memory(device)
     if available is None:
         return
@@ -92,13 +94,15 @@ def check_memory_fits(cfg: Config, device: torch.device) -> None:
     dense = sum(p.numel() for p in model.parameters()) - values
     # optimizer states per parameter element, as each optimizer's registration declares them
     states = VALUE_OPTIMIZERS[cfg.optim.values_optimizer].state_size, DENSE_OPTIMIZERS[cfg.optim.optimizer].state_size
-    value_bytes, dense_bytes = 4 * values * (1 + states[0]), 4 * dense * (2 + states[1])
+    sharded = world_size if cfg.train.parallel == "fsdp" else 1
+    value_bytes, dense_bytes = 4 * values * (1 + states[0]), 4 * dense * max(1, (2 + states[1]) / sharded)
     need = value_bytes + dense_bytes
     if need > available:
         memory = cfg.model.memory
+        fsdp = "" if sharded > 1 else "the dense model sharded across GPUs (train.parallel=fsdp), or "
         advice = (f"fewer slots (model.memory.n_keys={memory.n_keys} gives {memory.n_keys ** 2:,} per memory), or "
                   f"values sharded across GPUs (model.memory.shard_values)" if value_bytes > dense_bytes else
-                  f"a smaller model (model.dim={cfg.model.dim}, model.n_layers={cfg.model.n_layers}, "
+                  f"{fsdp}a smaller model (model.dim={cfg.model.dim}, model.n_layers={cfg.model.n_layers}, "
                   f"model.vocab_size={cfg.model.vocab_size}: the memory values are "
                   f"{100 * value_bytes / need:.0f}% of it)")
         raise ConfigError(f"the model needs at least {need / 2**30:,.1f} GiB for its weights and optimizer state "
@@ -106,11 +110,12 @@ def check_memory_fits(cfg: Config, device: torch.device) -> None:
                           f"{available / 2**30:,.1f} GiB {source}: {advice}")
 
 
-def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None) -> TransformerLM:
+def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None,
+                world_size: int = 1) -> TransformerLM:
     """The LM of cfg.model (vocab_size set), initialised from `weights` (by default its own stream from
-    train.seed), value gradients as the values optimizer wants them; refused first if it cannot fit
-    (check_memory_fits). The global random stream is left as it was."""
-    check_memory_fits(cfg, device)
+    train.seed), value gradients as the values optimizer wants them; refused first if it cannot fit on one
+    of `world_size` ranks (check_memory_fits). The global random stream is left as it was."""
+    check_memory_fits(cfg, device, world_size)
     with (weights or InitialWeights(cfg.train.seed, device)).drawing():
         model = TransformerLM(cfg.model).to(device)
     model.set_sparse_values(value_optimizer(cfg.optim).sparse)

@@ -100,7 +100,7 @@ class Trainer:
         self.run_dir, exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env, train.max_steps)
         self.cfg = cfg = resolved_config(cfg, len(self.dictionary), exp_id)
         self.initial_weights = InitialWeights(cfg.train.seed, self.device)  # the model's, then LoRA adapters'
-        self.model = build_model(cfg, self.device, self.initial_weights)
+        self.model = build_model(cfg, self.device, self.initial_weights, self.env.world_size)
         if cfg.model.engram.layers:  # the vocabulary's canonical ids, saved with the model
             if self.train_stream.unit == "byte":
                 raise ConfigError(f"model.engram: {cfg.data.path} is character-level data (one token per byte), "
