@@ -317,6 +317,25 @@ def test_a_file_of_ones_own_facts_trains_and_scores(finetune_source, tiny_run, t
     assert all(0 <= row[k] <= 1 for k in ("em", "em_question", "fc", "fc_question", "fc_shuffled", "em_first"))
 
 
+def test_forgetting_is_read_in_the_same_windows_whatever_the_runs_eval_batch_size(finetune_source, tiny_data_dir,
+                                                                                  tmp_path):
+    """A facts run evaluates its few-token valid split with data.eval_batch_size=1, the model it is compared to
+    with many rows: the same weights under either config score the same corpus perplexity and accuracy."""
+    from xlm_pkm.experiments.continual import score_checkpoint
+    from xlm_pkm.experiments.facts import read_own_facts, write_facts_dir
+
+    own = tmp_path / "mine.jsonl"
+    own.write_text("".join(json.dumps(f) + "\n" for f in OWN_FACTS))
+    facts = write_facts_dir(tmp_path / "facts", read_own_facts(own), 0, str(tiny_data_dir / "codes"),
+                            str(tiny_data_dir / "vocab"))
+    state = torch.load(finetune_source[0], weights_only=False)
+    assert state["config"]["data"]["eval_batch_size"] == 32  # conftest's TINY
+    state["config"]["data"]["eval_batch_size"] = 1
+    torch.save(state, tmp_path / "one_row.pt")
+    rows = [score_checkpoint(path, facts, tiny_data_dir, max_batches=2) for path in (finetune_source[0],
+                                                                                    tmp_path / "one_row.pt")]
+    assert all(rows[0][k] == rows[1][k] for k in ("valid_ppl", "test_ppl", "test_acc"))
+
 def test_a_malformed_facts_file_is_one_line(tmp_path):
     from xlm_pkm.experiments.facts import read_own_facts
 
