@@ -10,8 +10,10 @@ among the relation's objects, and the controls that place them against chance (s
 facts whose object is not the relation's most common, EM by position in the stream): fact_scores.py.
 Forgetting, on the pretraining corpus: perplexity on its valid split, and on its test split
 (held out: the background slot counts read the train split only, and no checkpoint was chosen on it) with
-the test split's next-token accuracy (a cloze score); the report gives each one's change from the
-pretrained model of the same kind. Without --data only the facts are scored; --model, --method, --setting
+the test split's next-token accuracy (a cloze score), read in CORPUS_ROWS rows of the model's bptt whatever
+the run's eval batch size (a facts run evaluates its few-token valid split one row at a time: windows laid out
+otherwise would change the perplexity); the report gives each one's change from the pretrained model of the
+same kind. Without --data only the facts are scored; --model, --method, --setting
 and --seed are the study's labels, which the report needs and a one-off check does not.
 """
 
@@ -30,6 +32,8 @@ from xlm_pkm.data.text_codec import TextCodec
 from xlm_pkm.experiments.continual_report import PRETRAINED, SELECT_SEED, best_settings, load_rows, write_report
 from xlm_pkm.experiments.fact_scores import fact_scores
 from xlm_pkm.experiments.facts import load_facts
+
+CORPUS_ROWS = 16  # rows of the pretraining corpus's valid and test batches, the same for every checkpoint scored
 
 
 @torch.no_grad()
@@ -53,7 +57,8 @@ def split_scores(model, stream, max_batches: int = 0) -> tuple[float, float]:
 def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Path | None = None,
                      max_batches: int = 0) -> dict:
     """The facts' scores (fact_scores.py); with the pretraining corpus `data_dir`, perplexity on its valid and
-    test splits and next-token accuracy on its test split (at most max_batches batches each, 0: all)."""
+    test splits and next-token accuracy on its test split (at most max_batches batches of CORPUS_ROWS rows each,
+    0: all)."""
     from xlm_pkm.checkpoint.trained import load_trained
     from xlm_pkm.runtime.distributed import DistEnv
     from xlm_pkm.train.build import build_stream
@@ -62,7 +67,8 @@ def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Pa
     codec, facts = TextCodec(data_dir or facts_dir), load_facts(Path(facts_dir) / "facts.jsonl")
     row = {"checkpoint": str(path), "step": trained.step, **fact_scores(trained.model, codec, facts)}
     if data_dir is not None:
-        streams = (build_stream(trained.cfg, split, DistEnv(), str(data_dir)) for split in ("valid", "test"))
+        streams = (build_stream(trained.cfg, split, DistEnv(), str(data_dir), batch_size=CORPUS_ROWS)
+                   for split in ("valid", "test"))
         (row["valid_ppl"], _), (row["test_ppl"], row["test_acc"]) = (split_scores(trained.model, s, max_batches)
                                                                      for s in streams)
     return row

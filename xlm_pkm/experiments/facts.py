@@ -20,7 +20,7 @@ k of a made-up fact is statement template k % T of its relation (T = 8) after fr
 of the bundled corpus's vocabulary (one BPE token each); subjects are random syllable names, checked against
 the vocabulary given (whole words, any case).
 
-One's own facts (--from FILE): JSON lines, one fact a line,
+One's own facts (--from FILE; data/facts/example.jsonl is one): JSON lines, one fact a line,
 
     {"statements": ["The launch code of Apollo is 7421.", "Apollo's launch code is 7421.", ...],
      "answer": "7421",
