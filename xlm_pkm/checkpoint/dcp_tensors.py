@@ -94,6 +94,18 @@ def _summary(error: BaseException, ranks: bool = False) -> str:
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
+def _unreadable(path: Path, folder: Path, why: str) -> ValueError:
+    return ValueError(f"{path}: its tensors in {folder} cannot be read ({why}); restore the whole "
+                      f"{folder.parent.name}/ folder of that checkpoint")
+
+
+def _each_state(optimizers: dict, fn) -> dict:
+    """Optimizers.state_dict()'s layout, each state value v of a group's parameter i replaced by fn(v, group, i)."""
+    return {group: {**saved, "state": {i: {k: fn(v, group, i) for k, v in values.items()}
+                                       for i, values in saved["state"].items()}}
+            for group, saved in optimizers.items()}
+
+
 def save(record: dict, path: Path, model: nn.Module, params: dict[str, list[nn.Parameter]], env: DistEnv,
          device: torch.device) -> dict:
     """Writes the tensors of record["model"] (the model's state dict, as it lays them out) and of
@@ -174,8 +186,7 @@ def _read(tensors: dict, path: Path, state: dict, env: DistEnv | None) -> None:
         with _quiet_single_process():
             dcp_load(tensors, checkpoint_id=folder, no_dist=not distributed)
     except CheckpointException as e:  # on every rank, with every failed rank's error
-        raise ValueError(f"{path}: its tensors in {folder} cannot be read ({_summary(e, distributed)}); restore the "
-                         f"whole {folder.parent.name}/ folder of that checkpoint") from None
+        raise _unreadable(path, folder, _summary(e, distributed)) from None
 
 
 def load(state: dict, path: Path, model: nn.Module, params: dict[str, list[nn.Parameter]], env: DistEnv,
@@ -192,14 +203,12 @@ def load(state: dict, path: Path, model: nn.Module, params: dict[str, list[nn.Pa
                     tensors[v[KEY]] = _template(v, params[group][i], mesh)
     _read(tensors, path, state, env)
 
-    def loaded(v, param):  # an FSDP parameter's state stays a DTensor; a value shard's is its local columns
+    def loaded(v, group, i):  # an FSDP parameter's state stays a DTensor; a value shard's is its local columns
         if not (isinstance(v, dict) and KEY in v):
             return v
-        return tensors[v[KEY]] if is_dtensor(param) else local_part(tensors[v[KEY]])
+        return tensors[v[KEY]] if is_dtensor(params[group][i]) else local_part(tensors[v[KEY]])
 
-    state["optimizers"] = {group: {**saved, "state": {i: {k: loaded(v, params[group][i]) for k, v in values.items()}
-                                                      for i, values in saved["state"].items()}}
-                           for group, saved in state["optimizers"].items()}
+    state["optimizers"] = _each_state(state["optimizers"], loaded)
     return state
 
 
@@ -214,18 +223,13 @@ def read_whole(state: dict, path: Path, optimizers: bool = True) -> dict:
     try:
         metadata = FileSystemReader(folder).read_metadata().state_dict_metadata
     except (OSError, ValueError, RuntimeError, EOFError) as e:  # no folder, no or a damaged .metadata
-        raise ValueError(f"{path}: its tensors in {folder} cannot be read ({_summary(e)}); restore the whole "
-                         f"{folder.parent.name}/ folder of that checkpoint") from None
+        raise _unreadable(path, folder, _summary(e)) from None
     tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.items()
                if isinstance(m, TensorStorageMetadata) and (optimizers or k.startswith("model."))}
     _read(tensors, path, state, None)
 
-    def filled(v):
-        return tensors[v[KEY]] if isinstance(v, dict) and KEY in v else v
-
     out = {**state, "model": {k.removeprefix("model."): t for k, t in tensors.items() if k.startswith("model.")}}
     if optimizers:
-        out["optimizers"] = {group: {**saved, "state": {i: {k: filled(v) for k, v in values.items()}
-                                                        for i, values in saved["state"].items()}}
-                             for group, saved in state["optimizers"].items()}
+        out["optimizers"] = _each_state(
+            state["optimizers"], lambda v, group, i: tensors[v[KEY]] if isinstance(v, dict) and KEY in v else v)
     return out

@@ -179,22 +179,25 @@ class Study:
     def grid(self, cell: str) -> tuple[float, ...]:
         """The cell's factors: lr_grid, grown one step past an end while the first seed's best valid perplexity is
         at that end (the step: the ratio of the two outermost factors there), at most lr_extend times."""
-        grid = list(self.lr_grid)
-        for _ in range(self.lr_extend if len(grid) > 1 else 0):
-            valid = self._valid(cell, grid)
-            best = None if valid is None else _best(valid)
+        return self._grown(cell)[0]
+
+    def _grown(self, cell: str) -> tuple[tuple[float, ...], dict[float, float] | None]:
+        """(the cell's grid, {factor: valid perplexity} of the first seed's runs on it, None until all are
+        trained), each run's metrics read once."""
+        grid, valid = list(self.lr_grid), {}
+        for step in range(self.lr_extend + 1):
+            for run in (self.run(cell, f, self.seeds[0]) for f in grid if f not in valid):
+                if not run.trained:
+                    return tuple(grid), None
+                valid[run.factor] = run.valid_ppl()
+            best = _best(valid)
+            if step == self.lr_extend or len(grid) < 2 or best not in (grid[0], grid[-1]):
+                break
             if best == grid[-1]:
                 grid.append(grid[-1] * grid[-1] / grid[-2])
-            elif best == grid[0]:
-                grid.insert(0, grid[0] * grid[0] / grid[1])
             else:
-                break
-        return tuple(grid)
-
-    def _valid(self, cell: str, factors) -> dict[float, float] | None:
-        """{factor: valid perplexity} of the first seed's runs at `factors`, None until all are trained."""
-        runs = [self.run(cell, f, self.seeds[0]) for f in factors]
-        return {r.factor: r.valid_ppl() for r in runs} if all(r.trained for r in runs) else None
+                grid.insert(0, grid[0] * grid[0] / grid[1])
+        return tuple(grid), valid
 
     def grid_runs(self, cell: str) -> list[StudyRun]:
         """The first seed's runs at every factor of the cell's grid: the learning rate is chosen on them."""
@@ -202,8 +205,7 @@ class Study:
 
     def choice(self, cell: str) -> Choice | None:
         """The cell's factor, once every run of its grid is trained (None before); reads valid metrics only."""
-        grid = self.grid(cell)
-        valid = self._valid(cell, grid)
+        grid, valid = self._grown(cell)
         if valid is None:
             return None
         best = _best(valid)
