@@ -31,9 +31,9 @@ def _run(default_program: str, load_main, argv: list[str] | None, stop_signals: 
     from xlm_pkm.utils.stop_signals import StoppedBySignal, install_startup_handlers
 
     program = program_name(default_program)
-    if stop_signals:
-        install_startup_handlers()
     try:
+        if stop_signals:  # inside the try: a signal caught by the first handler installed may land before the last
+            install_startup_handlers()
         main = load_main()
         return main(argv)
     except KeyboardInterrupt:
