@@ -169,6 +169,9 @@ def test_a_choice_at_an_end_grows_the_grid_past_it_up_to_lr_extend_steps(tmp_pat
         (TRAIN, "pkm", "lr4-seed3"), (TRAIN, "dense", "lr0.25-seed3")]
     fake_trained(study.run("pkm", 4, 3), [38.0])  # still at the top: ×8, the last step lr_extend allows
     fake_trained(study.run("pkm", 8, 3), [37.0])
+    # pkm is chosen, dense's grid is not trained: pkm's seeds and tests come first (a study cut now can compare)
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
+        (TEST, "pkm", "lr8-seed3"), (TRAIN, "pkm", "lr8-seed4"), (TRAIN, "dense", "lr0.25-seed3")]
     fake_trained(study.run("dense", 0.25, 3), [35.0])  # inside now: no further step
     assert study.grid("pkm") == (0.5, 1, 2, 4, 8) and study.grid("dense") == (0.25, 0.5, 1, 2)
     pkm, dense = study.choice("pkm"), study.choice("dense")

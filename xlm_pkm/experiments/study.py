@@ -7,7 +7,7 @@
 The study file and its runs: study_plan.py. `run` trains, in N streams (processes side by side, one
 run each), the first seed of every cell at every factor of its grid; once a cell's grid is trained it
 chooses the cell's factor on valid perplexity, then trains the other seeds at that factor and evaluates
-the chosen runs on the test split (those only). A run already trained (run.json in the results) is
+the chosen runs on the test split (those only), before any other cell's grid run. A run already trained (run.json in the results) is
 skipped, a test already evaluated (test.json) too; a run that was cut resumes from its checkpoint.pt
 (train.py, same exp_id). So the same command, run again, finishes a study cut anywhere, and gives the
 files an uninterrupted one gives. Each run's small files are copied to the results folder as it
@@ -51,12 +51,13 @@ class Job:
 
 
 def pending(study: Study) -> list[Job]:
-    """What is left to do now, first things first: the grids' runs, then the chosen factors' other seeds and
-    tests (a cell's choice exists once its grid is trained)."""
-    jobs = [Job(TRAIN, r) for cell in study.cells for r in study.grid_runs(cell) if not r.trained]
+    """What is left to do now: first the other seeds and the tests of the cells already chosen (a cell's
+    choice exists once its grid is trained), then the grids' runs; so a study cut before its end has its
+    chosen cells complete, every seed tested, and their comparisons can be read."""
+    jobs = []
     for cell in study.cells:
         jobs += [Job(TEST if r.trained else TRAIN, r) for r in study.chosen_runs(cell) if not r.tested]
-    return jobs
+    return jobs + [Job(TRAIN, r) for cell in study.cells for r in study.grid_runs(cell) if not r.trained]
 
 
 def launch_process(job: Job) -> int:
