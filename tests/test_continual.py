@@ -390,3 +390,19 @@ def test_a_malformed_facts_file_is_one_line(tmp_path):
         with pytest.raises(ValueError, match=re.escape("f.jsonl:2: ") + ".*" + re.escape(message)) as e:
             read_own_facts(tmp_path / "f.jsonl")
         assert "\n" not in str(e.value)
+
+
+def test_facts_without_fastbpe_is_one_line_and_status_2(tiny_data_dir, tmp_path, monkeypatch, capsys):
+    """No fastBPE anywhere (no FASTBPE, no tools/fastbpe/fast, nothing on PATH): the facts command says so in one
+    line and exits 2, as every command's one-line error (before: a traceback)."""
+    from xlm_pkm.data import fastbpe
+    from xlm_pkm.experiments.facts import main as facts_main
+
+    monkeypatch.delenv("FASTBPE", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(fastbpe, "REPO_ROOT", tmp_path)
+    status = facts_main(["--from", str(REPO / "data/facts/example.jsonl"), "--out", str(tmp_path / "out"),
+                         "--codes", str(tiny_data_dir / "codes"), "--vocab", str(tiny_data_dir / "vocab")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and err[-1].startswith("python -m xlm_pkm.experiments.facts: error: fastBPE command-line tool")
+    assert not any("Traceback" in line for line in err)

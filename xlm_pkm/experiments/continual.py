@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from xlm_pkm.data.text_codec import TextCodec
+from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.experiments.continual_report import PRETRAINED, SELECT_SEED, best_settings, load_rows, write_report
 from xlm_pkm.experiments.fact_scores import fact_scores
 from xlm_pkm.experiments.facts import load_facts
@@ -116,9 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"--background: expected MODEL=FILE, got {args.background}")
             backgrounds = dict(item.split("=", 1) for item in args.background)
             print(write_report(args.results, args.out, backgrounds, args.select_seed))
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except (*USER_ERRORS, OSError) as e:
+        return fail(parser.prog, e)
     return 0
 
 

@@ -43,6 +43,8 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from xlm_pkm.errors import USER_ERRORS, fail
+
 
 @dataclass(frozen=True)
 class Relation:
@@ -246,9 +248,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             facts = None
             out = write_facts_data(args.out, args.n, args.seed, args.codes, args.vocab, args.copies)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    except (*USER_ERRORS, OSError) as e:
+        return fail(parser.prog, e)
     print(f"{args.n if facts is None else len(facts)} facts: {out}/facts.jsonl, data in {out}")
     return 0
 

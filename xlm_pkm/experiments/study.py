@@ -4,18 +4,18 @@
     python -m xlm_pkm.experiments.study plan STUDY.yaml [--only CELL...]   every run, its state and command
     python -m xlm_pkm.experiments.study report STUDY.yaml [--bench FILE] writes the report (study_report.py)
 
-The study file and its runs: study_plan.py. `run` trains, in N streams (processes side by side, one
-run each), the first seed of every cell at every factor of its grid; once a cell's grid is trained it
+The study file and its runs: study_plan.py. `run` trains, in N streams (processes side by side, one run
+each), the first seed of every cell at every factor of its grid; once a cell's grid is trained it
 chooses the cell's factor on valid perplexity, then trains the other seeds at that factor and evaluates
-the chosen runs on the test split (those only), before any other cell's grid run. A run already trained (run.json in the results) is
-skipped, a test already evaluated (test.json) too; a run that was cut resumes from its checkpoint.pt
-(train.py, same exp_id). So the same command, run again, finishes a study cut anywhere, and gives the
-files an uninterrupted one gives. Each run's small files are copied to the results folder as it
-finishes (config.yaml and metrics.jsonl, then run.json with its commands, then test.json), ready to be
-committed; checkpoints stay in the dump directory. Each job's console goes to DUMP/<cell>/<run>.log.
-A run that fails is reported and the others go on; a run stopped by a signal (exit 75 or 130) stops
-the study (no new run starts; rerun to resume). Exit status: 0 when nothing is left to run, 1 when a
-run failed, 75 when stopped, 2 on a bad study file.
+the chosen runs on the test split (those only), before any other cell's grid run. A run already trained
+(run.json in the results) is skipped, a test already evaluated (test.json) too; a run that was cut
+resumes from its checkpoint.pt (train.py, same exp_id). So the same command, run again, finishes a study
+cut anywhere, and gives the files an uninterrupted one gives. Each run's small files are copied to the
+results folder as it finishes (config.yaml and metrics.jsonl, then run.json with its commands, then
+test.json), ready to be committed; checkpoints stay in the dump directory. Each job's console goes to
+DUMP/<cell>/<run>.log. A run that fails is reported and the others go on; a run stopped by a signal
+(exit 75 or 130) stops the study (no new run starts; rerun to resume). Exit status: 0 when nothing is
+left to run, 1 when a run failed, 75 when stopped, 2 on a bad study file.
 """
 
 from __future__ import annotations
