@@ -169,14 +169,20 @@ def test_console_commands_of_the_installed_package(installed, reference_run, tmp
     best = reference_run().best_path
     capsys.readouterr()
     generate_args = ["--checkpoint", str(best), "--max-tokens", "8", "--greedy", "the module"]
-    where, generated, evaluated, trained, preprocess = run_all(installed, [
+    list_configs = "import pathlib, xlm_pkm; c = pathlib.Path(xlm_pkm.__file__).parent / 'configs'; " \
+                   "print(*sorted(str(p.relative_to(c)) for p in c.rglob('*.yaml')))"
+    where, configs, generated, evaluated, trained, preprocess = run_all(installed, [
         ["python", "-c", "import xlm_pkm; print(xlm_pkm.__version__, xlm_pkm.__file__)"],
+        ["python", "-c", list_configs],
         ["xlm-pkm-generate", *generate_args],
         ["xlm-pkm-evaluate", "--checkpoint", str(best), "--split", "valid", "--max-batches", "1", "--device", "cpu"],
         ["xlm-pkm-train", f"data.path={tmp_path / 'none'}"],  # with the default config installed in the package
         ["xlm-pkm-preprocess", "--help"]], cwd=tmp_path)
     version, location = where[1].split()
     assert version == __import__("xlm_pkm").__version__ and not location.startswith(str(ROOT))
+    # every config of the checkout travels with the package (finetune/, variants/paper/, all_attention/ too)
+    checkout = ROOT / "configs"
+    assert configs[1].split() == sorted(str(p.relative_to(checkout)) for p in checkout.rglob("*.yaml"))
     assert generated[0] == 0, generated[2]
     assert generate_main(generate_args) == 0 and generated[1] == capsys.readouterr().out
     assert evaluated[0] == 0 and evaluated[1].startswith("valid ppl "), evaluated[2]
