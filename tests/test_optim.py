@@ -9,6 +9,7 @@ from xlm_pkm.errors import ConfigError
 from xlm_pkm.optim.adagrad import ClippedAdagrad
 from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, OptimConfig, Optimizers
 from xlm_pkm.optim.schedule import scheduled_lr
+from xlm_pkm.train.memory_estimate import estimate
 
 
 def params_with_grads(seed=0, scale=1.0):
@@ -107,20 +108,27 @@ def test_a_plugin_optimizer_declares_its_state_and_the_memory_check_counts_it(mo
         model = build.TransformerLM(load_config(None, small).model)
     values = sum(p.numel() for p in model.memory_value_parameters())
     dense = sum(p.numel() for p in model.parameters()) - values
-    adam_need = 4 * (values * (1 + 2) + dense * (2 + 2))  # adam's two moments for both groups
-    monkeypatch.setattr(build, "available_memory", lambda device: (adam_need, "test"))
+
+    def held(overrides, world_size=1, parallel="ddp"):  # what the check compares: weights, gradients, states
+        rank = estimate(load_config(None, overrides), world_size, parallel, "cpu")
+        return rank.parameters + rank.gradients + rank.optimizer
+
+    five = [*small, "optim.optimizer=five_moments"]
+    assert held(five) - held(small) == 4 * dense * (5 - 2)  # adam's 2 states per dense element, the plugin's 5
+    monkeypatch.setattr(build, "available_memory", lambda device: (held(small), "test"))
     build.check_memory_fits(load_config(None, small), torch.device("cpu"))  # fits exactly
-    with pytest.raises(ConfigError, match=r"^the model needs at least .* GiB for its weights and optimizer state"):
-        build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))
-    more = adam_need + 4 * dense * 3  # 3 more per element
-    monkeypatch.setattr(build, "available_memory", lambda device: (more, "test"))
-    build.check_memory_fits(load_config(None, [*small, "optim.optimizer=five_moments"]), torch.device("cpu"))
+    with pytest.raises(ConfigError, match=r"^the model needs at least .* GiB for its weights, gradients and "):
+        build.check_memory_fits(load_config(None, five), torch.device("cpu"))
+    monkeypatch.setattr(build, "available_memory", lambda device: (held(five), "test"))
+    build.check_memory_fits(load_config(None, five), torch.device("cpu"))
     # fsdp: each of W ranks holds 1/W of the dense weights, gradients and states, after the whole weights once
-    fsdp = [*small, "optim.optimizer=five_moments", "train.parallel=fsdp"]
-    monkeypatch.setattr(build, "available_memory", lambda device: (4 * (values * 3 + dense * 7 / 4), "test"))
+    fsdp = [*five, "train.parallel=fsdp"]
+    monkeypatch.setattr(build, "available_memory", lambda device: (held(fsdp, 4, "fsdp"), "test"))
     build.check_memory_fits(load_config(None, fsdp), torch.device("cpu"), world_size=4)  # fits exactly
     with pytest.raises(ConfigError, match="more than the"):
         build.check_memory_fits(load_config(None, fsdp), torch.device("cpu"), world_size=2)
-    monkeypatch.setattr(build, "available_memory", lambda device: (4 * (values * 3 + dense) - 1, "test"))
+    whole = estimate(load_config(None, small), 1, "ddp", "cpu").parameters  # every weight and buffer, float32
+    assert whole >= 4 * (values + dense) > held(fsdp, 64, "fsdp")
+    monkeypatch.setattr(build, "available_memory", lambda device: (whole - 1, "test"))
     with pytest.raises(ConfigError, match="more than the"):  # the whole weights, built before sharding
         build.check_memory_fits(load_config(None, fsdp), torch.device("cpu"), world_size=64)

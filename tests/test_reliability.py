@@ -227,7 +227,7 @@ def test_other_vocabulary_is_refused_on_resume_and_in_evaluation(tiny_data_dir, 
     ("train.exp_id=.", "train.exp_id: must name one folder under train.dump_path"),
     ("train.exp_id=../../x", "train.exp_id: must name one folder under train.dump_path"),
     ("optim.trainable=[]", "optim.trainable=[]: nothing to train (it selects no parameter)"),
-    ("model.memory.n_keys=100000", "the model needs at least 3,576.3 GiB for its weights and optimizer state"),
+    ("model.memory.n_keys=100000", "the model needs at least 4,768.4 GiB for its weights, gradients and optimizer"),
 ])
 def test_bad_values_get_one_line_errors(tiny_overrides, tmp_path, capsys, override, expected):
     assert train_main(tiny_overrides(tmp_path, "train.exp_id=bad", override)) == 2

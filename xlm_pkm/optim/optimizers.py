@@ -58,7 +58,7 @@ from xlm_pkm.utils.dtensors import is_dtensor
 class DenseOptimizer:
     build: Callable[[list[nn.Parameter], OptimConfig], torch.optim.Optimizer]
     # state values it keeps per parameter element (Adam's two moments, Adagrad's sum, SGD's none): the memory
-    # a model needs to train (train/build.check_memory_fits)
+    # a model needs to train (train/memory_estimate.py, and so train/build.check_memory_fits)
     state_size: int
 
 

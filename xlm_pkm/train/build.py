@@ -18,9 +18,10 @@ from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.transformer import TransformerLM
-from xlm_pkm.optim.optimizers import DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, Optimizers, value_optimizer
+from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.runtime.hardware import available_memory
+from xlm_pkm.train.memory_estimate import estimate
 
 
 def build_stream(cfg: Config, split: str, env: DistEnv, data_path: str | None = None, batch_size: int = 0,
@@ -79,35 +80,30 @@ class InitialWeights:
 
 
 def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) -> None:
-    """Refuses in one line a model whose float32 weights, dense gradients and optimizer states (a lower
-    bound of what training holds) exceed the device's available memory, before anything is allocated:
-    the model is built on the meta device, which counts this rank's parameters (its value shard). With
-    train.parallel=fsdp a rank holds 1/world_size of the dense weights, gradients and states, after
-    building the whole weights once (runtime/fsdp.py shards a built model): the larger of the two counts."""
+    """Refuses in one line, before anything is allocated, a run whose weights, gradients and optimizer states
+    on one rank exceed the device's available memory: train/memory_estimate.estimate's figures for them
+    (what training holds whatever the batch: a lower bound of its peak). With train.parallel=fsdp a rank
+    builds the whole weights before sharding them (runtime/fsdp.py): the larger of that and its share."""
     available = available_memory(device)
     if available is None:
         return
     available, source = available
-    with torch.device("meta"):
-        model = TransformerLM(cfg.model)
-    values = sum(p.numel() for p in {id(p): p for p in model.memory_value_parameters()}.values())  # shared once
-    dense = sum(p.numel() for p in model.parameters()) - values
-    # optimizer states per parameter element, as each optimizer's registration declares them
-    states = VALUE_OPTIMIZERS[cfg.optim.values_optimizer].state_size, DENSE_OPTIMIZERS[cfg.optim.optimizer].state_size
-    sharded = world_size if cfg.train.parallel == "fsdp" else 1
-    value_bytes, dense_bytes = 4 * values * (1 + states[0]), 4 * dense * max(1, (2 + states[1]) / sharded)
-    need = value_bytes + dense_bytes
+    rank = estimate(cfg, world_size, cfg.train.parallel, device.type)
+    need = rank.parameters + rank.gradients + rank.optimizer
+    if cfg.train.parallel == "fsdp":
+        need = max(need, estimate(cfg, world_size, "ddp", device.type).parameters)
     if need > available:
-        memory = cfg.model.memory
-        fsdp = "" if sharded > 1 else "the dense model sharded across GPUs (train.parallel=fsdp), or "
+        memory, elements = cfg.model.memory, rank.elements
+        share = elements["memory values"] / sum(elements.values())
+        fsdp = "" if cfg.train.parallel == "fsdp" else "the dense model sharded across GPUs (train.parallel=fsdp), or "
         advice = (f"fewer slots (model.memory.n_keys={memory.n_keys} gives {memory.n_keys ** 2:,} per memory), or "
-                  f"values sharded across GPUs (model.memory.shard_values)" if value_bytes > dense_bytes else
+                  f"values sharded across GPUs (model.memory.shard_values)" if share > 0.5 else
                   f"{fsdp}a smaller model (model.dim={cfg.model.dim}, model.n_layers={cfg.model.n_layers}, "
-                  f"model.vocab_size={cfg.model.vocab_size}: the memory values are "
-                  f"{100 * value_bytes / need:.0f}% of it)")
-        raise ConfigError(f"the model needs at least {need / 2**30:,.1f} GiB for its weights and optimizer state "
-                          f"({values + dense:,} parameters, {values:,} of them memory values), more than the "
-                          f"{available / 2**30:,.1f} GiB {source}: {advice}")
+                  f"model.vocab_size={cfg.model.vocab_size}: the memory values are {100 * share:.0f}% of its "
+                  f"parameters)")
+        raise ConfigError(f"the model needs at least {need / 2**30:,.1f} GiB for its weights, gradients and "
+                          f"optimizer state ({sum(elements.values()):,} parameters, {elements['memory values']:,} "
+                          f"of them memory values), more than the {available / 2**30:,.1f} GiB {source}: {advice}")
 
 
 def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None,
