@@ -160,6 +160,7 @@ def test_backend_is_chosen_when_the_layer_is_built_or_moved(monkeypatch):
     assert ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4).read_backend == "torch"  # auto on CPU
 
 
+@pytest.mark.slow  # Triton's compiler, in a subprocess
 def test_kernels_compile_for_gpus_without_register_spills():
     """Each kernel compiles to a cubin for Hopper (sm_90, every dtype) and Ampere (sm_80) at the paper's
     shapes, and uses no local memory: no registers spilled. A subprocess, as the interpreter may be on here."""

@@ -50,6 +50,7 @@ def blocking_prelude(names: list[str]) -> str:
     return f"import sys\nsys.modules.update(dict.fromkeys({names!r}))\n"
 
 
+@pytest.mark.slow  # a fresh Python
 def test_the_layer_needs_only_torch():
     check = textwrap.dedent(f"""\
         try:
@@ -111,8 +112,9 @@ NO_TORCH = {"xlm-pkm-preprocess"}  # never imports torch: nothing to set
 
 
 @pytest.mark.parametrize("command, given, expected", [
-    *[(c, None, "1") for c in ["train.py", "evaluate.py", "generate.py", *console_commands(), "slurm-job"]],
-    ("train.py", "0", "0")])
+    ("train.py", None, "1"), ("train.py", "0", "0"),  # each case a fresh Python importing torch: the others slow
+    *[pytest.param(c, None, "1", marks=pytest.mark.slow)
+      for c in ["evaluate.py", "generate.py", *console_commands(), "slurm-job"]]])
 def test_commands_turn_huge_pages_on_before_torch_is_imported_unless_told(command, given, expected):
     """launch/commands.py: each command that starts a torch process (and a SLURM job's TrainJob) sets
     THP_MEM_ALLOC_ENABLE=1 unless it is set, before torch is imported."""
@@ -163,6 +165,7 @@ def run_all(bin_dir: Path, commands: list[list[str]], cwd: Path) -> list[tuple[i
     return [(p.returncode, *out) for p, out in zip(procs, outputs)]
 
 
+@pytest.mark.slow  # a fresh virtual environment
 def test_console_commands_of_the_installed_package(installed, reference_run, tmp_path, capsys):
     assert {f"xlm-pkm-{c}" for c in ("train", "evaluate", "generate", "preprocess", "export", "runs")} <= \
         {p.name for p in installed.iterdir()}

@@ -116,8 +116,9 @@ def test_sighup_checkpoints_and_exits_75(tiny_overrides, tmp_path):
 
 @pytest.mark.parametrize("signum, status, line", [
     (signal.SIGTERM, 75, "train.py: error: stopped by SIGTERM "),
-    (signal.SIGUSR1, 75, "train.py: error: stopped by SIGUSR1 "),
-    (signal.SIGINT, 130, "train.py: error: interrupted (Ctrl-C)"),
+    # the other signals take the same path (launch/commands._run's handlers): the slow tier
+    pytest.param(signal.SIGUSR1, 75, "train.py: error: stopped by SIGUSR1 ", marks=pytest.mark.slow),
+    pytest.param(signal.SIGINT, 130, "train.py: error: interrupted (Ctrl-C)", marks=pytest.mark.slow),
 ])
 def test_a_signal_during_start_up_is_one_line_and_the_same_command_runs_again(tiny_overrides, tmp_path, signum,
                                                                               status, line):
