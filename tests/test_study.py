@@ -186,6 +186,34 @@ def test_a_choice_at_an_end_grows_the_grid_past_it_up_to_lr_extend_steps(tmp_pat
     assert load_study(write_study(tmp_path, lr_grid=[0.5, 1, 2])).grid("pkm") == (0.5, 1, 2)  # lr_extend 0
 
 
+def test_lr_refine_trains_the_midpoints_around_the_best_and_chooses_over_all(tmp_path):
+    """lr_refine: once the grid (grown or not) is trained, the geometric midpoints between the best factor and
+    each trained neighbour are trained for the first seed, then the best of all is chosen; twice: again around
+    the new best, with the closer neighbours. A best at an end has one neighbour, so one midpoint."""
+    study = load_study(write_study(tmp_path, lr_grid=[1, 2, 4], seeds=[3, 4], lr_extend=1, lr_refine=2))
+    for factor, valid in {1: [60.0], 2: [50.0], 4: [55.0]}.items():  # pkm: best inside, at ×2
+        fake_trained(study.run("pkm", factor, 3), valid)
+    for factor, valid in {1: [40.0], 2: [45.0], 4: [47.0]}.items():  # dense: best at the low end
+        fake_trained(study.run("dense", factor, 3), valid)
+    fake_trained(study.run("dense", 0.5, 3), [42.0])  # the grown step: ×1 is inside now
+    r2, h = 1.41421, 0.707107  # √2 and 1/√2 as the run ids write them (6 digits)
+    assert study.grid("pkm") == (1, r2, 2, 2.82843, 4) and study.grid("dense") == (0.5, h, 1, r2, 2, 4)
+    assert study.choice("pkm") is None and [(j.run.cell, j.run.factor) for j in pending(study)] == [
+        ("pkm", r2), ("pkm", 2.82843), ("dense", h), ("dense", r2)]
+    fake_trained(study.run("pkm", r2, 3), [52.0])
+    fake_trained(study.run("pkm", 2.82843, 3), [48.0])  # better than ×2: the second round is around ×2√2
+    assert study.grid("pkm") == (1, r2, 2, 2.37842, 2.82843, 3.36359, 4)  # about 2^1.25, 2^1.75
+    for factor in study.grid("pkm")[3], study.grid("pkm")[5]:
+        fake_trained(study.run("pkm", factor, 3), [49.0])
+    pkm = study.choice("pkm")
+    assert (pkm.factor, pkm.edge, len(pkm.valid)) == (2.82843, "", 7)
+    assert [r.id for r in study.chosen_runs("pkm")] == ["lr2.82843-seed3", "lr2.82843-seed4"]
+    for factor, valid in {h: [41.0], r2: [44.0]}.items():
+        fake_trained(study.run("dense", factor, 3), valid)
+    dense = study.choice("dense")  # ×1 stays best; its neighbours now ×1/√2 and ×√2: the second round
+    assert dense is None and study.grid("dense") == (0.5, h, 0.840897, 1, 1.18921, r2, 2, 4)  # about 2^∓0.25
+
+
 def trained_in_process(job) -> int:
     """Runs a job here (the tests' way: no new interpreter per run)."""
     from xlm_pkm.launch.cli import evaluate_main, train_main

@@ -10,6 +10,7 @@ tokens. Its file (YAML; relative paths are from the repository root):
     seeds: [0, 1, 2]             # the first one also picks the learning rate
     lr_grid: [0.5, 1, 2]         # factors on every learning rate of a cell together
     lr_extend: 2                 # optional (default 0): steps the grid may grow past an end (see below)
+    lr_refine: 1                 # optional (default 0): halvings of the step around the best (see below)
     set: [train.num_threads=1]   # optional: overrides for every run (a cell's own come after them)
     world_size: 1                # optional: processes per run (torchrun beyond 1)
     test_max_batches: 0          # optional: test batches evaluated (0: the whole split)
@@ -35,7 +36,9 @@ that the test evaluates: the minimum over the run's evaluations; ties: the small
 other seed then runs at that factor, and only the runs at the chosen factor are evaluated on the test
 split. While the best factor is at an end of the grid, the cell's grid grows one step past that end (by
 the ratio of the two outermost factors there: ×2 for [0.5, 1, 2]), up to lr_extend steps; a choice still
-at an end after them is flagged (the optimum may lie beyond it).
+at an end after them is flagged (the optimum may lie beyond it). Then, lr_refine times, the grid is refined
+around the best factor: the geometric midpoints between it and each of its trained neighbours (√(f·g): ×2√2 and
+×4√2 around ×4 on a ×2 grid) are trained, and the best over every trained factor is the new best.
 
 Run `<cell>`, factor f, seed s is the run directory DUMP/<cell>/lr<f>-seed<s> (train.py's exp_name and
 exp_id, so that the same command resumes it) and the results folder RESULTS/<cell>/lr<f>-seed<s>:
@@ -59,7 +62,8 @@ from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scal
 # The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to them follow them).
 LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
 LR_RATIOS = ("engram_lr_scale", "values_lr_start_factor")
-KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "lr_extend", "set", "world_size",
+KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "lr_extend", "lr_refine", "set",
+        "world_size",
         "test_max_batches", "dump", "results", "report", "cells", "comparisons"}
 
 
@@ -148,6 +152,7 @@ class Study:
     test_max_batches: int = 0
     comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
     lr_extend: int = 0
+    lr_refine: int = 0
 
     def base_overrides(self, cell: str) -> list[str]:
         """The overrides of `cell` before the budget, the learning rate and the seed."""
@@ -178,7 +183,8 @@ class Study:
 
     def grid(self, cell: str) -> tuple[float, ...]:
         """The cell's factors: lr_grid, grown one step past an end while the first seed's best valid perplexity is
-        at that end (the step: the ratio of the two outermost factors there), at most lr_extend times."""
+        at that end (the step: the ratio of the two outermost factors there), at most lr_extend times, then
+        refined lr_refine times around the best (the midpoints to its neighbours)."""
         return self._grown(cell)[0]
 
     def _grown(self, cell: str) -> tuple[tuple[float, ...], dict[float, float] | None]:
@@ -194,9 +200,18 @@ class Study:
             if step == self.lr_extend or len(grid) < 2 or best not in (grid[0], grid[-1]):
                 break
             if best == grid[-1]:
-                grid.append(grid[-1] * grid[-1] / grid[-2])
+                grid.append(_factor(grid[-1] * grid[-1] / grid[-2]))
             else:
-                grid.insert(0, grid[0] * grid[0] / grid[1])
+                grid.insert(0, _factor(grid[0] * grid[0] / grid[1]))
+        for _ in range(self.lr_refine):
+            best, trained = _best(valid), sorted(valid)
+            i = trained.index(best)
+            neighbours = trained[max(0, i - 1):i] + trained[i + 1:i + 2]
+            grid = sorted({*grid, *(_factor(math.sqrt(best * g)) for g in neighbours)})
+            for run in (self.run(cell, f, self.seeds[0]) for f in grid if f not in valid):
+                if not run.trained:
+                    return tuple(grid), None
+                valid[run.factor] = run.valid_ppl()
         return tuple(grid), valid
 
     def grid_runs(self, cell: str) -> list[StudyRun]:
@@ -216,6 +231,12 @@ class Study:
         """Every seed's run at the chosen factor ([] before the choice): the runs evaluated on test."""
         choice = self.choice(cell)
         return [] if choice is None else [self.run(cell, choice.factor, s) for s in self.seeds]
+
+
+def _factor(x: float) -> float:
+    """A computed factor as its run id writes it (6 significant digits), so that the same factor reached two ways
+    is one run."""
+    return float(f"{x:g}")
 
 
 def _best(valid: dict[float, float]) -> float:
@@ -257,6 +278,8 @@ def load_study(path: Path) -> Study:
           and len(set(grid)) == len(grid), "lr_grid", "a list of distinct positive factors")
     check(isinstance(raw.get("lr_extend", 0), int) and raw.get("lr_extend", 0) >= 0, "lr_extend",
           "a number of steps the grid may grow past an end (0: none)")
+    check(isinstance(raw.get("lr_refine", 0), int) and raw.get("lr_refine", 0) >= 0, "lr_refine",
+          "a number of refinements around the best factor (0: none)")
     check(raw.get("scale", "paper") in SCALES, "scale", f"one of {', '.join(SCALES)}")
     check(isinstance(raw.get("set", []), list), "set", "a list of key=value overrides")
     check(isinstance(raw.get("world_size", 1), int) and raw.get("world_size", 1) >= 1, "world_size",
@@ -284,4 +307,4 @@ def load_study(path: Path) -> Study:
                  raw["eval_every_tokens"], _path(raw.get("dump"), REPO / "dumped" / "study" / str(raw["name"])),
                  _path(raw.get("results"), here / "runs"), _path(raw.get("report"), here / "report.md"),
                  str(raw.get("scale", "paper")), tuple(map(str, raw.get("set", []))), raw.get("world_size", 1),
-                 raw.get("test_max_batches", 0), tuple(comparisons), raw.get("lr_extend", 0))
+                 raw.get("test_max_batches", 0), tuple(comparisons), raw.get("lr_extend", 0), raw.get("lr_refine", 0))

@@ -80,7 +80,10 @@ def header(study: Study, m: int) -> str:
         f"evaluated on the test split. "
         + (f"While the best factor is at an end of a cell's grid, its grid grows one step past that end, up to "
            f"{study.lr_extend} time(s); a choice still at an end is flagged: the best may lie beyond it."
-           if study.lr_extend else "A choice at an end of the grid is flagged: the best may lie beyond it."),
+           if study.lr_extend else "A choice at an end of the grid is flagged: the best may lie beyond it.")
+        + (f" Then, {study.lr_refine} time(s), the grid is refined around the best factor: the geometric midpoints "
+           f"between it and its trained neighbours are trained too, and the best over all is chosen."
+           if study.lr_refine else ""),
         f"**Comparisons.** Each claim says that cell a has a lower test perplexity than cell b. Seeds pair the runs "
         f"(same seed: same data order), so the numbers are the per-seed differences a − b: their mean, its 95% "
         f"interval (Student t with n − 1 degrees of freedom) and the sign on every seed (− where a is lower, as "
