@@ -208,6 +208,9 @@ def test_lr_refine_trains_the_midpoints_around_the_best_and_chooses_over_all(tmp
     pkm = study.choice("pkm")
     assert (pkm.factor, pkm.edge, len(pkm.valid)) == (2.82843, "", 7)
     assert [r.id for r in study.chosen_runs("pkm")] == ["lr2.82843-seed3", "lr2.82843-seed4"]
+    choices = write_report(study).read_text().split("## Cells")[0]  # factors shown to 3 digits
+    assert "| valid ppl ×2.38 | valid ppl ×2.83 | valid ppl ×3.36 |" in choices
+    assert "| 60.0 | 52.0 | 50.0 | 49.0 | 48.0 | 49.0 | 55.0 | ×2.83 | lr 2.83, values_lr 2.83 |" in choices
     for factor, valid in {h: [41.0], r2: [44.0]}.items():
         fake_trained(study.run("dense", factor, 3), valid)
     dense = study.choice("dense")  # ×1 stays best; its neighbours now ×1/√2 and ×√2: the second round

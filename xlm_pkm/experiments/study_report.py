@@ -108,8 +108,8 @@ def choice_table(study: Study) -> str:
         lrs = json.loads((study.run(cell, choice.factor, study.seeds[0]).results / "run.json").read_text())["lr"]
         chosen = ", ".join(f"{k} {lrs[k]:.3g}" for k in LR_KEYS[:2])
         flag = f"**at the {choice.edge} end of the grid**" if choice.edge else ""
-        rows.append([f"`{cell}`", *valid, f"×{choice.factor:g}", chosen, flag])
-    return _md_table(["cell", *(f"valid ppl ×{f:g}" for f in factors), "chosen", "learning rates", "flag"], rows)
+        rows.append([f"`{cell}`", *valid, f"×{choice.factor:.3g}", chosen, flag])
+    return _md_table(["cell", *(f"valid ppl ×{f:.3g}" for f in factors), "chosen", "learning rates", "flag"], rows)
 
 
 def cell_table(study: Study, speeds: dict[str, float]) -> str:
@@ -170,7 +170,7 @@ def plot_curves(study: Study, path: Path) -> Path | None:
         for j, run in enumerate(runs):
             tokens, ppl = zip(*curve(run))
             ax.plot(tokens, ppl, color=colours(i), linewidth=1, alpha=0.8,
-                    label=f"{cell} (×{run.factor:g})" if j == 0 else None)
+                    label=f"{cell} (×{run.factor:.3g})" if j == 0 else None)
     ax.set(xlabel="training tokens", ylabel="valid perplexity (each seed at the chosen lr)", yscale="log")
     ax.legend(fontsize=7, loc="upper right")
     return _save(fig, path)
