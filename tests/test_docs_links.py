@@ -4,6 +4,7 @@ dropped, spaces to -, a repeated heading numbered -1, -2, ...)."""
 
 import re
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,6 +29,11 @@ def anchors(path: Path) -> Iterator[str]:
         yield slug if count == 0 else f"{slug}-{count}"
 
 
+@cache
+def anchor_set(path: Path) -> frozenset[str]:  # a page's anchors, parsed once however many links name it
+    return frozenset(anchors(path))
+
+
 def test_every_relative_link_and_anchor_resolves():
     broken = []
     for page in markdown_files():
@@ -39,7 +45,7 @@ def test_every_relative_link_and_anchor_resolves():
             where = f"{page.relative_to(REPO)}: {target}"
             if not path.exists():
                 broken.append(f"{where} (no such file)")
-            elif anchor and path.suffix == ".md" and anchor not in set(anchors(path)):
+            elif anchor and path.suffix == ".md" and anchor not in anchor_set(path):
                 broken.append(f"{where} (no heading #{anchor})")
     assert not broken, "\n".join(broken)
 

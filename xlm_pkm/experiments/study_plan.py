@@ -63,8 +63,7 @@ from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scal
 LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
 LR_RATIOS = ("engram_lr_scale", "values_lr_start_factor")
 KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "lr_extend", "lr_refine", "set",
-        "world_size",
-        "test_max_batches", "dump", "results", "report", "cells", "comparisons"}
+        "world_size", "test_max_batches", "dump", "results", "report", "cells", "comparisons"}
 
 
 class StudyError(UserError, ValueError):
@@ -191,11 +190,17 @@ class Study:
         """(the cell's grid, {factor: valid perplexity} of the first seed's runs on it, None until all are
         trained), each run's metrics read once."""
         grid, valid = list(self.lr_grid), {}
-        for step in range(self.lr_extend + 1):
+
+        def all_read() -> bool:  # the valid perplexity of every factor of grid in `valid`; False: one untrained
             for run in (self.run(cell, f, self.seeds[0]) for f in grid if f not in valid):
                 if not run.trained:
-                    return tuple(grid), None
+                    return False
                 valid[run.factor] = run.valid_ppl()
+            return True
+
+        for step in range(self.lr_extend + 1):
+            if not all_read():
+                return tuple(grid), None
             best = _best(valid)
             if step == self.lr_extend or len(grid) < 2 or best not in (grid[0], grid[-1]):
                 break
@@ -208,10 +213,8 @@ class Study:
             i = trained.index(best)
             neighbours = trained[max(0, i - 1):i] + trained[i + 1:i + 2]
             grid = sorted({*grid, *(_factor(math.sqrt(best * g)) for g in neighbours)})
-            for run in (self.run(cell, f, self.seeds[0]) for f in grid if f not in valid):
-                if not run.trained:
-                    return tuple(grid), None
-                valid[run.factor] = run.valid_ppl()
+            if not all_read():
+                return tuple(grid), None
         return tuple(grid), valid
 
     def grid_runs(self, cell: str) -> list[StudyRun]:

@@ -89,9 +89,7 @@ def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) ->
         return
     available, source = available
     rank = estimate(cfg, world_size, cfg.train.parallel, device.type)
-    need = rank.parameters + rank.gradients + rank.optimizer
-    if cfg.train.parallel == "fsdp":
-        need = max(need, estimate(cfg, world_size, "ddp", device.type).parameters)
+    need = max(rank.parameters + rank.gradients + rank.optimizer, rank.built)
     if need > available:
         memory, elements = cfg.model.memory, rank.elements
         share = elements["memory values"] / sum(elements.values())

@@ -134,6 +134,7 @@ class MemoryEstimate:
     batch_size: int  # sequences per rank per forward
     bptt: int
     parameters: int
+    built: int  # the weights and buffers as a rank builds them, before FSDP shards the dense ones (= parameters in ddp)
     gradients: int
     optimizer: int
     communication: int  # DDP's gradient buckets or FSDP's gathered unit, and sparse gradients' exchange
@@ -210,6 +211,7 @@ def estimate(cfg: Config, world_size: int = 1, parallel: str = "ddp", device_typ
     groups = _optimizer_groups(cfg, model, W, fsdp)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     parameters = FLOAT * sum(_rank_elements(p, W, fsdp and id(p) not in table_ids) for p in model.parameters())
+    built = FLOAT * sum(_rank_elements(p, W, False) for p in model.parameters()) if fsdp else parameters
     if fsdp:
         communication = 2 * FLOAT * max(_fsdp_units(model, table_ids))
     else:  # DDP all-reduces every trainable gradient but the sparse or sharded tables'
@@ -223,7 +225,8 @@ def estimate(cfg: Config, world_size: int = 1, parallel: str = "ddp", device_typ
     whole_values = sum(p.numel() * (p.value_shard.world if hasattr(p, "value_shard") else 1) for p in tables)
     return MemoryEstimate(
         world_size=W, parallel=parallel, precision=cfg.train.precision, batch_size=cfg.data.batch_size,
-        bptt=cfg.data.bptt, parameters=parameters + buffers, gradients=sum(g.gradients for g in groups),
+        bptt=cfg.data.bptt, parameters=parameters + buffers, built=built + buffers,
+        gradients=sum(g.gradients for g in groups),
         optimizer=sum(FLOAT * g.state_size * sum(g.elements) for g in groups), communication=communication,
         activations=activations, step_temporaries=max([t or 0 for t in step], default=0),
         elements={"dense": sum(p.numel() for p in model.parameters() if id(p) not in table_ids),
