@@ -200,6 +200,25 @@ def test_output_and_every_gradient_equal_the_naive_layer_in_float64(options, one
         assert (g.to_dense() - r).abs().max() <= 1e-10, name
 
 
+def test_flat_search_scores_the_tokens_in_chunks_with_the_same_result(monkeypatch):
+    """A flat search over many slots scores a few tokens at a time (all N·H·S scores at 1M slots do not fit a
+    GPU): no allocation near the whole score tensor, and the same output and gradients as one search."""
+    from xlm_pkm.model.memory import selected_scores
+
+    N, H, S = 512, 2, 64**2  # the whole (N, H, S) float32 score tensor: 16 MiB
+    memory = small_memory(input_dim=16, output_dim=8, key_type="flat", n_keys=64, k_dim=8, heads=H, knn=4)
+    x = torch.randn(N, 16, requires_grad=True)
+    out = memory(x)
+    grads = torch.autograd.grad(out.square().sum(), [x, *memory.parameters()])
+    monkeypatch.setattr(selected_scores, "SCORES_AT_ONCE", 16 * H * S)  # 16 tokens at a time: 512 KiB
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        chunked = memory(x)
+    assert max(e.cpu_memory_usage for e in prof.events()) < N * H * S * 4 / 8
+    assert torch.equal(chunked, out)
+    for g, c in zip(grads, torch.autograd.grad(chunked.square().sum(), [x, *memory.parameters()])):
+        assert torch.equal(g, c)
+
+
 def test_no_tokens_by_heads_knn_by_output_dim_intermediate():
     N, H, K, D = 512, 4, 32, 256  # a (N, H*K, D) float32 tensor would be 64 MiB
     memory = small_memory(input_dim=64, output_dim=D, n_keys=64, k_dim=32, heads=H, knn=K)

@@ -10,6 +10,8 @@ through `einsum(...).topk(...)` would still form it densely (a zero (N, G, S) te
                                                                      its transpose (value_read.slot_sums)
 
 g is a group of keys searched together: (head, half) for product keys, a head for flat keys.
+The forward scores the tokens in chunks of at most SCORES_AT_ONCE scores: a flat search over 1M slots
+(the paper's Table 4) would otherwise hold all N·G·S of them, 72 GiB at 8k tokens and 4 heads.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import torch.nn.functional as F
 
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import slot_sums
+
+SCORES_AT_ONCE = 2**28  # float32 scores held by one chunk of the search (1 GiB); product keys: one chunk
 
 
 class _SelectedScores(torch.autograd.Function):
@@ -48,8 +52,10 @@ class _SelectedScores(torch.autograd.Function):
 def top_scores(q: torch.Tensor, keys: torch.Tensor, knn: int) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (N, G, d), keys: (G, S, d) -> (scores, indices), each (N, G, knn): the knn best keys of each
     group by inner product, scores descending; the same values as einsum + topk."""
-    with torch.no_grad():
-        scores, indices = torch.einsum("ngd,gsd->ngs", q, keys).topk(knn, dim=-1)  # from (N, G, S)
+    tokens_at_once = max(1, SCORES_AT_ONCE // (keys.shape[0] * keys.shape[1]))
+    with torch.no_grad():  # each chunk from (n, G, S) scores
+        best = [torch.einsum("ngd,gsd->ngs", chunk, keys).topk(knn, dim=-1) for chunk in q.split(tokens_at_once)]
+        scores, indices = (torch.cat(parts) for parts in zip(*best)) if len(best) > 1 else best[0]
     if torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad):
         scores = _SelectedScores.apply(q, keys, indices, scores)
     return scores, indices
