@@ -24,14 +24,22 @@ POINTER_TYPES = {"indices": "*i64", "order": "*i64", "row_starts": "*i64", "weig
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
+def tiles() -> dict[str, tuple]:
+    """name -> (kernel, its tile constants) at the paper's shapes; the table gradient's tile follows a slot's
+    mean number of reads, so it is compiled at both ends: read once, and 32 times or more."""
+    (block_l, block_d), grad = kernels._blocks(128, 1024), kernels._grad_blocks
+    return {"_read_kernel": (kernels._read_kernel, {"BLOCK_L": block_l, "BLOCK_D": block_d}),
+            "_weights_grad_kernel": (kernels._weights_grad_kernel, dict(zip(("BLOCK_L", "BLOCK_D"), grad(128, 1024)))),
+            **{f"_table_grad_kernel@{reads}": (kernels._table_grad_kernel, dict(zip(("BLOCK_E", "BLOCK_D"),
+                                                                                  grad(reads, 1024))))
+               for reads in (1, 32)}}
+
+
 def resource_usage(arch: int, dtype: str) -> dict[str, str]:
-    block_l, block_d = kernels._blocks(128, 1024)
     usage = {}
-    for kernel in (kernels._read_kernel, kernels._weights_grad_kernel, kernels._table_grad_kernel):
-        names = kernel.arg_names
-        signature = {name: "constexpr" if name.startswith("BLOCK") else "i32" if name in ("L", "D")
-                     else POINTER_TYPES.get(name, f"*{dtype}") for name in names}
-        constants = {name: block_d if name == "BLOCK_D" else block_l for name in names if name.startswith("BLOCK")}
+    for name, (kernel, constants) in tiles().items():
+        signature = {arg: "constexpr" if arg in constants else "i32" if arg in ("L", "D")
+                     else POINTER_TYPES.get(arg, f"*{dtype}") for arg in kernel.arg_names}
         compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
                                   target=GPUTarget("cuda", arch, 32))
         with tempfile.TemporaryDirectory() as tmp:
@@ -39,7 +47,7 @@ def resource_usage(arch: int, dtype: str) -> dict[str, str]:
             cubin.write_bytes(compiled.asm["cubin"])
             dump = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(cubin)], capture_output=True,
                                   text=True, check=True).stdout
-        usage[kernel.fn.__name__] = next(line.strip() for line in dump.splitlines() if "REG:" in line)
+        usage[name] = next(line.strip() for line in dump.splitlines() if "REG:" in line)
     return usage
 
 

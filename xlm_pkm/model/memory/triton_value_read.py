@@ -18,6 +18,8 @@ before Triton is imported), which the tests use to check them against the PyTorc
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 try:  # imported only where Triton is installed (value_read.py); transformers' remote-code check skips a try
@@ -85,8 +87,18 @@ def _table_grad_kernel(grad_out, weights, order, row_starts, rows_out, L, D,
 
 
 def _blocks(L: int, D: int) -> tuple[int, int]:
-    """(lookups, columns) per tile: up to 32 × 256 elements, powers of two."""
+    """The read's (lookups, columns) per tile: up to 32 × 256 elements, powers of two."""
     return min(32, triton.next_power_of_2(L)), min(256, triton.next_power_of_2(D))
+
+
+def _grad_blocks(rows: float, D: int) -> tuple[int, int]:
+    """The backward kernels' (rows, columns) per tile for `rows` rows per program (a token's L lookups; a
+    slot's mean number of reads): up to 32 rows, up to 2,048 elements, powers of two. A tile of 32 × 256
+    float32 took 168-200 registers a thread (a stack frame on Hopper with Triton 3.6), three programs of 4
+    warps an SM: the table gradient's program, three dependent loads for one or two lookups of a slot,
+    waited on its latency (1.4 ms for 131k lookups on an H200, half the memory layer's step)."""
+    block_r = min(32, triton.next_power_of_2(max(1, math.ceil(rows))))
+    return block_r, min(triton.next_power_of_2(D), 1024, 2048 // block_r)
 
 
 def fused_row_dots(table: torch.Tensor, indices: torch.Tensor, vectors: torch.Tensor,
@@ -95,7 +107,7 @@ def fused_row_dots(table: torch.Tensor, indices: torch.Tensor, vectors: torch.Te
     vectors[n] (the read's weight gradient; PEER's u_iᵀx), summed in float32."""
     table, indices, vectors = table.contiguous(), indices.contiguous(), vectors.contiguous()
     (N, L), D = indices.shape, table.shape[1]
-    block_l, block_d = _blocks(L, D)
+    block_l, block_d = _grad_blocks(L, D)
     out = torch.empty(N, L, dtype=dtype, device=table.device)
     if N:
         _weights_grad_kernel[(N, triton.cdiv(L, block_l))](table, indices, vectors, out, L, D,
@@ -109,12 +121,12 @@ def fused_slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch
     rows[u] = Σ over the lookups (n, l) of slots[u] of weights[n, l] · vectors[n] (the read's table gradient)."""
     weights, vectors = weights.contiguous(), vectors.contiguous()
     L, D = indices.shape[1], vectors.shape[1]
-    block_l, block_d = _blocks(L, D)
     slots, order, row_starts = group_by_slot(indices)  # (U,), (N*L,), (U + 1,)
     rows = torch.empty(slots.numel(), D, dtype=dtype, device=vectors.device)  # (U, D)
     if slots.numel():
+        block_e, block_d = _grad_blocks(indices.numel() / slots.numel(), D)  # a slot's mean reads per loop turn
         _table_grad_kernel[(slots.numel(), triton.cdiv(D, block_d))](
-            vectors, weights, order, row_starts, rows, L, D, BLOCK_E=block_l, BLOCK_D=block_d)
+            vectors, weights, order, row_starts, rows, L, D, BLOCK_E=block_e, BLOCK_D=block_d)
     return slots, rows
 
 
