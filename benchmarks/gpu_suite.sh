@@ -3,6 +3,7 @@
 #
 #   bash benchmarks/gpu_suite.sh prepare          # here, after `make install data`: wheels to carry
 #   bash benchmarks/gpu_suite.sh STEP OUT_DIR     # on the GPU machine, from the repository root
+#   bash benchmarks/gpu_suite.sh all OUT_DIR      # every step below in turn, within GPU_DEADLINE seconds
 #
 # STEP: setup (pip-installs the carried wheels and builds fastBPE's binding there; once per machine),
 # tests (the fused read against its references, GPU training in fp32/bf16/fp16, eager and compiled),
@@ -10,14 +11,21 @@
 # Figure 4 with the sample's vocabulary and with 60k tokens as the paper's), train
 # (training_speed.py: 12 layers d=1024 with and without a memory, bf16 and fp16, compiled), shard
 # (sharded_values.py on one GPU: the sharded setting against replicated values, the paper's batch), fsdp
-# (train.py under torchrun on NCCL, the default config in bf16 with train.parallel=ddp then =fsdp: FSDP2's
-# mixed precision on CUDA; one GPU, so one rank: it checks the code path, not the sharding).
+# (train.py under torchrun on NCCL, the default config: bf16 with train.parallel=ddp then =fsdp, and fp16
+# with ddp (loss scaling); on one GPU there is one rank, which trains the model itself, so the two bf16
+# runs are one computation: FSDP2 on CUDA needs two GPUs), profile (profile_memory_layer.py: the memory
+# layer's kernels by device time), variants (variants_speed.py: every cell of results/variants at its
+# scale, training tokens/s).
+# all: the steps in the order the GPU issue needs them (or GPU_STEPS="step:seconds ..."), each under its
+# own time limit and none started past GPU_DEADLINE seconds (default 480); a step whose log in OUT_DIR
+# already ends in rc=0 is skipped, so the same command on a machine still warm picks up what is left;
+# after each step OUT_DIR (its checkpoints left out) is packed into GPU_PACK when set (one file back).
 # Results go to OUT_DIR (JSON, plus the tests' summary). The GPU machine has a Python with torch and
 # Triton but no sacremoses/fastBPE, and no network: carry .device, tools/fastbpe, data/processed/sample.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp OUT_DIR}
+step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp | profile | variants | all OUT_DIR}
 out=${2:-}
 [ "$step" = prepare ] || { [ -n "$out" ] || { echo "gpu_suite.sh $step: give an output directory" >&2; exit 2; }; mkdir -p "$out"; }
 
@@ -32,7 +40,7 @@ case $step in
     $PY -c "import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())" \
       | tee "$out/versions.txt" ;;
   tests)
-    $PY -m pytest -q tests/test_fused_value_read.py tests/test_cuda.py tests/test_hardware.py 2>&1 \
+    $PY -m pytest -q -n 8 tests/test_fused_value_read.py tests/test_cuda.py tests/test_hardware.py 2>&1 \
       | tee "$out/gpu_tests.txt" | tail -25 ;;
   read)
     $PY benchmarks/value_read_bandwidth.py --out "$out/value_read_bandwidth_cuda.json" ;;
@@ -41,15 +49,33 @@ case $step in
     $PY benchmarks/inference_speed.py --dtype bf16 --parts figure4 --vocab 60000 \
       --note "the paper's 60k-code vocabulary" --out "$out/inference_speed_cuda_vocab60k.json" ;;
   train)
-    $PY benchmarks/training_speed.py --precisions bf16 fp16 --compile --out "$out/training_speed_cuda.json" ;;
+    $PY benchmarks/training_speed.py --precisions bf16 --compile --out "$out/training_speed_cuda.json"
+    $PY benchmarks/training_speed.py --precisions fp16 --compile --values sparse --out "$out/training_speed_cuda_fp16.json" ;;
   shard)
     $PY benchmarks/sharded_values.py --device cuda --worlds 1 --n-keys 512 1024 --batch 32 --seq 256 \
       --budget-gib 60 --out "$out/sharded_values_cuda.json" ;;
   fsdp)
-    for mode in ddp fsdp; do
-      $PY -m torch.distributed.run --nproc_per_node=1 train.py --no-test train.parallel=$mode train.precision=bf16 \
-        train.max_steps=200 train.eval_every=100 train.dump_path="$out/fsdp" train.exp_id=$mode 2>&1 | tail -3
-      cp "$out/fsdp/default/$mode/metrics.jsonl" "$out/fsdp_${mode}_metrics.jsonl"
+    for run in ddp-bf16 fsdp-bf16 ddp-fp16; do
+      $PY -m torch.distributed.run --nproc_per_node=1 train.py --no-test train.parallel=${run%-*} \
+        train.precision=${run#*-} train.max_steps=200 train.eval_every=100 train.dump_path="$out/fsdp" \
+        train.exp_id=$run 2>&1 | tail -3
+      cp "$out/fsdp/default/$run/metrics.jsonl" "$out/fsdp_${run}_metrics.jsonl"
+    done ;;
+  profile)
+    $PY benchmarks/profile_memory_layer.py --device cuda --out "$out/profile_memory_layer_512_cuda.txt" ;;
+  variants)
+    $PY benchmarks/variants_speed.py --device cuda --rounds 3 --out "$out/variants_speed_cuda.json" ;;
+  all)
+    deadline=$((SECONDS + ${GPU_DEADLINE:-480}))
+    for entry in ${GPU_STEPS:-setup:90 tests:180 read:45 infer:120 train:240 fsdp:120 shard:60 profile:45 variants:90}; do
+      name=${entry%%:*} limit=${entry#*:} left=$((deadline - SECONDS))
+      if [ "$(tail -n 1 "$out/$name.log" 2>/dev/null)" = rc=0 ]; then continue; fi
+      if [ $left -lt 20 ]; then echo "$name: not started, ${left} s left" | tee -a "$out/all.log"; continue; fi
+      start=$SECONDS rc=0
+      timeout -k 10 $((limit < left ? limit : left)) bash "$0" "$name" "$out" > "$out/$name.log" 2>&1 || rc=$?
+      echo "rc=$rc" >> "$out/$name.log"
+      echo "$name: rc=$rc in $((SECONDS - start)) s" | tee -a "$out/all.log"
+      if [ -n "${GPU_PACK:-}" ]; then tar -czf "$GPU_PACK" -C "$out" --exclude=./fsdp .; fi
     done ;;
   *)
     echo "gpu_suite.sh: unknown step $step" >&2; exit 2 ;;

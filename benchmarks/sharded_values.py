@@ -83,13 +83,14 @@ def rank_main(rank: int, world: int, port: int, entry: dict, args, folder: str) 
     model = build_model(cfg, device)
     optimizers = build_optimizers(model, cfg)
     synced = synced_values(model, value_optimizer(cfg.optim).sparse)
-    forward = data_parallel(model, synced, device)
+    forward = data_parallel(model, synced, device) if env.is_distributed else model  # one rank: no group to join
     scaler = grad_scaler("fp32", device)
     tokens = torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=torch.Generator().manual_seed(rank))
     x, y = tokens[:, :-1].to(device), tokens[:, 1:].to(device)
     times = []
     for step in range(1, entry["warmup"] + entry["steps"] + 1):
-        dist.barrier()
+        if env.is_distributed:
+            dist.barrier()
         start = time.perf_counter()
         optimizers.set_step(step)
         loss = loss_backward(forward, x, y, "fp32", device, scaler)

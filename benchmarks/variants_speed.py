@@ -1,4 +1,4 @@
-"""CPU training speed of every cell of the memory variants' study (results/variants), at the study's
+"""Training speed of every cell of the memory variants' study (results/variants), at the study's
 scale, written to dumped/bench/variants_speed_<cpu|cuda>.json.
 
     .venv/bin/python benchmarks/variants_speed.py [--scale tiny] [--rounds 5] [--threads 1]
