@@ -3,7 +3,6 @@
     reproduce.py        every cell of one of the paper's tables or figures (or of the variants' study),
                         at full size or scaled down
     report.py           the report: the paper's tables beside ours, figures, verdicts over seeds
-    variants_report.py  the memory variants' study: each design beside the orderings its papers publish
     introspect.py       what a trained memory stores: the contexts that read its most used slots
     facts.py            facts to finetune on (made-up, or one's own file), preprocessed with the pretraining vocabulary
     fact_scores.py      how much of the facts a model learnt: EM, forced choice, the controls against chance

@@ -306,22 +306,6 @@ def runs_md(runs: list[RunData]) -> str:
 
 # ---- the paper's directions, checked on whatever was run, seed by seed ----------------------------
 
-# The unpaired rule of variants_report.py (its published orderings), kept here beside Measure until the
-# variants study's report replaces it; this report's directions are paired (below).
-FAILS, NOISE = "does not hold", "within noise"  # and HOLDS, paired's word
-
-
-def _beyond(gap: float, noise: float) -> str:
-    """The verdict of a gap, in the claimed direction, against its noise."""
-    return HOLDS if gap > noise else FAILS if gap < -noise else NOISE
-
-
-def shows(better: Measure, worse: Measure, higher_is_better: bool = True) -> str:
-    """Whether `better` beats `worse` beyond noise: the gap between their means, in the claimed
-    direction, against the sum of their standard deviations over seeds (unpaired)."""
-    return _beyond((better.mean - worse.mean) * (1 if higher_is_better else -1), better.sd + worse.sd)
-
-
 @dataclass(frozen=True)
 class Comparison:
     """The claim that `a` is below `b` in one metric, seed by seed ({seed: value} each): a lower perplexity

@@ -24,8 +24,16 @@ from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, hol
 from xlm_pkm.experiments.report import Measure, _md_table, _pyplot, _save
 from xlm_pkm.experiments.reproduce import _shown, model_size
 from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyError, StudyRun
-from xlm_pkm.experiments.variants_report import _count, bench_rows
 from xlm_pkm.utils.atomic import write_text
+
+
+def bench_rows(benches: list[dict]) -> dict[str, float]:
+    """{cell: tokens/s} of the benchmarks' rows (benchmarks/variants_speed.py)."""
+    return {row["cell"]: row["tokens_per_s"] for bench in benches for row in bench.get("rows", [])}
+
+
+def _count(n: float) -> str:
+    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
 
 
 def events(run: StudyRun, kind: str) -> list[dict]:
