@@ -41,14 +41,15 @@ def main() -> None:
     runs, _ = plan("variants", SCALES[args.scale], Path("dumped/variants"))
     steps, rows = {}, {}
     for run in runs:
-        cell = next(c.name for c in run.cells if c.table == "variants")
+        names = [c.name for c in run.cells if c.table == "variants"]  # configs that resolve to one run: one timing
+        cell = names[0]
         model, cfg = build_model(run.config, run.overrides, args, vocab)
         model.train()
         args.batch, args.seq = cfg.data.batch_size, cfg.data.bptt
         tokens = torch.randint(0, vocab, (args.batch, args.seq + 1), device=args.device)
         steps[cell] = (train_step(model, cfg, tokens, cfg.train.precision, torch.device(args.device), False),
                        args.batch * args.seq)
-        rows[cell] = {"cell": cell, "config": run.config, "overrides": run.overrides,
+        rows[cell] = {"cell": cell, "cells": names, "config": run.config, "overrides": run.overrides,
                       **{k: round(v) for k, v in model_size(cfg, cfg.data.bptt).items()}, "rounds_tokens_per_s": []}
     for step, _ in steps.values():
         for _ in range(args.warmup):

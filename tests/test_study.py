@@ -142,13 +142,16 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     memories = [{"layer": 1, "usage": 90.0, "kl": 1.0}, {"layer": 0, "usage": 50.0, "kl": 3.0}]
     (study.run("pkm", 1, 3).results / "test.json").write_text(json.dumps({"ppl": 110.0, "memories": memories}))
     (study.run("dense", 2, 3).results / "test.json").write_text(json.dumps({"ppl": 130.0}))
-    report = write_report(study, [{"rows": [{"cell": "dense", "tokens_per_s": 12345.6}]}]).read_text()
+    # a benchmark row that timed one run for two configs (pkm's resolves to "alias"'s) counts for both names
+    bench = {"rows": [{"cell": "dense", "tokens_per_s": 12345.6},
+                      {"cell": "alias", "cells": ["alias", "pkm"], "tokens_per_s": 999.0}]}
+    report = write_report(study, [bench]).read_text()
     choices, cells = report.split("## Cells")
     rows = {line.split(" | ")[0]: line for line in cells.splitlines() if line.startswith("| `")}
     # test usage/KL per memory layer, means over the seeds that have them (seed 4's test.json has none)
     assert "| 115.0 ± 7.1 | 2/2 | L0 50.0/3.00; L1 90.0/1.00 |" in rows["| `pkm`"]
     assert "| 130.5 ± 0.7 | 2/2 | · |" in rows["| `dense`"]
-    assert "| · | 12,346 | 512 |" in rows["| `dense`"] and "| · | · | 512 |" in rows["| `pkm`"]  # logged, benchmark
+    assert "| · | 12,346 | 512 |" in rows["| `dense`"] and "| · | 999 | 512 |" in rows["| `pkm`"]  # logged, benchmark
     # the last quarter: (p(6) − p(8)) / p(6) = (40 − 38) / 40 on seed 4; seed 3 has no evaluation by step 6
     assert rows["| `dense`"].endswith("| 512 | 5.0 | 2 |") and rows["| `pkm`"].endswith("| 512 | · | 2 |")
     assert "| `pkm` | 30.0 | 20.0 | 25.0 | ×1 | lr 1, values_lr 1 |  |" in choices

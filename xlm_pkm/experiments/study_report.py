@@ -28,8 +28,9 @@ from xlm_pkm.utils.atomic import write_text
 
 
 def bench_rows(benches: list[dict]) -> dict[str, float]:
-    """{cell: tokens/s} of the benchmarks' rows (benchmarks/variants_speed.py)."""
-    return {row["cell"]: row["tokens_per_s"] for bench in benches for row in bench.get("rows", [])}
+    """{cell: tokens/s} of the benchmarks' rows (benchmarks/variants_speed.py), under each name a row times."""
+    return {name: row["tokens_per_s"] for bench in benches for row in bench.get("rows", [])
+            for name in row.get("cells", [row["cell"]])}
 
 
 def _count(n: float) -> str:
