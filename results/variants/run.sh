@@ -9,6 +9,6 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
 $PY -m xlm_pkm.experiments.study run results/variants/study.yaml --streams 2
-OMP_NUM_THREADS=1 $PY benchmarks/variants_speed.py --scale tiny --threads 1 --rounds 5 \
+THP_MEM_ALLOC_ENABLE=1 OMP_NUM_THREADS=1 $PY benchmarks/variants_speed.py --scale tiny --threads 1 --rounds 5 \
   --out benchmarks/results/variants_speed_cpu.json
 $PY -m xlm_pkm.experiments.study report results/variants/study.yaml --bench benchmarks/results/variants_speed_cpu.json
