@@ -12,3 +12,7 @@ $PY -m xlm_pkm.experiments.study run results/variants/study.yaml --streams 2
 THP_MEM_ALLOC_ENABLE=1 OMP_NUM_THREADS=1 $PY benchmarks/variants_speed.py --scale tiny --threads 1 --rounds 5 \
   --out benchmarks/results/variants_speed_cpu.json
 $PY -m xlm_pkm.experiments.study report results/variants/study.yaml --bench benchmarks/results/variants_speed_cpu.json
+# Where Engram's gain lies (ngram_gain.json): the chosen factors' checkpoints (report.md's choices), seeds 0-2.
+runs() { echo "--run $1=$(printf "dumped/study/variants/$1/lr$2-seed%s," 0 1 2 | sed 's/,$//')"; }
+$PY -m xlm_pkm.experiments.ngram_gain --json results/variants/ngram_gain.json --n 3 --frequent 100 $(runs pkm 8) \
+  $(runs engram_share25 8) $(runs engram_share50 8) $(runs engram 8) $(runs dense_params 5.65685)
