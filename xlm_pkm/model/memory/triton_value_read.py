@@ -93,10 +93,9 @@ def _blocks(L: int, D: int) -> tuple[int, int]:
 
 def _grad_blocks(rows: float, D: int) -> tuple[int, int]:
     """The backward kernels' (rows, columns) per tile for `rows` rows per program (a token's L lookups; a
-    slot's mean number of reads): up to 32 rows, up to 2,048 elements, powers of two. A tile of 32 × 256
-    float32 took 168-200 registers a thread (a stack frame on Hopper with Triton 3.6), three programs of 4
-    warps an SM: the table gradient's program, three dependent loads for one or two lookups of a slot,
-    waited on its latency (1.4 ms for 131k lookups on an H200, half the memory layer's step)."""
+    slot's mean number of reads): up to 32 rows, up to 2,048 elements, powers of two. Small tiles keep the
+    registers low and many programs on an SM, which hides the latency of a slot's dependent loads
+    (docs/benchmarks.md#on-a-gpu: the 32 × 256 tile it replaces)."""
     block_r = min(32, triton.next_power_of_2(max(1, math.ceil(rows))))
     return block_r, min(triton.next_power_of_2(D), 1024, 2048 // block_r)
 
