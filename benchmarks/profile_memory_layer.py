@@ -1,10 +1,11 @@
 """Where one memory layer's training step spends its time: torch.profiler's operator table.
 
-    .venv/bin/python benchmarks/profile_memory_layer.py [--n-keys 512] [--steps 5] [--device cuda] [--out FILE]
+    .venv/bin/python benchmarks/profile_memory_layer.py [--n-keys 512] [--steps 5] [--device cuda] [--bf16] [--out FILE]
 
 The settings of memory_layer_speed.py (d=512, heads 4, knn 32, k_dim 512, 4 x 256 tokens, sparse value
 gradients, a random output gradient), `--steps` profiled forward + backward steps after 3 unprofiled
-ones; prints the operators by self CPU time (on CUDA: by self device time, the kernels' own) and
+ones (--bf16: under bf16 autocast, as training in bf16 runs it); prints the operators by self CPU time
+(on CUDA: by self device time, the kernels' own) and
 writes the same table, with the settings, to --out (default dumped/bench/profile_memory_layer_<n_keys>.txt;
 on CUDA ..._<n_keys>_cuda.txt).
 """
@@ -29,6 +30,7 @@ def main() -> None:
     parser.add_argument("--n-keys", type=int, default=512)
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--bf16", action="store_true", help="forward under torch.autocast(dtype=bfloat16)")
     parser.add_argument("--out")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -41,7 +43,9 @@ def main() -> None:
     def step():
         for p in memory.parameters():
             p.grad = None
-        memory(x).backward(grad_out)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.bf16):
+            out = memory(x)
+        out.backward(grad_out.to(out.dtype))
 
     for _ in range(3):
         step()
@@ -58,9 +62,9 @@ def main() -> None:
              else f"{torch.get_num_threads()} threads, "
                   f"THP_MEM_ALLOC_ENABLE={os.environ.get('THP_MEM_ALLOC_ENABLE', 'unset')}")
     header = (f"memory layer forward + backward, |K| = {args.n_keys}^2, sparse values, 1,024 tokens, "
-              f"{args.steps} steps; torch {torch.__version__}, {where}\n")
+              f"{args.steps} steps{', bf16 autocast' if args.bf16 else ''}; torch {torch.__version__}, {where}\n")
     print(header + table)
-    name = f"profile_memory_layer_{args.n_keys}{'_cuda' if cuda else ''}.txt"
+    name = f"profile_memory_layer_{args.n_keys}{'_bf16' if args.bf16 else ''}{'_cuda' if cuda else ''}.txt"
     out = Path(args.out or ROOT / "dumped" / "bench" / name)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(header + table + "\n")

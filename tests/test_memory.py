@@ -177,9 +177,14 @@ def naive_output(memory, x):
                                      dict(qk_norm=True, temperature=0.5, sparse=True),
                                      dict(key_type="flat", share_keys=True, qk_norm=True), dict(qk_layernorm=True),
                                      dict(key_type="flat", qk_layernorm=True, sparse=True)])
-def test_output_and_every_gradient_equal_the_naive_layer_in_float64(options, one_thread):
-    """The search's backward through the selected keys only (selected_scores.py) and the sparse rows
-    (value_read.slot_sums) against autograd through the dense, written-out computation."""
+@pytest.mark.parametrize("dense_backward", [False, True], ids=["selected_rows", "dense_score_grad"])
+def test_output_and_every_gradient_equal_the_naive_layer_in_float64(options, dense_backward, one_thread, monkeypatch):
+    """The search's backward through the selected keys only (selected_scores.py; or through the dense score
+    gradient, the GPU's way) and the sparse rows (value_read.slot_sums) against autograd through the dense,
+    written-out computation."""
+    from xlm_pkm.model.memory import selected_scores
+
+    monkeypatch.setattr(selected_scores, "DENSE_BACKWARD_DEVICES", ("cpu",) if dense_backward else ())
     options = dict(options)
     sparse = options.pop("sparse", False)
     memory = small_memory(input_dim=6, output_dim=5, n_keys=4, k_dim=4, heads=2, knn=3, query_norm="layernorm",

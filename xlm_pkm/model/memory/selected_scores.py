@@ -10,6 +10,12 @@ through `einsum(...).topk(...)` would still form it densely (a zero (N, G, S) te
                                                                      its transpose (value_read.slot_sums)
 
 g is a group of keys searched together: (head, half) for product keys, a head for flat keys.
+On a GPU, where the (N, G, S) score gradient fits one chunk, the backward forms it after all: scattering
+the knn gradients into zeros and two batched products beat the sorts and embedding bags there (3.5 ms
+against 5.3 ms for the search's forward and backward at the training benchmark's shapes on an H200,
+benchmarks/results/key_search_speed_cuda.json); on the CPU the selected rows are the faster way.
+The selection itself (top_k) is torch.topk, or on a GPU with Triton installed a sorting kernel
+(triton_topk.py) with the same result but for the order of equal scores.
 The forward scores the tokens in chunks of at most SCORES_AT_ONCE scores: a flat search over 1M slots
 (the paper's Table 4) would otherwise hold all N·G·S of them, 72 GiB at 8k tokens and 4 heads.
 """
@@ -20,9 +26,10 @@ import torch
 import torch.nn.functional as F
 
 from xlm_pkm.model.memory.slot_groups import table_gradient
-from xlm_pkm.model.memory.value_read import slot_sums
+from xlm_pkm.model.memory.value_read import slot_sums, triton_installed
 
 SCORES_AT_ONCE = 2**28  # float32 scores held by one chunk of the search (1 GiB); product keys: one chunk
+DENSE_BACKWARD_DEVICES = ("cuda",)  # device types whose backward forms the score gradient (within one chunk)
 
 
 class _SelectedScores(torch.autograd.Function):
@@ -36,17 +43,45 @@ class _SelectedScores(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # grad: (N, G, K)
         q, keys, indices = ctx.saved_tensors  # (N, G, d), (G, S, d), (N, G, K)
-        N, G, K = indices.shape
-        S, d = keys.shape[1:]
-        flat = (indices + torch.arange(G, device=indices.device)[:, None] * S).view(N * G, K)  # into (G·S, d)
-        grad = grad.reshape(N * G, K).to(q.dtype)
-        grad_q = grad_keys = None
-        if ctx.needs_input_grad[0]:
-            grad_q = F.embedding_bag(flat, keys.reshape(G * S, d), per_sample_weights=grad, mode="sum").view(N, G, d)
-        if ctx.needs_input_grad[1]:
-            rows_read, rows = slot_sums(flat, grad, q.reshape(N * G, d))  # (U,), (U, d)
-            grad_keys = table_gradient(rows_read, rows.to(keys.dtype), (G * S, d), sparse=False).view(G, S, d)
+        dense = grad.device.type in DENSE_BACKWARD_DEVICES and q.shape[0] * keys[:, :, 0].numel() <= SCORES_AT_ONCE
+        grad_q, grad_keys = (dense_grads if dense else selected_grads)(q, keys, indices, grad.to(q.dtype),
+                                                                       *ctx.needs_input_grad[:2])
         return grad_q, grad_keys, None, None
+
+
+def selected_grads(q, keys, indices, grad, need_q: bool, need_keys: bool):
+    """grad_q (N, G, d) and grad_keys (G, S, d) (None where not needed) from the selected rows only."""
+    N, G, K = indices.shape
+    S, d = keys.shape[1:]
+    flat = (indices + torch.arange(G, device=indices.device)[:, None] * S).view(N * G, K)  # into (G·S, d)
+    grad = grad.reshape(N * G, K)
+    grad_q = grad_keys = None
+    if need_q:
+        grad_q = F.embedding_bag(flat, keys.reshape(G * S, d), per_sample_weights=grad, mode="sum").view(N, G, d)
+    if need_keys:
+        rows_read, rows = slot_sums(flat, grad, q.reshape(N * G, d))  # (U,), (U, d)
+        grad_keys = table_gradient(rows_read, rows.to(keys.dtype), (G * S, d), sparse=False).view(G, S, d)
+    return grad_q, grad_keys
+
+
+def dense_grads(q, keys, indices, grad, need_q: bool, need_keys: bool):
+    """The same gradients through the (N, G, S) score gradient, zero but at the selected keys."""
+    grad_scores = grad.new_zeros(*indices.shape[:2], keys.shape[1]).scatter_(2, indices, grad)  # (N, G, S)
+    grad_q = torch.einsum("ngs,gsd->ngd", grad_scores, keys) if need_q else None
+    grad_keys = torch.einsum("ngs,ngd->gsd", grad_scores, q) if need_keys else None
+    return grad_q, grad_keys
+
+
+def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """x (..., S) -> values, indices (..., k): the k largest of each row, largest first (x.topk(k, dim=-1)).
+    On CUDA with Triton installed, the Triton kernel's columns and the values gathered at them (so that
+    autograd sees a gather), faster than torch.topk's radix select there (docs/benchmarks.md#on-a-gpu)."""
+    if x.is_cuda and triton_installed():
+        from xlm_pkm.model.memory.triton_topk import topk_indices
+        from xlm_pkm.model.memory.triton_value_read import run_eagerly
+        indices = run_eagerly(topk_indices, x, k)  # (..., k)
+        return x.gather(-1, indices), indices
+    return x.topk(k, dim=-1)
 
 
 def top_scores(q: torch.Tensor, keys: torch.Tensor, knn: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -54,7 +89,7 @@ def top_scores(q: torch.Tensor, keys: torch.Tensor, knn: int) -> tuple[torch.Ten
     group by inner product, scores descending; the same values as einsum + topk."""
     tokens_at_once = max(1, SCORES_AT_ONCE // (keys.shape[0] * keys.shape[1]))
     with torch.no_grad():  # each chunk from (n, G, S) scores
-        best = [torch.einsum("ngd,gsd->ngs", chunk, keys).topk(knn, dim=-1) for chunk in q.split(tokens_at_once)]
+        best = [top_k(torch.einsum("ngd,gsd->ngs", chunk, keys), knn) for chunk in q.split(tokens_at_once)]
         scores, indices = (torch.cat(parts) for parts in zip(*best)) if len(best) > 1 else best[0]
     if torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad):
         scores = _SelectedScores.apply(q, keys, indices, scores)

@@ -86,18 +86,25 @@ def _table_grad_kernel(grad_out, weights, order, row_starts, rows_out, L, D,
     tl.store(rows_out + u * D + cols, acc.to(rows_out.dtype.element_ty), mask=cols_ok)
 
 
-def _blocks(L: int, D: int) -> tuple[int, int]:
-    """The read's (lookups, columns) per tile: up to 32 × 256 elements, powers of two."""
-    return min(32, triton.next_power_of_2(L)), min(256, triton.next_power_of_2(D))
+def _blocks(L: int, D: int, elem: int) -> tuple[int, int]:
+    """The read's (lookups, columns) per tile, powers of two: 2 KB of each row (512 float32 columns, 1,024
+    bfloat16) and 16K elements at most (a (32, 512) tile in float32, (16, 1,024) in bfloat16: no spilled
+    registers). Narrower rows left bfloat16 at a third of HBM bandwidth (docs/benchmarks.md#on-a-gpu)."""
+    block_d = min(triton.next_power_of_2(D), 2048 // elem)
+    return min(triton.next_power_of_2(L), 16384 // block_d), block_d
 
 
-def _grad_blocks(rows: float, D: int) -> tuple[int, int]:
+def _grad_blocks(rows: float, D: int, most_rows: int = 32) -> tuple[int, int]:
     """The backward kernels' (rows, columns) per tile for `rows` rows per program (a token's L lookups; a
-    slot's mean number of reads): up to 32 rows, up to 2,048 elements, powers of two. Small tiles keep the
-    registers low and many programs on an SM, which hides the latency of a slot's dependent loads
+    slot's mean number of reads): up to `most_rows` rows, up to 2,048 elements, powers of two. Small tiles keep
+    the registers low and many programs on an SM, which hides the latency of a slot's dependent loads
     (docs/benchmarks.md#on-a-gpu: the 32 × 256 tile it replaces)."""
-    block_r = min(32, triton.next_power_of_2(max(1, math.ceil(rows))))
+    block_r = min(most_rows, triton.next_power_of_2(max(1, math.ceil(rows))))
     return block_r, min(triton.next_power_of_2(D), 1024, 2048 // block_r)
+
+
+TABLE_GRAD_ROWS = 4  # a slot sum's lookups per loop turn, at most, and its warps: 2.5-3.4x faster than (16, 128)
+TABLE_GRAD_WARPS = 2  # with 4 warps at 8 reads a slot (benchmarks/results/value_read_tiles_cuda.json)
 
 
 def fused_row_dots(table: torch.Tensor, indices: torch.Tensor, vectors: torch.Tensor,
@@ -123,9 +130,10 @@ def fused_slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch
     slots, order, row_starts = group_by_slot(indices)  # (U,), (N*L,), (U + 1,)
     rows = torch.empty(slots.numel(), D, dtype=dtype, device=vectors.device)  # (U, D)
     if slots.numel():
-        block_e, block_d = _grad_blocks(indices.numel() / slots.numel(), D)  # a slot's mean reads per loop turn
+        block_e, block_d = _grad_blocks(indices.numel() / slots.numel(), D, TABLE_GRAD_ROWS)  # a slot's mean reads
         _table_grad_kernel[(slots.numel(), triton.cdiv(D, block_d))](
-            vectors, weights, order, row_starts, rows, L, D, BLOCK_E=block_e, BLOCK_D=block_d)
+            vectors, weights, order, row_starts, rows, L, D, BLOCK_E=block_e, BLOCK_D=block_d,
+            num_warps=TABLE_GRAD_WARPS)
     return slots, rows
 
 
@@ -136,7 +144,7 @@ class FusedValueRead(torch.autograd.Function):
     def forward(ctx, table, indices, weights, sparse: bool):
         table, indices, weights = table.contiguous(), indices.contiguous(), weights.contiguous()
         (N, L), D = indices.shape, table.shape[1]
-        block_l, block_d = _blocks(L, D)
+        block_l, block_d = _blocks(L, D, table.element_size())
         out = torch.empty(N, D, dtype=table.dtype, device=table.device)
         if N:
             _read_kernel[(N, triton.cdiv(D, block_d))](table, indices, weights, out, L, D,
