@@ -8,9 +8,8 @@ q (N, G=8, d), keys (G, S, d)), median times of
     the knn selected keys, an embedding bag and a slot-sorted sum, or on a GPU the dense one below);
   - dense: autograd through einsum + topk (its backward forms the (N, G, S) gradient and two products);
   - sort: einsum + sort, the first knn (the forward only, another way to the same selection);
-and the selection alone, on the (N, G, S) scores and on the second stage's knn² pair scores (N, heads,
-knn²): torch.topk, and with Triton on a GPU the package's kernel (triton_topk.py) at each tile size of
---tiles (elements a program sorts). Writes dumped/bench/key_search_speed_<device>.json.
+and torch.topk alone on the (N, G, S) scores and on the second stage's knn² pair scores (N, heads,
+knn²). Writes dumped/bench/key_search_speed_<device>.json.
 """
 
 from __future__ import annotations
@@ -27,7 +26,6 @@ from machine import machine_info, write_result  # noqa: E402
 from timing import median_seconds  # noqa: E402
 
 from xlm_pkm.model.memory.selected_scores import top_scores  # noqa: E402
-from xlm_pkm.model.memory.value_read import triton_usable  # noqa: E402
 
 
 def dense(q, keys, knn):
@@ -39,15 +37,6 @@ def by_sort(q, keys, knn):
     return scores[..., :knn], indices[..., :knn]
 
 
-def with_tile(triton_topk, tile: int, x: torch.Tensor, k: int) -> torch.Tensor:
-    """triton_topk.topk_indices(x, k) with programs of `tile` elements."""
-    chosen, triton_topk.TILE_ELEMENTS = triton_topk.TILE_ELEMENTS, tile
-    try:
-        return triton_topk.topk_indices(x, k)
-    finally:
-        triton_topk.TILE_ELEMENTS = chosen
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -56,7 +45,6 @@ def main() -> None:
     parser.add_argument("--n-keys", type=int, default=512)
     parser.add_argument("--k-dim", type=int, default=512)
     parser.add_argument("--knn", type=int, default=32)
-    parser.add_argument("--tiles", type=int, nargs="+", default=[1024, 2048, 4096, 8192])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", help="default: dumped/bench/key_search_speed_<device>.json")
     args = parser.parse_args()
@@ -87,10 +75,6 @@ def main() -> None:
         scores = torch.einsum("ngd,gsd->ngs", q, keys)  # (N, G, S)
     for name, x in {"scores": scores, "pair scores": pairs}.items():
         steps[f"{name}: torch.topk"] = functools.partial(torch.topk, x, K, dim=-1)
-        if triton_usable(device):
-            from xlm_pkm.model.memory import triton_topk
-            for tile in args.tiles:
-                steps[f"{name}: triton top-k, tile {tile}"] = functools.partial(with_tile, triton_topk, tile, x, K)
     rows = []
     for name, step in steps.items():
         seconds = median_seconds(step, args.repeats, warmup=3, device=device)

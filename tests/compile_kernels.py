@@ -1,4 +1,4 @@
-"""Compiles the fused value-read and top-k kernels for a GPU architecture, on any machine (no GPU needed), and
+"""Compiles the fused value-read kernels for a GPU architecture, on any machine (no GPU needed), and
 prints each kernel's resource usage as JSON. Run without TRITON_INTERPRET (the interpreter replaces
 the compiler's builders):
 
@@ -18,7 +18,6 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from xlm_pkm.model.memory import triton_topk  # noqa: E402
 from xlm_pkm.model.memory import triton_value_read as kernels  # noqa: E402
 
 POINTER_TYPES = {"indices": "*i64", "order": "*i64", "row_starts": "*i64", "weights": "*fp32", "grad_weights": "*fp32"}
@@ -29,22 +28,20 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 def tiles(elem: int) -> dict[str, tuple]:
     """name -> (kernel, its tile constants, warps) at the paper's shapes for a table of `elem`-byte values; the
     table gradient's tile follows a slot's mean number of reads, so it is compiled at both ends: read once,
-    and 32 times or more; the key search's top-k at its two row lengths (n_keys 512, knn² 1,024)."""
+    and 32 times or more."""
     (block_l, block_d), grad = kernels._blocks(128, 1024, elem), kernels._grad_blocks
     return {"_read_kernel": (kernels._read_kernel, {"BLOCK_L": block_l, "BLOCK_D": block_d}, 4),
             "_weights_grad_kernel": (kernels._weights_grad_kernel,
                                      dict(zip(("BLOCK_L", "BLOCK_D"), grad(128, 1024))), 4),
             **{f"_table_grad_kernel@{reads}": (kernels._table_grad_kernel, dict(zip(
                 ("BLOCK_E", "BLOCK_D"), grad(reads, 1024, kernels.TABLE_GRAD_ROWS))), kernels.TABLE_GRAD_WARPS)
-               for reads in (1, 32)},
-            **{f"_topk_kernel@{columns}": (triton_topk._topk_kernel, {
-                "BLOCK_R": triton_topk.TILE_ELEMENTS // columns, "BLOCK_S": columns}, 4) for columns in (512, 1024)}}
+               for reads in (1, 32)}}
 
 
 def resource_usage(arch: int, dtype: str) -> dict[str, str]:
     usage = {}
     for name, (kernel, constants, warps) in tiles(ELEMENT_BYTES[dtype]).items():
-        signature = {arg: "constexpr" if arg in constants else "i32" if arg in ("L", "D", "R", "S", "K")
+        signature = {arg: "constexpr" if arg in constants else "i32" if arg in ("L", "D")
                      else POINTER_TYPES.get(arg, f"*{dtype}") for arg in kernel.arg_names}
         compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constants),
                                   target=GPUTarget("cuda", arch, 32), options={"num_warps": warps})

@@ -162,7 +162,7 @@ def test_backend_is_chosen_when_the_layer_is_built_or_moved(monkeypatch):
 
 @pytest.mark.slow  # Triton's compiler, in a subprocess
 def test_kernels_compile_for_gpus_without_register_spills():
-    """Each kernel (the key search's top-k too) compiles to a cubin for Hopper (sm_90, every dtype) and Ampere (sm_80) at the paper's
+    """Each kernel compiles to a cubin for Hopper (sm_90, every dtype) and Ampere (sm_80) at the paper's
     shapes, and uses no local memory: no registers spilled. A subprocess, as the interpreter may be on here."""
     targets = ["90:fp32", "90:fp16", "90:bf16", "80:bf16"]
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -173,6 +173,6 @@ def test_kernels_compile_for_gpus_without_register_spills():
     assert sorted(usage) == sorted(targets)
     for target, kernels in usage.items():
         assert sorted(kernels) == ["_read_kernel", "_table_grad_kernel@1", "_table_grad_kernel@32",
-                                   "_topk_kernel@1024", "_topk_kernel@512", "_weights_grad_kernel"]
+                                   "_weights_grad_kernel"]
         for kernel, line in kernels.items():
             assert re.search(r"\bLOCAL:0\b", line) and re.search(r"\bSTACK:0\b", line), (target, kernel, line)

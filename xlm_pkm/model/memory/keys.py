@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xlm_pkm.model.memory.dtypes import at_least_float32
-from xlm_pkm.model.memory.selected_scores import top_k, top_scores
+from xlm_pkm.model.memory.selected_scores import top_scores
 from xlm_pkm.registry import Registry
 
 if TYPE_CHECKING:
@@ -152,7 +152,7 @@ class ProductKeys(KeySearch):
         half_scores, half_indices = top_scores(q.reshape(N, 2 * H, -1), keys, K)  # (N, H·2, K) each
         half_scores, half_indices = half_scores.view(N, H, 2, K), half_indices.view(N, H, 2, K)
         pair_scores = half_scores[:, :, 0, :, None] + half_scores[:, :, 1, None, :]  # (N, H, K, K)
-        scores, best = top_k(pair_scores.view(N, H, K * K), K)  # (N, H, K)
+        scores, best = pair_scores.view(N, H, K * K).topk(K, dim=-1)  # (N, H, K)
         i = half_indices[:, :, 0].gather(-1, best // K)  # (N, H, K) first-half sub-key of each pick
         j = half_indices[:, :, 1].gather(-1, best % K)  # (N, H, K) second-half sub-key
         return scores, i * self.n_keys + j

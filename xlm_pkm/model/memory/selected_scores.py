@@ -14,8 +14,6 @@ On a GPU, where the (N, G, S) score gradient fits one chunk, the backward forms 
 the knn gradients into zeros and two batched products beat the sorts and embedding bags there (3.5 ms
 against 5.3 ms for the search's forward and backward at the training benchmark's shapes on an H200,
 benchmarks/results/key_search_speed_cuda.json); on the CPU the selected rows are the faster way.
-The selection itself (top_k) is torch.topk, or on a GPU with Triton installed a sorting kernel
-(triton_topk.py) with the same result but for the order of equal scores.
 The forward scores the tokens in chunks of at most SCORES_AT_ONCE scores: a flat search over 1M slots
 (the paper's Table 4) would otherwise hold all N·G·S of them, 72 GiB at 8k tokens and 4 heads.
 """
@@ -26,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from xlm_pkm.model.memory.slot_groups import table_gradient
-from xlm_pkm.model.memory.value_read import slot_sums, triton_installed
+from xlm_pkm.model.memory.value_read import slot_sums
 
 SCORES_AT_ONCE = 2**28  # float32 scores held by one chunk of the search (1 GiB); product keys: one chunk
 DENSE_BACKWARD_DEVICES = ("cuda",)  # device types whose backward forms the score gradient (within one chunk)
@@ -72,24 +70,12 @@ def dense_grads(q, keys, indices, grad, need_q: bool, need_keys: bool):
     return grad_q, grad_keys
 
 
-def top_k(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """x (..., S) -> values, indices (..., k): the k largest of each row, largest first (x.topk(k, dim=-1)).
-    On CUDA with Triton installed, the Triton kernel's columns and the values gathered at them (so that
-    autograd sees a gather), faster than torch.topk's radix select there (docs/benchmarks.md#on-a-gpu)."""
-    if x.is_cuda and triton_installed():
-        from xlm_pkm.model.memory.triton_topk import topk_indices
-        from xlm_pkm.model.memory.triton_value_read import run_eagerly
-        indices = run_eagerly(topk_indices, x, k)  # (..., k)
-        return x.gather(-1, indices), indices
-    return x.topk(k, dim=-1)
-
-
 def top_scores(q: torch.Tensor, keys: torch.Tensor, knn: int) -> tuple[torch.Tensor, torch.Tensor]:
     """q: (N, G, d), keys: (G, S, d) -> (scores, indices), each (N, G, knn): the knn best keys of each
     group by inner product, scores descending; the same values as einsum + topk."""
     tokens_at_once = max(1, SCORES_AT_ONCE // (keys.shape[0] * keys.shape[1]))
     with torch.no_grad():  # each chunk from (n, G, S) scores
-        best = [top_k(torch.einsum("ngd,gsd->ngs", chunk, keys), knn) for chunk in q.split(tokens_at_once)]
+        best = [torch.einsum("ngd,gsd->ngs", chunk, keys).topk(knn, dim=-1) for chunk in q.split(tokens_at_once)]
         scores, indices = (torch.cat(parts) for parts in zip(*best)) if len(best) > 1 else best[0]
     if torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad):
         scores = _SelectedScores.apply(q, keys, indices, scores)
