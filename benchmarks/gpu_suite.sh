@@ -14,8 +14,9 @@
 # (train.py under torchrun on NCCL, the default config: bf16 with train.parallel=ddp then =fsdp, and fp16
 # with ddp (loss scaling); on one GPU there is one rank, which trains the model itself, so the two bf16
 # runs are one computation: FSDP2 on CUDA needs two GPUs), profile (profile_memory_layer.py: the memory
-# layer's kernels by device time), variants (variants_speed.py: every cell of results/variants at its
-# scale, training tokens/s).
+# layer's kernels by device time, fp32 and under bf16 autocast), tiles (value_read_tiles.py: the fused
+# read's kernels over tiles and warps; key_search_speed.py: the key search's top-k and backward),
+# variants (variants_speed.py: every cell of results/variants at its scale, training tokens/s).
 # all: the steps in the order the GPU issue needs them (or GPU_STEPS="step:seconds ..."), each under its
 # own time limit and none started past GPU_DEADLINE seconds (default 480); a step whose log in OUT_DIR
 # already ends in rc=0 is skipped, so the same command on a machine still warm picks up what is left;
@@ -25,7 +26,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp | profile | variants | all OUT_DIR}
+step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp | profile | tiles | variants | all OUT_DIR}
 out=${2:-}
 [ "$step" = prepare ] || { [ -n "$out" ] || { echo "gpu_suite.sh $step: give an output directory" >&2; exit 2; }; mkdir -p "$out"; }
 
@@ -62,12 +63,16 @@ case $step in
       cp "$out/fsdp/default/$run/metrics.jsonl" "$out/fsdp_${run}_metrics.jsonl"
     done ;;
   profile)
-    $PY benchmarks/profile_memory_layer.py --device cuda --out "$out/profile_memory_layer_512_cuda.txt" ;;
+    $PY benchmarks/profile_memory_layer.py --device cuda --out "$out/profile_memory_layer_512_cuda.txt"
+    $PY benchmarks/profile_memory_layer.py --device cuda --bf16 --out "$out/profile_memory_layer_512_bf16_cuda.txt" ;;
+  tiles)
+    $PY benchmarks/value_read_tiles.py --out "$out/value_read_tiles_cuda.json"
+    $PY benchmarks/key_search_speed.py --device cuda --out "$out/key_search_speed_cuda.json" ;;
   variants)
     $PY benchmarks/variants_speed.py --device cuda --rounds 3 --out "$out/variants_speed_cuda.json" ;;
   all)
     deadline=$((SECONDS + ${GPU_DEADLINE:-480}))
-    for entry in ${GPU_STEPS:-setup:90 tests:180 read:45 infer:120 train:240 fsdp:120 shard:60 profile:45 variants:90}; do
+    for entry in ${GPU_STEPS:-setup:90 tests:180 read:45 infer:120 train:240 fsdp:120 shard:60 profile:45 tiles:60 variants:90}; do
       name=${entry%%:*} limit=${entry#*:} left=$((deadline - SECONDS))
       if [ "$(tail -n 1 "$out/$name.log" 2>/dev/null)" = rc=0 ]; then continue; fi
       if [ $left -lt 20 ]; then echo "$name: not started, ${left} s left" | tee -a "$out/all.log"; continue; fi

@@ -13,7 +13,8 @@ g is a group of keys searched together: (head, half) for product keys, a head fo
 On a GPU, where the (N, G, S) score gradient fits one chunk, the backward forms it after all: scattering
 the knn gradients into zeros and two batched products beat the sorts and embedding bags there (3.5 ms
 against 5.3 ms for the search's forward and backward at the training benchmark's shapes on an H200,
-benchmarks/results/key_search_speed_cuda.json); on the CPU the selected rows are the faster way.
+benchmarks/results/key_search_speed_cuda_before.json). The CPU keeps the selected rows, which hold no
+(N, G, S) tensor; the two ways were not timed against each other there.
 The forward scores the tokens in chunks of at most SCORES_AT_ONCE scores: a flat search over 1M slots
 (the paper's Table 4) would otherwise hold all N·G·S of them, 72 GiB at 8k tokens and 4 heads.
 """
