@@ -103,8 +103,8 @@ def _grad_blocks(rows: float, D: int, most_rows: int = 32) -> tuple[int, int]:
     return block_r, min(triton.next_power_of_2(D), 1024, 2048 // block_r)
 
 
-TABLE_GRAD_ROWS = 4  # a slot sum's lookups per loop turn, at most, and its warps: 2.5-3.4x faster than (16, 128)
-TABLE_GRAD_WARPS = 2  # with 4 warps at 8 reads a slot (benchmarks/results/value_read_tiles_cuda.json)
+TABLE_GRAD_ROWS = 4  # a slot sum's lookups per loop turn, at most, and its warps: at 8 reads a slot, 4.6x (fp32)
+TABLE_GRAD_WARPS = 2  # and 11x (bf16) faster than (16, 128) on 4 (benchmarks/results/value_read_tiles_cuda_before.json)
 
 
 def fused_row_dots(table: torch.Tensor, indices: torch.Tensor, vectors: torch.Tensor,
