@@ -24,6 +24,7 @@ import triton
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from machine import machine_info, write_result  # noqa: E402
 from timing import median_seconds  # noqa: E402
+from value_read_bandwidth import bytes_moved  # noqa: E402
 
 from xlm_pkm.model.memory import triton_value_read as kernels  # noqa: E402
 from xlm_pkm.model.memory.slot_groups import group_by_slot  # noqa: E402
@@ -47,7 +48,7 @@ def launchers(table, indices, weights, grad_out):
     slots, order, row_starts = group_by_slot(indices)
     U = slots.numel()
     rows = torch.empty(U, D, dtype=table.dtype, device=table.device)
-    index_bytes = lookups * (8 + 4)
+    moved = bytes_moved(N, L, D, table.shape[0], U, elem)  # the weights' gradient moves what the read does
 
     def read(r, c, w):
         kernels._read_kernel[(N, triton.cdiv(D, c))](table, indices, weights, out, L, D, BLOCK_L=r, BLOCK_D=c,
@@ -62,11 +63,9 @@ def launchers(table, indices, weights, grad_out):
                                                             BLOCK_E=r, BLOCK_D=c, num_warps=w)
 
     table_tile = kernels._grad_blocks(lookups / U, D, kernels.TABLE_GRAD_ROWS)
-    return {"read": (read, (*kernels._blocks(L, D, elem), 4), lookups * D * elem + N * D * elem + index_bytes),
-            "weights_grad": (weights_grad, (*kernels._grad_blocks(L, D), 4),
-                             lookups * D * elem + N * D * elem + index_bytes),
-            "table_grad": (table_grad, (*table_tile, kernels.TABLE_GRAD_WARPS),
-                           lookups * D * elem + U * D * elem + index_bytes)}
+    return {"read": (read, (*kernels._blocks(L, D, elem), 4), moved["forward"]),
+            "weights_grad": (weights_grad, (*kernels._grad_blocks(L, D), 4), moved["forward"]),
+            "table_grad": (table_grad, (*table_tile, kernels.TABLE_GRAD_WARPS), moved["backward_sparse"])}
 
 
 def main() -> None:

@@ -42,7 +42,8 @@ class _SelectedScores(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # grad: (N, G, K)
         q, keys, indices = ctx.saved_tensors  # (N, G, d), (G, S, d), (N, G, K)
-        dense = grad.device.type in DENSE_BACKWARD_DEVICES and q.shape[0] * keys[:, :, 0].numel() <= SCORES_AT_ONCE
+        N, G, S = q.shape[0], *keys.shape[:2]
+        dense = grad.device.type in DENSE_BACKWARD_DEVICES and N * G * S <= SCORES_AT_ONCE
         grad_q, grad_keys = (dense_grads if dense else selected_grads)(q, keys, indices, grad.to(q.dtype),
                                                                        *ctx.needs_input_grad[:2])
         return grad_q, grad_keys, None, None
