@@ -28,13 +28,14 @@ def _run(default_program: str, load_main, argv: list[str] | None, stop_signals: 
     set_process_defaults()  # before torch is imported
     from xlm_pkm.errors import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_STOPPED
     from xlm_pkm.utils.program import program_name
-    from xlm_pkm.utils.stop_signals import StoppedBySignal, install_startup_handlers
+    from xlm_pkm.utils.stop_signals import StoppedBySignal, install_startup_handlers, raise_held_signal
 
     program = program_name(default_program)
     try:
         if stop_signals:  # inside the try: a signal caught by the first handler installed may land before the last
             install_startup_handlers()
         main = load_main()
+        raise_held_signal()  # one that landed in an import's weakref callback, where Python swallowed it
         return main(argv)
     except KeyboardInterrupt:
         print(f"{program}: error: interrupted (Ctrl-C)", file=sys.stderr)

@@ -66,7 +66,7 @@ from xlm_pkm.train.state import TrainState, from_earlier_version, resharded_stat
 from xlm_pkm.train.step import loss_backward, optimizer_update
 from xlm_pkm.train.wandb_log import import_wandb
 from xlm_pkm.utils.progress import format_duration
-from xlm_pkm.utils.stop_signals import STOP_SIGNALS
+from xlm_pkm.utils.stop_signals import STOP_SIGNALS, raise_held_signal
 
 REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's warning before the time limit (sbatch --signal)
 
@@ -359,6 +359,7 @@ class Trainer:
     def train(self) -> dict:
         """Trains until max_steps (or max_time, or a stop signal); returns the last valid metrics."""
         cfg, state = self.cfg.train, self.state
+        raise_held_signal()  # one that came while the trainer was built but was swallowed (utils/stop_signals.py)
         handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
         batches = iter(self.train_stream)
         speed = {"tokens": 0, "words": 0, "time": time.perf_counter()}  # since the last log line or start
