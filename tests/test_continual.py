@@ -18,6 +18,7 @@ from xlm_pkm.experiments.continual import split_scores
 from xlm_pkm.experiments.continual_report import (
     backgrounds_table,
     best_settings,
+    beyond_control,
     equal_learning,
     over_seeds,
     with_changes,
@@ -242,6 +243,27 @@ def test_forgetting_at_equal_learning_is_a_paired_ratio_to_the_reference_over_th
     assert "| 30% (above the line) | memory | sparse_memory | b |" in table  # full does not reach 30%: no row
     assert "| 30% (above the line) | memory | full" not in table and "50%" not in table
     assert equal_learning(rows, levels=(0.6,)) == "No method reaches EM 60% on the selection facts.\n"
+
+
+def test_learning_beyond_the_priors_is_own_minus_shuffled_paired_over_the_verdict_seeds():
+    """EM and fc after the fact's own prompt minus after a shuffled one, per seed; a paired t by hand
+    (t_{0.975, 2} = 4.3027); the selection seed and the pretrained rows stay out."""
+    rows = [{**_row("memory", "pretrained", "-", 0, 0.0), "em_shuffled": 0.0}]
+    own_em, shuffled_em = (0.30, 0.25, 0.40, 0.20), (0.10, 0.06, 0.19, 0.20)  # seeds 0, 1, 2, 3
+    for seed, em, shuffled in zip((0, 1, 2, 3), own_em, shuffled_em):
+        rows.append({**_row("memory", "sparse", "t=1", seed, em), "em_shuffled": shuffled,
+                     "fc_shuffled": em + 0.1 - (0.03, 0.0, 0.0, 0.5)[seed]})
+    rows.append({**_row("dense", "full", "lr=1", 1, 0.2), "em_shuffled": 0.1})  # one seed: no interval
+    table = beyond_control(rows)
+    cells = []
+    for diffs, verdict in (([0.20, 0.19, 0.21], "holds"), ([0.03, 0.0, 0.0], "inconclusive")):
+        mean = sum(diffs) / 3
+        half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2 / 3)
+        cells.append(f"{100 * mean:+.1f} [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}] ({verdict})")
+    em, fc = cells
+    assert f"| memory | sparse | t=1 | 3 | {em} | {fc} |" in table
+    assert "| dense | full | lr=1 | 1 | +10.0 [-inf, +inf] (inconclusive) |" in table and "pretrained" not in table
+    assert beyond_control(rows[:1]) == "No trained setting has shuffled-subject scores on the verdict seeds.\n"
 
 
 def test_the_subject_blind_guess_scores_each_relations_most_frequent_object():
