@@ -21,6 +21,7 @@ from xlm_pkm.experiments.continual_report import (
     beyond_control,
     equal_learning,
     over_seeds,
+    same_setting,
     with_changes,
     write_report,
 )
@@ -264,6 +265,29 @@ def test_learning_beyond_the_priors_is_own_minus_shuffled_paired_over_the_verdic
     assert f"| memory | sparse | t=1 | 3 | {em} | {fc} |" in table
     assert "| dense | full | lr=1 | 1 | +10.0 [-inf, +inf] (inconclusive) |" in table and "pretrained" not in table
     assert beyond_control(rows[:1]) == "No trained setting has shuffled-subject scores on the verdict seeds.\n"
+
+
+def test_controls_are_paired_with_their_method_at_the_same_setting_on_the_verdict_seeds():
+    """EM difference and forgetting ratio of each control against its method, the same model and setting only,
+    the selection seed left out; a paired t by hand (t_{0.975, 2} = 4.3027)."""
+    rows = [_row("memory", "pretrained", "-", 0, 0.0, test_ppl=20.0)]
+    for method, setting, ems, changes in (("sparse_memory", "t=1", (0.2, 0.10, 0.12, 0.14), (9.0, 1.0, 2.0, 1.5)),
+                                          ("sparse_count", "t=1", (0.9, 0.11, 0.12, 0.16), (1.0, 10.0, 30.0, 15.0)),
+                                          ("sparse_random", "t=2", (0.1, 0.1, 0.1, 0.1), (5.0, 5.0, 5.0, 5.0))):
+        rows += [_row("memory", method, setting, seed, em, test_ppl=20.0 + change)
+                 for seed, em, change in zip((3, 0, 1, 2), ems, changes)]
+    table = same_setting(rows)
+    cells = []
+    for diffs in ([0.01, 0.0, 0.02], [math.log(c / s) for c, s in zip((10.0, 30.0, 15.0), (1.0, 2.0, 1.5))]):
+        mean = sum(diffs) / 3
+        half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2 / 3)
+        cells.append((mean, mean - half, mean + half))
+    (em, em_lo, em_hi), (log_r, lo, hi) = cells
+    ratio = f"{math.exp(log_r):.2f} [{math.exp(lo):.2f}, {math.exp(hi):.2f}] (holds, 3 seeds)"
+    assert (f"| memory | sparse_count vs sparse_memory | t=1 | {100 * em:+.1f} [{100 * em_lo:+.1f}, "
+            f"{100 * em_hi:+.1f}] | {ratio} |") in table
+    assert "sparse_random" not in table  # its setting was not run with sparse_memory
+    assert same_setting(rows[:1]) == "No control shares a setting with its method on the verdict seeds.\n"
 
 
 def test_the_subject_blind_guess_scores_each_relations_most_frequent_object():

@@ -24,6 +24,10 @@ memory finetuning, TF-IDF, on the memory model) on the verdict seeds, as the rat
 with the 95% paired t interval of mean d (paired.py) mapped through exp; its verdict word, for the claim
 "the reference forgets less" (R > 1), from Holm's correction over the table's comparisons: holds (the
 adjusted interval above 1), reversed (below 1), inconclusive. A ratio needs Δ > 0 on every seed.
+
+Beside it, paired the same way: learning beyond the relation priors (each setting's EM and forced choice
+after its own subject's prompt minus after a shuffled one: `beyond_control`), and each control against its
+method at the same setting (SAME_SETTING_PAIRS: TF-IDF's controls, the BatchNorm drift: `same_setting`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ PRETRAINED = "pretrained"  # the method of a model's baseline row
 SELECT_SEED = 3  # the facts settings are chosen on
 REFERENCE = ("memory", "sparse_memory")  # (model, method) the others' forgetting is compared with
 LEARNING_LEVELS = (0.13, 0.20, 0.30, 0.40, 0.50)  # EM levels at which forgetting is compared
+# (method, what it is compared with at the same setting): TF-IDF's controls; the BatchNorm statistics' drift
+SAME_SETTING_PAIRS = (("sparse_count", "sparse_memory"), ("sparse_random", "sparse_memory"), ("full_bn_drift", "full"))
 CHANGES = {"valid_change": "valid_ppl", "test_change": "test_ppl", "acc_change": "test_acc"}
 LEARNING = ("em", "em_question", "fc", "fc_shuffled", "em_uncommon", "fc_uncommon", "em_first", "em_middle",
             "em_last")
@@ -101,6 +107,15 @@ def over_seeds(rows: list[dict], select_seed: int = SELECT_SEED) -> list[dict]:
     return out
 
 
+def verdict_runs(rows: list[dict], select_seed: int = SELECT_SEED) -> dict[tuple[str, str, str], dict[int, dict]]:
+    """(model, method, setting) -> {seed: row} over the verdict seeds (every seed but select_seed)."""
+    runs: dict[tuple[str, str, str], dict[int, dict]] = {}
+    for r in rows:
+        if r["seed"] != select_seed:
+            runs.setdefault((r["model"], r["method"], r["setting"]), {})[r["seed"]] = r
+    return runs
+
+
 def subject_blind_line(rows: list[dict], select_seed: int = SELECT_SEED) -> float | None:
     """The highest em_prior (the subject-blind guess's EM) of the verdict seeds' facts; None if not scored."""
     priors = [r["em_prior"] for r in rows if r.get("em_prior") is not None and r["seed"] != select_seed]
@@ -119,10 +134,8 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
     """The module docstring's comparison at each level: a row per (level, model, method) reaching it on the
     selection facts; its setting, verdict seeds' EM and Δ test ppl (mean ± sd), and R against the reference."""
     rows = with_changes(rows)
-    forgetting: dict[tuple[str, str, str], dict[int, float]] = {}
-    for r in rows:
-        if r["seed"] != select_seed:
-            forgetting.setdefault((r["model"], r["method"], r["setting"]), {})[r["seed"]] = r["test_change"]
+    forgetting = {key: {seed: r["test_change"] for seed, r in runs.items()}
+                  for key, runs in verdict_runs(rows, select_seed).items()}
     summary = {(s["model"], s["method"], s["setting"]): s for s in over_seeds(rows, select_seed)}
     line = subject_blind_line(rows, select_seed)
     cells, comparisons = [], []
@@ -162,16 +175,15 @@ def beyond_control(rows: list[dict], select_seed: int = SELECT_SEED) -> str:
     fc − fc shuffled (its own subject's prompt against another fact's of the same relation, the gold object
     the same), paired by fact set, with the 95% paired t interval; the verdict word of the claim "learned
     beyond the priors" (own > shuffled) from Holm's correction over the table's comparisons."""
-    groups: dict[tuple[str, str, str], list[dict]] = {}
-    for r in rows:
-        if r["seed"] != select_seed and r["method"] != PRETRAINED and r.get("em_shuffled") is not None:
-            groups.setdefault((r["model"], r["method"], r["setting"]), []).append(r)
-    pairs = {key: [paired({r["seed"]: r[score + "_shuffled"] for r in group}, {r["seed"]: r[score] for r in group})
-                   for score in ("em", "fc")] for key, group in groups.items()}  # shuffled − own: the claim is < 0
+    runs = {key: by_seed for key, by_seed in verdict_runs(rows, select_seed).items()
+            if key[1] != PRETRAINED and all(r.get("em_shuffled") is not None for r in by_seed.values())}
+    pairs = {key: [paired({seed: r[score + "_shuffled"] for seed, r in by_seed.items()},
+                          {seed: r[score] for seed, r in by_seed.items()})
+                   for score in ("em", "fc")] for key, by_seed in runs.items()}  # shuffled − own: the claim is < 0
     holmed = iter(holm([comparison for pair in pairs.values() for comparison in pair]))
     cells = []
     for (model, method, setting), pair in pairs.items():
-        cell = [model, method, setting, str(len(groups[model, method, setting]))]
+        cell = [model, method, setting, str(len(runs[model, method, setting]))]
         for comparison in pair:
             lo, hi = comparison.interval()
             cell.append(f"{-100 * comparison.mean:+.1f} [{-100 * hi:+.1f}, {-100 * lo:+.1f}] "
@@ -181,6 +193,33 @@ def beyond_control(rows: list[dict], select_seed: int = SELECT_SEED) -> str:
         return "No trained setting has shuffled-subject scores on the verdict seeds.\n"
     return markdown(["model", "method", "setting", "seeds", "EM − EM shuffled, points [95%] (verdict)",
                      "fc − fc shuffled, points [95%] (verdict)"], sorted(cells))
+
+
+def same_setting(rows: list[dict], pairs=SAME_SETTING_PAIRS, select_seed: int = SELECT_SEED) -> str:
+    """Each (method, other) of `pairs` run with the same model and setting on the verdict seeds, paired by fact
+    set: EM method − other (points, 95% interval) and R = Δm / Δother with its interval (as equal_learning's),
+    the verdict word of "the other forgets less" (R > 1) from Holm's correction over the table."""
+    runs = verdict_runs(with_changes(rows), select_seed)
+    cells, comparisons = [], []
+    for (model, method, setting), ours in sorted(runs.items()):
+        for other in [b for a, b in pairs if a == method and (model, b, setting) in runs]:
+            theirs = runs[model, other, setting]
+            seeds = sorted(ours.keys() & theirs.keys())
+            em = paired({k: ours[k]["em"] for k in seeds}, {k: theirs[k]["em"] for k in seeds})
+            lo, hi = em.interval()
+            cell = [model, f"{method} vs {other}", setting, f"{100 * em.mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"]
+            if min(r["test_change"] for r in [*(ours[k] for k in seeds), *(theirs[k] for k in seeds)]) <= 0:
+                cells.append(cell + ["n/a: a Δ ≤ 0"])
+                continue
+            comparisons.append((len(cells), paired({k: math.log(theirs[k]["test_change"]) for k in seeds},
+                                                   {k: math.log(ours[k]["test_change"]) for k in seeds})))
+            cells.append(cell + [""])
+    for (index, comparison), holmed in zip(comparisons, holm([c for _, c in comparisons])):
+        cells[index][-1] = ratio_cell(comparison, holmed)
+    if not cells:
+        return "No control shares a setting with its method on the verdict seeds.\n"
+    return markdown(["model", "method vs other", "setting", "EM difference, points [95%]",
+                     "R = Δ method / Δ other [95%] (verdict)"], cells)
 
 
 def markdown(header: list[str], cells: list[list[str]]) -> str:
@@ -302,7 +341,12 @@ def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, st
             "At each EM level, each method's least-forgetting setting reaching it on the selection facts, on the "
             "verdict seeds (mean ± sd); R: its forgetting over the reference's, paired by fact set.\n\n"
             + equal_learning(rows, levels, select_seed) + "\n![learning vs forgetting](learning_forgetting.png)\n\n"
-            "## Every setting over the verdict seeds (mean ± sd)\n\n" + seeds_table(over_seeds(rows, select_seed))
+            "## Controls and the BatchNorm drift, at the same setting\n\n"
+            "TF-IDF's controls (top t by count, t random slots among those read) against sparse memory finetuning, "
+            "and full finetuning with the BatchNorm statistics drifting against it with them frozen, each pair "
+            "at the same setting, paired by fact set on the verdict seeds.\n\n"
+            + same_setting(rows, select_seed=select_seed)
+            + "\n## Every setting over the verdict seeds (mean ± sd)\n\n" + seeds_table(over_seeds(rows, select_seed))
             + f"\n## The sweep (selection facts, seed {select_seed})\n\n"
             + sweep_table(sorted((r for r in rows if r["seed"] == select_seed),
                                  key=lambda r: (r["model"], r["method"], r["setting"]))))
