@@ -157,7 +157,8 @@ finetune() {
   local seed=$1 model=$2 method=$3 setting=$4; shift 4
   local name=ft_${model}_${method}_${setting//[^A-Za-z0-9.]/_}_seed$seed
   local arch extra
-  if [[ -s $(score_file "$model" "$method" "$setting" "$seed") ]]; then echo "== $name: scored before"; return; fi
+  # scored before, here or on another machine: logged as done, not run again (commands.txt lists every run)
+  if [[ -s $(score_file "$model" "$method" "$setting" "$seed") ]]; then touch "$DUMP/done/$name"; fi
   read -r -a arch <<< "${ARCH[$model]}"
   read -r -a extra <<< "${FT_ARGS:-}"
   run "$name" "$PY" train.py --config "$OUT/pretrain_memory.yaml" --no-test train.dump_path="$DUMP" \

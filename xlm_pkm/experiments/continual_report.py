@@ -265,7 +265,8 @@ def plot(rows: list[dict], path: Path, line: float | None = None, select_seed: i
     colour = {m: f"C{i}" for i, m in enumerate(sorted({r["model"] for r in trained}))}
     columns = max(1, min(3, len(methods)))
     lines = max(1, -(-len(methods) // columns))
-    fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.6 * lines), squeeze=False, sharey=True)
+    fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.6 * lines), squeeze=False, sharex=True,
+                             sharey=True)  # one scale: panels compare
     for ax, method in zip(axes.flat, methods):
         for model in sorted(colour):
             for held_out in (True, False):
