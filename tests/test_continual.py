@@ -183,6 +183,12 @@ def test_fact_scores_split_em_by_uncommon_object_and_position(facts_data):
     assert scores["em_uncommon"] == pytest.approx(sum(hits[i] for i in uncommon) / len(uncommon))
     assert scores["fc_chance"] == pytest.approx(sum(1 / len(candidates(facts)[f.relation]) for f in facts) / 30)
     assert all(0 <= scores[k] <= 1 for k in ("fc", "fc_question", "fc_shuffled", "em_shuffled", "fc_uncommon"))
+    per_fact = scores["per_fact"]  # fact by fact, in file order: what the own-against-shuffled comparison pairs
+    assert per_fact["em"] == "".join(str(int(h)) for h in hits)
+    assert per_fact["fc"] == pytest.approx(forced_choice(model, codec, facts, [f.prompt for f in facts]), abs=1e-4)
+    for score in ("em_shuffled", "fc_shuffled"):
+        assert len(per_fact[score]) == 30
+        assert sum(map(float, per_fact[score])) / 30 == pytest.approx(scores[score], abs=1e-4)
 
 
 def _row(model, method, setting, seed, em, valid_ppl=20.0, test_ppl=25.0, test_acc=0.3):
@@ -246,25 +252,30 @@ def test_forgetting_at_equal_learning_is_a_paired_ratio_to_the_reference_over_th
     assert equal_learning(rows, levels=(0.6,)) == "No method reaches EM 60% on the selection facts.\n"
 
 
-def test_learning_beyond_the_priors_is_own_minus_shuffled_paired_over_the_verdict_seeds():
-    """EM and fc after the fact's own prompt minus after a shuffled one, per seed; a paired t by hand
-    (t_{0.975, 2} = 4.3027); the selection seed and the pretrained rows stay out."""
-    rows = [{**_row("memory", "pretrained", "-", 0, 0.0), "em_shuffled": 0.0}]
-    own_em, shuffled_em = (0.30, 0.25, 0.40, 0.20), (0.10, 0.06, 0.19, 0.20)  # seeds 0, 1, 2, 3
-    for seed, em, shuffled in zip((0, 1, 2, 3), own_em, shuffled_em):
-        rows.append({**_row("memory", "sparse", "t=1", seed, em), "em_shuffled": shuffled,
-                     "fc_shuffled": em + 0.1 - (0.03, 0.0, 0.0, 0.5)[seed]})
-    rows.append({**_row("dense", "full", "lr=1", 1, 0.2), "em_shuffled": 0.1})  # one seed: no interval
+def test_learning_beyond_the_priors_is_own_minus_shuffled_paired_fact_by_fact_over_the_verdict_seeds():
+    """EM and fc after each fact's own prompt minus after a shuffled one, every verdict seed's facts pooled; a
+    paired t by hand (t_{0.975, 5} = 2.5706); the selection seed, the pretrained rows and rows scored without
+    per_fact stay out."""
+    rows = [{**_row("memory", "pretrained", "-", 0, 0.0), "per_fact": {}}]
+    outcomes = {0: ("110", "010", [1.0, 0.5, 0.0], [0.0, 0.5, 0.0]),
+                1: ("101", "001", [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]),
+                3: ("111", "000", [1.0, 1.0, 1.0], [0.0, 0.0, 0.0])}  # seed 3: the selection facts
+    for seed, (em, em_shuffled, fc, fc_shuffled) in outcomes.items():
+        rows.append({**_row("memory", "sparse", "t=1", seed, 0.5), "per_fact": {
+            "em": em, "em_shuffled": em_shuffled, "fc": fc, "fc_shuffled": fc_shuffled}})
+    rows.append(_row("dense", "full", "lr=1", 1, 0.2))  # scored before per_fact
     table = beyond_control(rows)
     cells = []
-    for diffs, verdict in (([0.20, 0.19, 0.21], "holds"), ([0.03, 0.0, 0.0], "inconclusive")):
-        mean = sum(diffs) / 3
-        half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 2 / 3)
+    for diffs, verdict in (([1, 0, 0, 1, 0, 0], "inconclusive"), ([1.0, 0.0, 0.0, 0.0, 1.0, 0.0], "inconclusive")):
+        mean = sum(diffs) / 6
+        half = 2.5705818366147395 * math.sqrt(sum((d - mean) ** 2 for d in diffs) / 5 / 6)
         cells.append(f"{100 * mean:+.1f} [{100 * (mean - half):+.1f}, {100 * (mean + half):+.1f}] ({verdict})")
-    em, fc = cells
-    assert f"| memory | sparse | t=1 | 3 | {em} | {fc} |" in table
-    assert "| dense | full | lr=1 | 1 | +10.0 [-inf, +inf] (inconclusive) |" in table and "pretrained" not in table
-    assert beyond_control(rows[:1]) == "No trained setting has shuffled-subject scores on the verdict seeds.\n"
+    assert f"| memory | sparse | t=1 | 2 × 3 | {cells[0]} | {cells[1]} |" in table
+    assert "dense" not in table and "pretrained" not in table
+    rows[1]["per_fact"] = {"em": "111", "em_shuffled": "000", "fc": [1.0] * 3, "fc_shuffled": [0.0] * 3}
+    rows[2]["per_fact"] = {"em": "111", "em_shuffled": "000", "fc": [1.0] * 3, "fc_shuffled": [0.0] * 3}
+    assert "| memory | sparse | t=1 | 2 × 3 | +100.0 [+100.0, +100.0] (holds) |" in beyond_control(rows)
+    assert beyond_control(rows[:1]) == "No trained setting has per-fact scores on the verdict seeds.\n"
 
 
 def test_controls_are_paired_with_their_method_at_the_same_setting_on_the_verdict_seeds():

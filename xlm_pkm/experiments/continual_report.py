@@ -25,9 +25,10 @@ with the 95% paired t interval of mean d (paired.py) mapped through exp; its ver
 "the reference forgets less" (R > 1), from Holm's correction over the table's comparisons: holds (the
 adjusted interval above 1), reversed (below 1), inconclusive. A ratio needs Δ > 0 on every seed.
 
-Beside it, paired the same way: learning beyond the relation priors (each setting's EM and forced choice
-after its own subject's prompt minus after a shuffled one: `beyond_control`), and each control against its
-method at the same setting (SAME_SETTING_PAIRS: TF-IDF's controls, the BatchNorm drift: `same_setting`).
+Beside it: learning beyond the relation priors (each setting's EM and forced choice after a fact's own
+prompt minus after a shuffled one, paired fact by fact: `beyond_control`), and each control against its
+method at the same setting, paired by fact set (SAME_SETTING_PAIRS: TF-IDF's controls, the BatchNorm drift:
+`same_setting`).
 """
 
 from __future__ import annotations
@@ -171,27 +172,33 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
 
 
 def beyond_control(rows: list[dict], select_seed: int = SELECT_SEED) -> str:
-    """Learning beyond relation priors: for each trained setting on the verdict seeds, EM − EM shuffled and
-    fc − fc shuffled (its own subject's prompt against another fact's of the same relation, the gold object
-    the same), paired by fact set, with the 95% paired t interval; the verdict word of the claim "learned
-    beyond the priors" (own > shuffled) from Holm's correction over the table's comparisons."""
+    """Learning beyond relation priors: for each trained setting on the verdict seeds, EM and forced choice after
+    each fact's own prompt minus after another fact's of the same relation, the gold object the same (the rows'
+    per_fact, fact_scores.py), paired fact by fact over every verdict seed's facts, with the 95% paired t
+    interval; the verdict word of "learnt beyond the priors" (own > shuffled) from Holm's correction over the
+    table. The interval is over the facts of these runs: how much another run of a method differs is in the
+    seed-to-seed sd of the other tables."""
     runs = {key: by_seed for key, by_seed in verdict_runs(rows, select_seed).items()
-            if key[1] != PRETRAINED and all(r.get("em_shuffled") is not None for r in by_seed.values())}
-    pairs = {key: [paired({seed: r[score + "_shuffled"] for seed, r in by_seed.items()},
-                          {seed: r[score] for seed, r in by_seed.items()})
-                   for score in ("em", "fc")] for key, by_seed in runs.items()}  # shuffled − own: the claim is < 0
+            if key[1] != PRETRAINED and all("per_fact" in r for r in by_seed.values())}
+
+    def outcomes(by_seed: dict[int, dict], score: str) -> dict[tuple[int, int], float]:
+        return {(seed, i): float(v) for seed, r in by_seed.items() for i, v in enumerate(r["per_fact"][score])}
+
+    pairs = {key: [paired(outcomes(by_seed, score + "_shuffled"), outcomes(by_seed, score)) for score in ("em", "fc")]
+             for key, by_seed in runs.items()}  # shuffled − own: the claim is < 0
     holmed = iter(holm([comparison for pair in pairs.values() for comparison in pair]))
     cells = []
     for (model, method, setting), pair in pairs.items():
-        cell = [model, method, setting, str(len(runs[model, method, setting]))]
+        by_seed = runs[model, method, setting]
+        cell = [model, method, setting, f"{len(by_seed)} × {pair[0].n // len(by_seed)}"]
         for comparison in pair:
             lo, hi = comparison.interval()
             cell.append(f"{-100 * comparison.mean:+.1f} [{-100 * hi:+.1f}, {-100 * lo:+.1f}] "
                         f"({next(holmed).verdict})")
         cells.append(cell)
     if not cells:
-        return "No trained setting has shuffled-subject scores on the verdict seeds.\n"
-    return markdown(["model", "method", "setting", "seeds", "EM − EM shuffled, points [95%] (verdict)",
+        return "No trained setting has per-fact scores on the verdict seeds.\n"
+    return markdown(["model", "method", "setting", "seeds × facts", "EM − EM shuffled, points [95%] (verdict)",
                      "fc − fc shuffled, points [95%] (verdict)"], sorted(cells))
 
 
@@ -335,9 +342,10 @@ def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, st
             "the same kind: Δ test ppl and Δ test acc (next-token accuracy, points) on the test split, held out "
             "from the background counts and from every choice." + blind + "\n\n"
             "## Learning beyond the relation priors\n\n"
-            "Each setting's scores after its own subject's prompt minus after another fact's of the same relation "
-            "(the gold object the same), paired by fact set over the verdict seeds; holds: learned beyond the "
-            "priors (Holm over the table).\n\n" + beyond_control(rows, select_seed) + "\n"
+            "Each setting's scores after a fact's own prompt minus after another fact's of the same relation "
+            "(the gold object the same), paired fact by fact over the verdict seeds' facts; holds: learnt beyond "
+            "the priors (Holm over the table). The intervals are over the facts of these runs.\n\n"
+            + beyond_control(rows, select_seed) + "\n"
             "## Forgetting at equal learning\n\n"
             "At each EM level, each method's least-forgetting setting reaching it on the selection facts, on the "
             "verdict seeds (mean ± sd); R: its forgetting over the reference's, paired by fact set.\n\n"

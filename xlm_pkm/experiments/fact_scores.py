@@ -23,6 +23,9 @@ A model that learnt only which objects go with a relation already scores EM at t
     by position         EM on the first, middle and last third of the facts in file order, the order they
     (em_first, ...)     were trained in (facts [0, n/3), [n/3, 2n/3), [2n/3, n), rounded down): retention
                         of early facts against their overwriting by later ones
+
+and, fact by fact in file order (per_fact), the outcomes the own-against-shuffled comparison pairs: em and
+em_shuffled as strings of 0/1, fc and fc_shuffled as credits.
 """
 
 from __future__ import annotations
@@ -159,12 +162,14 @@ def _mean(values: list) -> float | None:
 
 def fact_scores(model, codec: TextCodec, facts: list[Fact], shuffle_seed: int = 0) -> dict:
     """Every score of the module docstring, each a fraction of the facts it covers (None: no fact, e.g. no
-    question given); em_question and fc_question over the facts with a question."""
+    question given); em_question and fc_question over the facts with a question; per_fact."""
     pad = codec.dictionary.pad
     hits = greedy_matches(model, [prompt_and_object(codec, f.prompt, f.object) for f in facts], pad)
     credits = forced_choice(model, codec, facts, [f.prompt for f in facts])
     partner = shuffled_partners(facts, shuffle_seed)
     shuffled = [prompt_and_object(codec, facts[j].prompt, f.object) for f, j in zip(facts, partner)]
+    shuffled_hits = greedy_matches(model, shuffled, pad)
+    shuffled_credits = forced_choice(model, codec, facts, [facts[j].prompt for j in partner])
     asked = [f for f in facts if f.question]
     common = most_common_objects(facts)
     uncommon = [i for i, f in enumerate(facts) if f.object not in common[f.relation]]
@@ -173,10 +178,12 @@ def fact_scores(model, codec: TextCodec, facts: list[Fact], shuffle_seed: int = 
     out = {"em": _mean(hits), "em_question": exact_match(model, codec, asked, question=True) if asked else None,
            "fc": _mean(credits),
            "fc_question": _mean(forced_choice(model, codec, asked, [f.question for f in asked])) if asked else None,
-           "em_shuffled": _mean(greedy_matches(model, shuffled, pad)),
-           "fc_shuffled": _mean(forced_choice(model, codec, facts, [facts[j].prompt for j in partner])),
+           "em_shuffled": _mean(shuffled_hits), "fc_shuffled": _mean(shuffled_credits),
            "em_uncommon": _mean([hits[i] for i in uncommon]), "fc_uncommon": _mean([credits[i] for i in uncommon]),
            "em_prior": prior_em(facts), "fc_chance": _mean([1 / len(choices[f.relation]) for f in facts])}
     for third, (lo, hi) in zip(THIRDS, ((0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n))):
         out[f"em_{third}"] = _mean(hits[lo:hi])
-    return {key: None if value is None else float(value) for key, value in out.items()}
+    per_fact = {"em": "".join("1" if h else "0" for h in hits),
+                "em_shuffled": "".join("1" if h else "0" for h in shuffled_hits),
+                "fc": [round(c, 4) for c in credits], "fc_shuffled": [round(c, 4) for c in shuffled_credits]}
+    return {**{key: None if value is None else float(value) for key, value in out.items()}, "per_fact": per_fact}
