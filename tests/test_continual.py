@@ -298,6 +298,8 @@ def test_controls_are_paired_with_their_method_at_the_same_setting_on_the_verdic
     assert (f"| memory | sparse_count vs sparse_memory | t=1 | {100 * em:+.1f} [{100 * em_lo:+.1f}, "
             f"{100 * em_hi:+.1f}] | {ratio} |") in table
     assert "sparse_random" not in table  # its setting was not run with sparse_memory
+    elsewhere = [{**r, "seed": r["seed"] + 10} if r["method"] == "sparse_count" else r for r in rows]
+    assert "sparse_count" not in same_setting(elsewhere)  # no seed in common: nothing paired
     assert same_setting(rows[:1]) == "No control shares a setting with its method on the verdict seeds.\n"
 
 

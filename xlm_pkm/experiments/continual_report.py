@@ -212,6 +212,8 @@ def same_setting(rows: list[dict], pairs=SAME_SETTING_PAIRS, select_seed: int = 
         for other in [b for a, b in pairs if a == method and (model, b, setting) in runs]:
             theirs = runs[model, other, setting]
             seeds = sorted(ours.keys() & theirs.keys())
+            if not seeds:  # run on different verdict seeds: nothing to pair
+                continue
             em = paired({k: ours[k]["em"] for k in seeds}, {k: theirs[k]["em"] for k in seeds})
             lo, hi = em.interval()
             cell = [model, f"{method} vs {other}", setting, f"{100 * em.mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"]
