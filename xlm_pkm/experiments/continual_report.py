@@ -130,6 +130,25 @@ def ratio_cell(comparison, holmed) -> str:
             f"({holmed.verdict}, {comparison.n} seeds)")
 
 
+def _append_ratio(cells: list[list[str]], pending: list, cell: list[str], reference: dict[int, float],
+                  other: dict[int, float]) -> None:
+    """cell + its R against the reference (each {seed: Δ test ppl}, paired over the seeds both have): "n/a" if
+    a Δ ≤ 0, else a placeholder `_holm_ratios` fills once every comparison of the table is known."""
+    seeds = sorted(reference.keys() & other.keys())
+    if min(min(reference[k], other[k]) for k in seeds) <= 0:
+        cells.append(cell + ["n/a: a Δ ≤ 0"])
+        return
+    pending.append((len(cells), paired({k: math.log(reference[k]) for k in seeds},
+                                       {k: math.log(other[k]) for k in seeds})))
+    cells.append(cell + [""])
+
+
+def _holm_ratios(cells: list[list[str]], pending: list) -> None:
+    """Each placeholder of _append_ratio: R [95%] and its verdict after Holm over the table's comparisons."""
+    for (index, comparison), holmed in zip(pending, holm([c for _, c in pending])):
+        cells[index][-1] = ratio_cell(comparison, holmed)
+
+
 def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = SELECT_SEED,
                    reference=REFERENCE) -> str:
     """The module docstring's comparison at each level: a row per (level, model, method) reaching it on the
@@ -139,7 +158,7 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
                   for key, runs in verdict_runs(rows, select_seed).items()}
     summary = {(s["model"], s["method"], s["setting"]): s for s in over_seeds(rows, select_seed)}
     line = subject_blind_line(rows, select_seed)
-    cells, comparisons = [], []
+    cells, pending = [], []
     for level in levels:
         chosen = best_settings(rows, select_seed, at_em=level)
         ref = chosen.get(reference)
@@ -153,17 +172,11 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
             cell += [f"{100 * s['em']:.1f} ± {100 * s['em_sd']:.1f}%",
                      f"{s['test_change']:+.2f} ± {s['test_change_sd']:.2f}"]
             theirs, ours = forgetting[model, method, setting], forgetting.get((*reference, ref), {}) if ref else {}
-            seeds = sorted(theirs.keys() & ours.keys())
-            if (model, method) == reference or not seeds:
+            if (model, method) == reference or not theirs.keys() & ours.keys():
                 cells.append(cell + ["reference" if (model, method) == reference else "-"])
-            elif min(min(theirs[k] for k in seeds), min(ours[k] for k in seeds)) <= 0:
-                cells.append(cell + ["n/a: a Δ ≤ 0"])
             else:
-                comparisons.append((len(cells), paired({k: math.log(ours[k]) for k in seeds},
-                                                       {k: math.log(theirs[k]) for k in seeds})))
-                cells.append(cell + [""])
-    for (index, comparison), holmed in zip(comparisons, holm([c for _, c in comparisons])):
-        cells[index][-1] = ratio_cell(comparison, holmed)
+                _append_ratio(cells, pending, cell, ours, theirs)
+    _holm_ratios(cells, pending)
     if not cells:
         return f"No method reaches EM {100 * min(levels):.0f}% on the selection facts.\n"
     header = ["EM level", "model", "method", "setting (chosen)", "EM", "Δ test ppl",
@@ -207,7 +220,7 @@ def same_setting(rows: list[dict], pairs=SAME_SETTING_PAIRS, select_seed: int = 
     set: EM method − other (points, 95% interval) and R = Δm / Δother with its interval (as equal_learning's),
     the verdict word of "the other forgets less" (R > 1) from Holm's correction over the table."""
     runs = verdict_runs(with_changes(rows), select_seed)
-    cells, comparisons = [], []
+    cells, pending = [], []
     for (model, method, setting), ours in sorted(runs.items()):
         for other in [b for a, b in pairs if a == method and (model, b, setting) in runs]:
             theirs = runs[model, other, setting]
@@ -217,14 +230,9 @@ def same_setting(rows: list[dict], pairs=SAME_SETTING_PAIRS, select_seed: int = 
             em = paired({k: ours[k]["em"] for k in seeds}, {k: theirs[k]["em"] for k in seeds})
             lo, hi = em.interval()
             cell = [model, f"{method} vs {other}", setting, f"{100 * em.mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"]
-            if min(r["test_change"] for r in [*(ours[k] for k in seeds), *(theirs[k] for k in seeds)]) <= 0:
-                cells.append(cell + ["n/a: a Δ ≤ 0"])
-                continue
-            comparisons.append((len(cells), paired({k: math.log(theirs[k]["test_change"]) for k in seeds},
-                                                   {k: math.log(ours[k]["test_change"]) for k in seeds})))
-            cells.append(cell + [""])
-    for (index, comparison), holmed in zip(comparisons, holm([c for _, c in comparisons])):
-        cells[index][-1] = ratio_cell(comparison, holmed)
+            _append_ratio(cells, pending, cell, {k: r["test_change"] for k, r in theirs.items()},
+                          {k: r["test_change"] for k, r in ours.items()})
+    _holm_ratios(cells, pending)
     if not cells:
         return "No control shares a setting with its method on the verdict seeds.\n"
     return markdown(["model", "method vs other", "setting", "EM difference, points [95%]",

@@ -183,7 +183,6 @@ def fact_scores(model, codec: TextCodec, facts: list[Fact], shuffle_seed: int = 
            "em_prior": prior_em(facts), "fc_chance": _mean([1 / len(choices[f.relation]) for f in facts])}
     for third, (lo, hi) in zip(THIRDS, ((0, n // 3), (n // 3, 2 * n // 3), (2 * n // 3, n))):
         out[f"em_{third}"] = _mean(hits[lo:hi])
-    per_fact = {"em": "".join("1" if h else "0" for h in hits),
-                "em_shuffled": "".join("1" if h else "0" for h in shuffled_hits),
+    per_fact = {"em": "".join(str(int(h)) for h in hits), "em_shuffled": "".join(str(int(h)) for h in shuffled_hits),
                 "fc": [round(c, 4) for c in credits], "fc_shuffled": [round(c, 4) for c in shuffled_credits]}
     return {**{key: None if value is None else float(value) for key, value in out.items()}, "per_fact": per_fact}

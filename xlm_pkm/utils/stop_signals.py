@@ -32,7 +32,10 @@ class StoppedBySignal(BaseException):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-        self.name = signal.Signals(signum).name
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 def _raise_stopped(signum, frame) -> None:
