@@ -405,9 +405,13 @@ FACTS_MODEL = [*(o for o in TINY if o.startswith("model.")), "model.max_len=32",
 
 def test_the_shipped_facts_setting_learns_the_example_above_the_subject_blind_guess(tiny_data_dir, tmp_path, capsys):
     """docs/finetuning.md's loop with what the repository ships, data/facts/example.jsonl (5 facts of one relation,
-    5 answers) and configs/finetune/facts.yaml unchanged, from a tiny model pretrained for 200 steps: the facts
+    5 answers) and configs/finetune/facts.yaml unchanged, from a tiny model pretrained for 400 steps: the facts
     are learnt about their subjects, EM above the subject-blind guess (20%) and the forced choice above its
-    shuffled-subject control (measured: 40% and 80% against 20% and 0%; the same with train.seed=1)."""
+    shuffled-subject control.
+    The margin, measured on this test's models (issue 63: after 200 pretraining steps EM landed on the guess, 20%,
+    on an Intel Xeon and on 5 of 12 runs here): pretraining seeds 0-3 x ATEN_CPU_CAPABILITY native (AVX-512),
+    avx2 and default gave EM 40-80% after 400 steps, never 20%; seed 2, used here, 80% under all three (forced
+    choice 60-80% against 0% shuffled)."""
     from xlm_pkm.experiments.continual import main as continual_main
     from xlm_pkm.experiments.facts import main as facts_main
     from xlm_pkm.finetune.slot_counts import main as slot_counts_main
@@ -421,8 +425,8 @@ def test_the_shipped_facts_setting_learns_the_example_above_the_subject_blind_gu
             trainer.close()
         return trainer.run_dir / "best.pt"
 
-    source = trained(None, *TINY, *FACTS_MODEL, f"data.path={tiny_data_dir}", "train.exp_id=src",
-                     "train.max_steps=200", "train.eval_every=200", "train.log_every=200")
+    source = trained(None, *TINY, *FACTS_MODEL, f"data.path={tiny_data_dir}", "train.exp_id=src", "train.seed=2",
+                     "train.max_steps=400", "train.eval_every=400", "train.log_every=400")
     facts, background = tmp_path / "my_facts", tmp_path / "slot_counts.pt"
     assert facts_main(["--from", str(REPO / "data/facts/example.jsonl"), "--out", str(facts),
                        "--codes", str(tiny_data_dir / "codes"), "--vocab", str(tiny_data_dir / "vocab")]) == 0
@@ -436,6 +440,7 @@ def test_the_shipped_facts_setting_learns_the_example_above_the_subject_blind_gu
     row = json.loads(capsys.readouterr().out)
     assert row["step"] == 320 and row["em_prior"] == 0.2 and row["fc_chance"] == pytest.approx(0.2)
     assert row["em"] > row["em_prior"] and row["fc"] > row["fc_shuffled"]
+
 
 def test_a_malformed_facts_file_is_one_line(tmp_path):
     from xlm_pkm.experiments.facts import read_own_facts
