@@ -17,6 +17,12 @@
 # layer's kernels by device time, fp32 and under bf16 autocast), tiles (value_read_tiles.py: the fused
 # read's kernels over tiles and warps; key_search_speed.py: the key search's top-k and backward),
 # variants (variants_speed.py: every cell of results/variants at its scale, training tokens/s).
+# Issue 59's steps, each with its settings off and on (step_breakdown.py --show on: the overrides): tests59
+# (the GPU tests of the fused optimizer, the one-pass read, the key search), breakdown (step_breakdown.py: the
+# 12-layer d=1024 bf16 compiled step split into phases, host syncs and graph breaks, every setting alone and all
+# together, in one process), breakdown_dense (the same with dense value gradients and AdamW), keysearch59
+# (key_search_speed.py at 128, 512 and 1,024 sub-keys, every pair/precision option), read59
+# (value_read_bandwidth.py, both backwards), infer59 (inference_speed.py's Table 4 and Figure 4 off, then on).
 # all: the steps in the order the GPU issue needs them (or GPU_STEPS="step:seconds ..."), each under its
 # own time limit and none started past GPU_DEADLINE seconds (default 480); a step whose log in OUT_DIR
 # already ends in rc=0 is skipped, so the same command on a machine still warm picks up what is left;
@@ -26,7 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp | profile | tiles | variants | all OUT_DIR}
+step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp | profile | tiles | variants | tests59 | breakdown | breakdown_dense | keysearch59 | read59 | infer59 | all OUT_DIR}
 out=${2:-}
 [ "$step" = prepare ] || { [ -n "$out" ] || { echo "gpu_suite.sh $step: give an output directory" >&2; exit 2; }; mkdir -p "$out"; }
 
@@ -70,6 +76,26 @@ case $step in
     $PY benchmarks/key_search_speed.py --device cuda --out "$out/key_search_speed_cuda.json" ;;
   variants)
     $PY benchmarks/variants_speed.py --device cuda --rounds 3 --out "$out/variants_speed_cuda.json" ;;
+  tests59)
+    $PY -m pytest -q -n 8 tests/test_fused_optim.py tests/test_fused_value_read.py tests/test_key_search.py \
+      tests/test_slot_groups.py tests/test_cuda.py tests/test_hardware.py 2>&1 | tee "$out/gpu_tests59.txt" | tail -25 ;;
+  breakdown)
+    $PY benchmarks/step_breakdown.py --compile --variants off on fused_values fused_dense one_pass custom_op \
+      winnable tf32 --out "$out/step_breakdown_cuda.json" ;;
+  breakdown_dense)
+    $PY benchmarks/step_breakdown.py --compile --values dense --variants off on --out "$out/step_breakdown_dense_cuda.json" ;;
+  keysearch59)
+    for n in 128 512 1024; do
+      $PY benchmarks/key_search_speed.py --device cuda --n-keys $n --out "$out/key_search_speed_${n}_cuda.json"
+    done ;;
+  read59)
+    $PY benchmarks/value_read_bandwidth.py --dtypes fp32 bf16 --out "$out/value_read_bandwidth_cuda.json" ;;
+  infer59)
+    $PY benchmarks/inference_speed.py --dtype bf16 --parts table4 figure4 --keys 128 512 1024 --flat-max-keys 1024 \
+      --layers 12 24 --dims 1024 --memories 0 1 --out "$out/inference_speed_cuda_off.json"
+    $PY benchmarks/inference_speed.py --dtype bf16 --parts table4 figure4 --keys 128 512 1024 --flat-max-keys 128 \
+      --layers 12 24 --dims 1024 --memories 0 1 --override $($PY benchmarks/step_breakdown.py --show on) \
+      --out "$out/inference_speed_cuda_on.json" ;;
   all)
     deadline=$((SECONDS + ${GPU_DEADLINE:-480}))
     for entry in ${GPU_STEPS:-setup:90 tests:180 read:45 infer:120 train:240 fsdp:120 shard:60 profile:45 tiles:60 variants:90}; do

@@ -154,3 +154,21 @@ def test_results_go_beside_the_committed_ones_unless_asked(tmp_path, monkeypatch
     machine.write_result({"x": 2}, SimpleNamespace(out=str(tmp_path / "asked.json")), "some_bench")
     assert json.loads((tmp_path / "asked.json").read_text()) == {"x": 2}
     assert not (tmp_path / "benchmarks").exists()
+
+
+@pytest.mark.slow
+def test_step_breakdown(tiny_data_dir, tmp_path):
+    """Every variant a row after the memoryless one, with its phases (the probed runs) and share (recomputed)."""
+    variants = ["off", "on"]
+    result = run_benchmark("step_breakdown", tmp_path / "breakdown.json", "--device", "cpu", "--data",
+                           str(tiny_data_dir), "--steps", "2", "--warmup", "1", "--variants", *variants,
+                           "--override", "model.n_layers=9", "model.memory.n_keys=16", *TINY_MODEL)
+    rows = result["rows"]
+    assert [r["variant"] for r in rows] == ["no memory", *variants] and [r["memories"] for r in rows] == [0, 1, 1]
+    assert result["settings"]["variants"]["off"] == [] and result["settings"]["variants"]["on"]
+    for row in rows[1:]:
+        assert row["memory_step_share"] == round(1 - row["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+        assert set(row["phases_ms"]) == {"memory_forward", "memory_backward", "norms_and_clip", "optimizer_dense",
+                                         "optimizer_values", "rest"}
+        assert all(v >= 0 for k, v in row["phases_ms"].items() if k != "rest")
+        assert row["host_syncs"] is None and row["graph_breaks"] is None  # CPU, not compiled
