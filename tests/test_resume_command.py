@@ -15,7 +15,8 @@ from conftest import logged_losses
 
 from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.launch.cli import train_main
-from xlm_pkm.launch.resume import launcher, resume_command
+from xlm_pkm.launch.resume import launcher, resume_command, stop_status
+from xlm_pkm.runtime.distributed import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESUME = "to resume (with the same launcher and number of processes): "
@@ -35,6 +36,43 @@ def test_the_resume_command_is_the_launch_command(monkeypatch):
         "python train.py --no-test optim.lr=1e-3 train.exp_id=b"
     monkeypatch.setenv("PATH", "/nonexistent")  # not on PATH (venv not activated): the interpreter's own path
     assert launcher("train.py", {}) == [sys.executable, "train.py"]
+    launched = {**torchrun, "XLM_PKM_LAUNCHER": "scripts/train_torchrun.sh 4"}  # a launcher script names itself
+    assert resume_command(["a=1"], "b", "train.py", launched) == "scripts/train_torchrun.sh 4 a=1 train.exp_id=b"
+
+
+def test_a_stop_reported_to_a_launcher_exits_0_with_the_line_written_by_rank_0(tmp_path):
+    report = tmp_path / "report"
+    assert stop_status("stopped", True, {}) == 75  # no launcher script: the usual status
+    assert stop_status("stopped at step 3", False, {"XLM_PKM_STOP_REPORT": str(report)}) == 0
+    assert not report.exists()  # rank 1 writes nothing
+    assert stop_status("stopped at step 3", True, {"XLM_PKM_STOP_REPORT": str(report)}) == 0
+    assert report.read_text() == "stopped at step 3\n"
+
+
+@pytest.mark.slow
+def test_ctrl_c_under_the_torchrun_script_checkpoints_and_exits_75_with_the_resume_line_last(tiny_overrides,
+                                                                                           tmp_path):
+    """Issue 63: torchrun used to print a SignalException traceback and exit 1. The terminal's Ctrl-C goes to the
+    script's process group (here: killpg of the script, started in its own session); torchrun runs in another."""
+    args = ["--no-test", *tiny_overrides(tmp_path, "train.exp_id=tr", "train.max_steps=100000",
+                                         "train.num_threads=1")]
+    script = subprocess.Popen(["bash", str(ROOT / "scripts" / "train_torchrun.sh"), "2", *args], cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1",
+                                   "MASTER_PORT": str(free_port()), "PYTHON": sys.executable})
+    metrics = tmp_path / "tiny" / "tr" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and '"step": 2,' in metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    os.killpg(script.pid, signal.SIGINT)
+    out, err = script.communicate(timeout=120)
+    assert script.returncode == 75, err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("train.py: stopped at step ") and "checkpoint saved" in last, err
+    kept = [a for a in args if not a.startswith("train.exp_id=")]
+    assert last.endswith(shlex.join([str(ROOT / "scripts" / "train_torchrun.sh"), "2", *kept, "train.exp_id=tr"]))
+    assert "Traceback" not in out + err and "SignalException" not in out + err
+    assert checkpoint.load(tmp_path / "tiny" / "tr" / "checkpoint.pt")["step"] >= 2
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, UserErro
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.launch.config_keys import describe_keys
-from xlm_pkm.launch.resume import resume_command
+from xlm_pkm.launch.resume import resume_command, stop_status
 from xlm_pkm.launch.run_config import launch_config
 from xlm_pkm.runtime.distributed import describe_failure, init_distributed, is_collective_failure, read_env, shutdown
 from xlm_pkm.runtime.hardware import is_out_of_memory
@@ -135,7 +135,9 @@ def train_main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
         return fail(prog, _interrupted(trainer), EXIT_INTERRUPTED)
     except StoppedBySignal as e:  # outside the training loop: start-up, a checkpoint load, the test evaluation
-        return fail(prog, _stopped_outside_training(trainer, e.name), EXIT_STOPPED)
+        error = _stopped_outside_training(trainer, e.name)
+        fail(prog, error, EXIT_STOPPED)
+        return stop_status(f"{prog}: {error}", read_env().is_main)
     except Exception as e:
         if is_out_of_memory(e):
             return fail(prog, _out_of_memory(trainer, e))
@@ -146,7 +148,11 @@ def train_main(argv: list[str] | None = None) -> int:
     finally:
         restore_defaults()
         shutdown(failed)
-    return EXIT_STOPPED if trainer.stopped and trainer.step < trainer.cfg.train.max_steps else 0  # 0: finished
+    if trainer.stopped and trainer.step < trainer.cfg.train.max_steps:
+        return stop_status(f"{prog}: stopped at step {trainer.step}, checkpoint saved; to resume (with the same "
+                           f"launcher and number of processes): {resume_command(argv, trainer.cfg.train.exp_id)}",
+                           trainer.env.is_main)
+    return 0  # finished
 
 
 def evaluate_main(argv: list[str] | None = None) -> int:
