@@ -38,13 +38,16 @@ $(SAMPLE)/.done: install data/sample/python-docs.jsonl.xz
 
 # The main job: train configs/default.yaml on the bundled corpus (resumes if interrupted; a finished
 # run is not retrained), evaluate its best checkpoint on the test split, and print a sample of its text.
+# THREADS=N: every command on N CPU threads (OMP_NUM_THREADS), e.g. THREADS=1 on a machine other jobs load.
 DEMO_RUN := dumped/default/demo
+THREADS ?=
+RUN := $(if $(THREADS),OMP_NUM_THREADS=$(THREADS) )$(PY)
 
 demo: data
-	$(PY) -m xlm_pkm.data.stats $(SAMPLE)
-	$(PY) train.py --config configs/default.yaml train.exp_id=demo --no-test
-	$(PY) evaluate.py --checkpoint $(DEMO_RUN)/best.pt --split test --json $(DEMO_RUN)/test.json
-	$(PY) generate.py --checkpoint $(DEMO_RUN)/best.pt --max-tokens 80 --top-p 0.9 --seed 0 "The built-in function"
+	$(RUN) -m xlm_pkm.data.stats $(SAMPLE)
+	$(RUN) train.py --config configs/default.yaml train.exp_id=demo --no-test
+	$(RUN) evaluate.py --checkpoint $(DEMO_RUN)/best.pt --split test --json $(DEMO_RUN)/test.json
+	$(RUN) generate.py --checkpoint $(DEMO_RUN)/best.pt --max-tokens 80 --top-p 0.9 --seed 0 "The built-in function"
 
 # The linter first (pyproject.toml's [tool.ruff]: `$(PY) -m ruff check --fix .` mends what it can), then the tests.
 # The tests a change is checked with (~2 minutes on 2 cores): all but those marked slow (whole commands in

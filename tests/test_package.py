@@ -203,3 +203,26 @@ def test_console_commands_of_the_installed_package(installed, reference_run, tmp
 def test_program_name_is_how_the_command_was_started(monkeypatch, argv0, expected):
     monkeypatch.setattr(sys, "argv", [argv0])
     assert program_name("the default") == expected
+
+
+def test_make_demo_threads_sets_every_commands_cpu_threads():
+    """`make demo THREADS=1` (issue 63: a busy machine trained twice as fast on one thread); without it, torch's own."""
+    def commands(*args):
+        done = subprocess.run(["make", "-n", "-o", "data", "demo", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=True)
+        return [line for line in done.stdout.splitlines() if ".venv/bin/python" in line]
+
+    assert len(commands("THREADS=1")) == 4 and all(c.startswith("OMP_NUM_THREADS=1 ") for c in commands("THREADS=1"))
+    assert not any("OMP_NUM_THREADS" in c for c in commands())
+
+
+def test_a_busy_machine_is_told_in_the_log(tiny_trainer, tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 0.0, 0.0))
+    trainer = tiny_trainer(tmp_path, "train.exp_id=busy")
+    trainer.close()
+    log = (trainer.run_dir / "train.log").read_text()
+    assert "warning: this machine is busy (load 64.0 on" in log and "train.num_threads=1 (make demo THREADS=1)" in log
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    trainer = tiny_trainer(tmp_path, "train.exp_id=quiet")
+    trainer.close()
+    assert "machine is busy" not in (trainer.run_dir / "train.log").read_text()
