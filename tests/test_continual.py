@@ -376,6 +376,20 @@ def test_a_file_of_ones_own_facts_trains_and_scores(finetune_source, tiny_run, t
     assert row["em_prior"] == pytest.approx(3 / 5) and row["fc_chance"] == pytest.approx((4 * 0.5 + 1) / 5)
     assert all(0 <= row[k] <= 1 for k in ("em", "em_question", "fc", "fc_question", "fc_shuffled", "em_first"))
 
+    # --baseline: each score's change from the model it was finetuned from, which is scored once, then remembered
+    base = json.loads(capsys.readouterr().out if continual_main(["score", str(finetune_source[0]), "--facts",
+                                                                 str(out)]) == 0 else "")
+    for scored in ("scored", "remembered"):
+        assert continual_main(["score", str(run.run_dir / "best.pt"), "--facts", str(out), "--baseline",
+                               str(finetune_source[0])]) == 0, scored
+        captured = capsys.readouterr()
+        change = json.loads(captured.out)["change"]
+        assert set(change) == {"em", "em_question", "fc", "fc_question"}  # no --data: no perplexity
+        for key, c in change.items():
+            assert c == {"baseline": base[key], "change": round(100 * (row[key] - base[key]), 2), "unit": "points"}
+        assert f"em {row['em']:.4g} (" in captured.err
+    assert len((out / "baseline_scores.jsonl").read_text().splitlines()) == 1  # the second check read it
+
 
 def test_forgetting_is_read_in_the_same_windows_whatever_the_runs_eval_batch_size(finetune_source, tiny_data_dir,
                                                                                   tmp_path):
@@ -470,3 +484,14 @@ def test_facts_without_fastbpe_is_one_line_and_status_2(tiny_data_dir, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and err[-1].startswith("python -m xlm_pkm.experiments.facts: error: fastBPE command-line tool")
     assert not any("Traceback" in line for line in err)
+
+
+def test_changes_from_a_baseline_are_points_and_perplexity_percent():
+    from xlm_pkm.experiments.continual import changes
+
+    got = changes({"em": 0.4, "fc": 0.8, "valid_ppl": 48.6, "test_acc": 0.25, "em_question": None},
+                  {"em": 0.2, "fc": 0.2, "valid_ppl": 30.0, "test_acc": 0.3, "em_question": 0.1})
+    assert got == {"em": {"baseline": 0.2, "change": 20.0, "unit": "points"},
+                   "fc": {"baseline": 0.2, "change": 60.0, "unit": "points"},
+                   "valid_ppl": {"baseline": 30.0, "change": 62.0, "unit": "percent"},
+                   "test_acc": {"baseline": 0.3, "change": -5.0, "unit": "points"}}

@@ -3,6 +3,9 @@
     python -m xlm_pkm.experiments.continual score CHECKPOINT --facts DIR --data data/processed/sample \\
         --model memory --method lora --setting rank=8 --seed 0 --out results.jsonl     # appends one row
     python -m xlm_pkm.experiments.continual score CHECKPOINT --facts DIR                # a one-off check: printed
+    python -m xlm_pkm.experiments.continual score CHECKPOINT --facts DIR --data DIR --baseline BASE.pt
+                                                              # ... and each score's change from the model it
+                                                              # was finetuned from (scored once, then remembered)
     python -m xlm_pkm.experiments.continual report results.jsonl --out results/continual  # continual_report.py
 
 Learning: exact match (EM) on the trained prompt and on the question form never trained on, forced choice
@@ -15,6 +18,9 @@ the run's eval batch size (a facts run evaluates its few-token valid split one r
 otherwise would change the perplexity); the report gives each one's change from the pretrained model of the
 same kind. Without --data only the facts are scored; --model, --method, --setting
 and --seed are the study's labels, which the report needs and a one-off check does not.
+--baseline scores the model a checkpoint was finetuned from alike, and adds each score's change (`change`:
+points for EM and forced choice, percent for perplexity); the baseline's row is remembered in the facts dir
+(BASELINES, keyed by the checkpoint file's hash, the data dir and --max-batches), so the next check reads it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,9 @@ from xlm_pkm.experiments.fact_scores import fact_scores
 from xlm_pkm.experiments.facts import load_facts
 
 CORPUS_ROWS = 16  # rows of the pretraining corpus's valid and test batches, the same for every checkpoint scored
+BASELINES = "baseline_scores.jsonl"  # in a facts dir: the --baseline rows already scored
+CHANGES = {"em": "points", "em_question": "points", "fc": "points", "fc_question": "points",  # the scores compared
+           "valid_ppl": "percent", "test_ppl": "percent", "test_acc": "points"}
 
 
 @torch.no_grad()
@@ -75,6 +84,35 @@ def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Pa
     return row
 
 
+def baseline_scores(path: str | Path, facts_dir: str | Path, data_dir: str | Path | None, max_batches: int) -> dict:
+    """score_checkpoint of the baseline `path`, read from the facts dir's BASELINES when scored before alike."""
+    from xlm_pkm.data.meta import file_digest
+
+    key = {"blake2b": file_digest(Path(path)), "data": None if data_dir is None else str(Path(data_dir).resolve()),
+           "max_batches": max_batches}
+    remembered = Path(facts_dir) / BASELINES
+    lines = remembered.read_text(encoding="utf-8").splitlines() if remembered.exists() else []
+    for line in lines:
+        entry = json.loads(line)
+        if entry["key"] == key:
+            return entry["row"]
+    row = score_checkpoint(path, facts_dir, data_dir, max_batches)
+    with open(remembered, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"key": key, "row": row}) + "\n")
+    return row
+
+
+def changes(row: dict, baseline: dict) -> dict:
+    """Each CHANGES score's change from the baseline: EM, forced choice and accuracy in points (x100), perplexity in
+    percent of the baseline's."""
+    out = {}
+    for key, unit in CHANGES.items():
+        if row.get(key) is not None and baseline.get(key) is not None:
+            delta = 100 * (row[key] / baseline[key] - 1) if unit == "percent" else 100 * (row[key] - baseline[key])
+            out[key] = {"baseline": baseline[key], "change": round(delta, 2), "unit": unit}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m xlm_pkm.experiments.continual", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -88,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     score.add_argument("--seed", type=int, help="study label: the seed of the facts and the finetuning run")
     score.add_argument("--max-batches", type=int, default=0, help="valid and test batches (0: the whole splits)")
     score.add_argument("--out", help="JSONL file the row is appended to (else printed only)")
+    score.add_argument("--baseline", metavar="CHECKPOINT",
+                       help="the model CHECKPOINT was finetuned from: adds each score's change from it (scored once, "
+                            f"then remembered in the facts dir's {BASELINES})")
     report = sub.add_parser("report", help="report.md and the figure from a JSONL file of scores")
     report.add_argument("results")
     report.add_argument("--out", required=True, help="output directory")
@@ -105,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             labels = {key: getattr(args, key) for key in ("model", "method", "setting", "seed")}
             row = {**{key: value for key, value in labels.items() if value is not None},
                    **score_checkpoint(args.checkpoint, args.facts, args.data, args.max_batches)}
+            if args.baseline:
+                row["change"] = changes(row, baseline_scores(args.baseline, args.facts, args.data, args.max_batches))
+                print("; ".join(f"{key} {row[key]:.4g} ({c['change']:+.1f} {c['unit']} from {c['baseline']:.4g})"
+                                for key, c in row["change"].items()), file=sys.stderr)
             if args.out:
                 with open(args.out, "a", encoding="utf-8") as f:
                     f.write(json.dumps(row) + "\n")
