@@ -2,7 +2,7 @@
 settings (memory.pair_candidates, memory.score_precision) side by side.
 
     python3 benchmarks/key_search_speed.py [--device cuda] [--tokens 8192] [--n-keys 128 512 1024] [--out FILE]
-        [--pair-candidates all winnable] [--score-precision float32 tf32 bfloat16]
+        [--pair-candidates all winnable] [--score-precision float32 tf32 bfloat16] [--compile]
 
 At the training benchmark's shapes (8,192 tokens, 4 heads, 512 sub-keys of 256 per half, knn 32:
 q (N, G=8, d), keys (G, S, d)), median times of
@@ -15,7 +15,8 @@ torch.topk alone on the (N, G, S) scores and on the second stage's pair scores (
 winnable pairs only (N, heads, P: P = 119 at knn 32); and the whole search (keys.ProductKeys, forward and
 backward) for each --pair-candidates x --score-precision, with the share of its chosen slots that float32 does
 not choose (keys.selection_differences, on these random queries and the keys' init: a trained memory's may
-differ). Each --n-keys in turn, in one process. Writes dumped/bench/key_search_speed_<device>.json.
+differ), compiled with --compile (as in training: the float32 rescoring of a lower precision's choice then
+fuses with its gather). Each --n-keys in turn, in one process. Writes dumped/bench/key_search_speed_<device>.json.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ def n_keys_rows(args, n_keys: int, device: torch.device) -> list[dict]:
     for name, x in {"scores": scores, "pair scores": pairs, "winnable pair scores": winnable}.items():
         steps[f"{name}: torch.topk"] = functools.partial(torch.topk, x, K, dim=-1)
 
-    searches, differences = {}, {}
+    differences = {}
     query = torch.randn(N, H, args.k_dim, device=device, generator=gen).requires_grad_()  # (N, heads, k_dim)
     for candidates, precision in itertools.product(args.pair_candidates, args.score_precision):
         cfg = MemoryConfig(n_keys=n_keys, k_dim=args.k_dim, heads=H, knn=K, pair_candidates=candidates,
@@ -91,11 +92,12 @@ def n_keys_rows(args, n_keys: int, device: torch.device) -> list[dict]:
         search = KEY_SEARCHES["product"](cfg).to(device)
         name = f"search[{candidates}, {precision}] forward+backward"
         differences[name] = selection_differences(search, query.detach())
+        run = torch.compile(search.search) if args.compile else search.search
 
-        def step(search=search):
+        def step(search=search, run=run):
             query.grad = None
             search.zero_grad(set_to_none=True)
-            search.search(query)[0].backward(grad[:, :H])
+            run(query)[0].backward(grad[:, :H])
         steps[name] = step
 
     rows = []
@@ -123,6 +125,7 @@ def main() -> None:
                         help="memory.pair_candidates of the whole searches timed")
     parser.add_argument("--score-precision", nargs="+", choices=SCORE_PRECISIONS, default=SCORE_PRECISIONS,
                         help="memory.score_precision of top_scores and of the whole searches timed")
+    parser.add_argument("--compile", action="store_true", help="the whole searches under torch.compile")
     parser.add_argument("--out", help="default: dumped/bench/key_search_speed_<device>.json")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -131,7 +134,7 @@ def main() -> None:
               "settings": {"tokens": args.tokens, "groups": 2 * args.heads, "sub_keys": args.n_keys,
                            "half_dim": args.k_dim // 2, "knn": args.knn, "repeats": args.repeats,
                            "statistic": "median", "pair_candidates": args.pair_candidates,
-                           "score_precision": args.score_precision},
+                           "score_precision": args.score_precision, "compiled_searches": args.compile},
               "machine": machine_info(args.device), "results": rows}
     write_result(result, args, "key_search_speed")
 

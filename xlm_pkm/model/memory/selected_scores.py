@@ -17,7 +17,8 @@ benchmarks/results/key_search_speed_cuda_before.json). The CPU keeps the selecte
 (N, G, S) tensor; the two ways were not timed against each other there.
 The forward scores the tokens in chunks of at most SCORES_AT_ONCE scores: a flat search over 1M slots
 (the paper's Table 4) would otherwise hold all N·G·S of them, 72 GiB at 8k tokens and 4 heads (or, scoring in
-a lower precision, of the chosen keys, N·G·knn·d, when more).
+a lower precision, of the chosen keys and their products with q, 2·N·G·knn·d, when more; compiled, the
+rescoring fuses and holds neither).
 
 The keys' gradient is built with fixed shapes: the lookups sorted by key (slot_groups.slot_runs), each of the
 G·S keys one bag of an embedding bag, empty when unread. No count of the distinct keys read, so no host sync and
@@ -95,7 +96,7 @@ def top_scores(q: torch.Tensor, keys: torch.Tensor, knn: int,
     group by inner product, scores descending; the same values as einsum + topk. precision: of the products
     that choose the keys, float32 | tf32 | bfloat16 (module docstring); the scores returned are in q's dtype."""
     G, S, d = keys.shape
-    held = S if precision == "float32" else max(S, knn * d)  # per (token, group): scores, or the chosen keys
+    held = S if precision == "float32" else max(S, 2 * knn * d)  # per (token, group): scores, or the chosen keys
     tokens_at_once = max(1, SCORES_AT_ONCE // (G * held))
     with torch.no_grad():  # each chunk from (n, G, S) scores
         if precision == "float32":
@@ -121,7 +122,8 @@ def rescored(q: torch.Tensor, keys: torch.Tensor, indices: torch.Tensor) -> tupl
     """q: (n, G, d), keys: (G, S, d), indices (n, G, K) -> (scores, indices) (n, G, K): the chosen keys' scores
     q · keys[g, idx] in q's dtype, sorted descending, and their indices in that order."""
     chosen = keys[torch.arange(keys.shape[0], device=keys.device)[:, None], indices]  # (n, G, K, d)
-    scores, order = torch.einsum("ngd,ngkd->ngk", q, chosen).sort(dim=-1, descending=True)
+    # a product and a sum, not einsum's batched matmul: compiled, they fuse with the gather (no (n, G, K, d) tensor)
+    scores, order = (q[:, :, None] * chosen).sum(-1).sort(dim=-1, descending=True)
     return scores, indices.gather(-1, order)
 
 
