@@ -1,7 +1,8 @@
 """The key search's options against independent references: the winnable pairs (memory.pair_candidates) and the
 lower score precisions (memory.score_precision) against brute force over every slot and a float64 recomputation;
-the keys' gradient with fixed shapes (selected_scores.selected_grads) bit for bit against the grouping by distinct
-keys it replaced; no graph break from the search under torch.compile."""
+the Triton selection of the half scores (memory.half_topk) against torch.topk; the keys' gradient with fixed
+shapes (selected_scores.selected_grads) bit for bit against the grouping by distinct keys it replaced; no graph
+break from the search under torch.compile."""
 
 import pytest
 import torch
@@ -202,7 +203,8 @@ def test_keys_gradient_with_fixed_shapes_is_bitwise_the_distinct_keys_grouping(d
 
 
 @pytest.mark.parametrize("options", [dict(), dict(pair_candidates="winnable", score_precision="tf32"),
-                                     dict(key_type="flat", score_precision="bfloat16")])
+                                     dict(key_type="flat", score_precision="bfloat16"),
+                                     dict(half_topk="triton", score_precision="bfloat16")])
 def test_search_and_its_backward_trace_as_one_graph(options):
     """No graph break from the key search (its backward included) under torch.compile."""
     keys = KEY_SEARCHES[options.get("key_type", "product")](MemoryConfig(n_keys=8, k_dim=8, heads=2, knn=4,
@@ -210,3 +212,48 @@ def test_search_and_its_backward_trace_as_one_graph(options):
     q = torch.randn(16, 2, 8, requires_grad=True)
     explained = torch._dynamo.explain(lambda q: keys.search(q)[0].square().sum())(q)
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
+
+
+@pytest.mark.parametrize("S,knn,dtype", [(128, 32, torch.float32), (37, 5, torch.float32), (200, 16, torch.bfloat16),
+                                         (64, 8, torch.float64), (1024, 4, torch.float32)])
+def test_triton_row_topk_is_torch_topk(S, knn, dtype):
+    """The Triton selection kernel (under TRITON_INTERPRET=1 without a GPU) against torch.topk: the same values,
+    each index a distinct position holding its value; random rows and rows of few distinct values (ties)."""
+    pytest.importorskip("triton")
+    from xlm_pkm.model.memory.triton_topk import row_topk
+
+    gen = torch.Generator().manual_seed(S)
+    for scores in [torch.randn(3, 2, S, generator=gen), torch.randint(-2, 3, (3, 2, S), generator=gen).float()]:
+        scores = scores.to(dtype)
+        values, indices = row_topk(scores, knn)
+        assert values.dtype == dtype and indices.dtype == torch.int64 and values.shape == (3, 2, knn)
+        assert torch.equal(values, scores.topk(knn).values)
+        assert torch.equal(scores.gather(-1, indices), values)
+        assert all(len(set(row)) == knn for row in indices.view(-1, knn).tolist())
+
+
+@pytest.mark.parametrize("options", [dict(), dict(pair_candidates="winnable", score_precision="tf32")])
+def test_triton_half_topk_search_equals_brute_force_and_torch(options):
+    pytest.importorskip("triton")
+    triton = product_keys(16, 8, 2, 5, half_topk="triton", **options)
+    assert_exact_topk(triton, torch.randn(24, 2, 8))
+    q = torch.randn(24, 2, 8, requires_grad=True)
+    scores, indices = triton.search(q)
+    grads = torch.autograd.grad(scores.square().sum(), [q, triton.weight])
+    torch_topk = product_keys(16, 8, 2, 5, **options)
+    ref_scores, ref_indices = torch_topk.search(q)
+    ref_grads = torch.autograd.grad(ref_scores.square().sum(), [q, torch_topk.weight])
+    assert torch.equal(scores, ref_scores) and torch.equal(indices, ref_indices)  # no ties
+    for g, r in zip(grads, ref_grads):
+        assert torch.equal(g, r)
+
+
+def test_triton_half_topk_op_has_a_faithful_fake_and_says_where_it_runs(monkeypatch):
+    pytest.importorskip("triton")
+    from xlm_pkm.model.memory.selected_scores import register_row_topk
+
+    register_row_topk()
+    torch.library.opcheck(torch.ops.xlm_pkm.row_topk.default, (torch.randn(3, 2, 20), 4))
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(ValueError, match="memory.half_topk=triton needs a CUDA device"):
+        torch.ops.xlm_pkm.row_topk(torch.randn(2, 8), 3)

@@ -101,6 +101,8 @@ class MemoryConfig:
     # the products that choose the keys (product: half scores, flat: scores) in float32 | tf32 (CUDA) | bfloat16,
     # the chosen keys' scores then recomputed in float32 (selected_scores.py)
     score_precision: Literal["float32", "tf32", "bfloat16"] = "float32"
+    # product keys: each half's knn best sub-keys by torch.topk | triton (a selection kernel, triton_topk.py)
+    half_topk: Literal["torch", "triton"] = "torch"
     # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
     share_keys: bool = field(default=False, metadata=architecture())
     # softmax(scores / temperature) over the selected keys; 1: the paper

@@ -32,11 +32,15 @@ scores returned, and their gradients, are those of float32 for the keys chosen; 
 near the knn-th score (keys.selection_differences measures how often). TF32 is scoped to its product by a
 custom op (xlm_pkm::tf32_scores, registered when a search asks for it), which torch.compile keeps whole; a
 flag set around a product in traced code would be dropped from the graph.
+
+Selection (memory.half_topk, product keys): each row's knn best by torch.topk, or by a Triton kernel that takes
+the row's maximum knn times (triton_topk.py; the op xlm_pkm::row_topk, registered when a search asks for it).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -90,24 +94,32 @@ def dense_grads(q, keys, indices, grad, need_q: bool, need_keys: bool):
     return grad_q, grad_keys
 
 
-def top_scores(q: torch.Tensor, keys: torch.Tensor, knn: int,
-               precision: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+def top_scores(q: torch.Tensor, keys: torch.Tensor, knn: int, precision: str = "float32",
+               select: str = "torch") -> tuple[torch.Tensor, torch.Tensor]:
     """q: (N, G, d), keys: (G, S, d) -> (scores, indices), each (N, G, knn): the knn best keys of each
     group by inner product, scores descending; the same values as einsum + topk. precision: of the products
-    that choose the keys, float32 | tf32 | bfloat16 (module docstring); the scores returned are in q's dtype."""
+    that choose the keys, float32 | tf32 | bfloat16 (module docstring); the scores returned are in q's dtype.
+    select: what takes each row's knn best, torch (torch.topk) | triton (triton_topk.py, rows up to a few
+    thousand scores)."""
     G, S, d = keys.shape
     held = S if precision == "float32" else max(S, 2 * knn * d)  # per (token, group): scores, or the chosen keys
     tokens_at_once = max(1, SCORES_AT_ONCE // (G * held))
     with torch.no_grad():  # each chunk from (n, G, S) scores
         if precision == "float32":
-            best = [torch.einsum("ngd,gsd->ngs", chunk, keys).topk(knn, dim=-1) for chunk in q.split(tokens_at_once)]
+            best = [best_of(torch.einsum("ngd,gsd->ngs", chunk, keys), knn, select)
+                    for chunk in q.split(tokens_at_once)]
         else:
-            best = [rescored(chunk, keys, score_products(chunk, keys, precision).topk(knn, dim=-1).indices)
+            best = [rescored(chunk, keys, best_of(score_products(chunk, keys, precision), knn, select)[1])
                     for chunk in q.split(tokens_at_once)]
         scores, indices = (torch.cat(parts) for parts in zip(*best)) if len(best) > 1 else best[0]
     if torch.is_grad_enabled() and (q.requires_grad or keys.requires_grad):
         scores = _SelectedScores.apply(q, keys, indices, scores)
     return scores, indices
+
+
+def best_of(scores: torch.Tensor, knn: int, select: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """scores (..., S) -> the knn best of each row and their indices (..., knn), descending (top_scores' select)."""
+    return scores.topk(knn, dim=-1) if select == "torch" else torch.ops.xlm_pkm.row_topk(scores, knn)
 
 
 def score_products(q: torch.Tensor, keys: torch.Tensor, precision: str) -> torch.Tensor:
@@ -147,3 +159,26 @@ def register_tf32_scores() -> None:
     @tf32_scores.register_fake
     def _(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
         return q.new_empty(q.shape[0], keys.shape[0], keys.shape[1])
+
+
+@functools.cache
+def register_row_topk() -> None:
+    """Registers torch.ops.xlm_pkm.row_topk(scores (..., S), knn) -> (values, indices) (..., knn): the Triton
+    selection kernel (triton_topk.py) as an op that torch.compile keeps whole; called when a search with
+    half_topk=triton is built."""
+    if hasattr(torch.ops.xlm_pkm, "row_topk"):  # registered by another copy of this module (an exported model)
+        return
+
+    @torch.library.custom_op("xlm_pkm::row_topk", mutates_args=())
+    def row_topk(scores: torch.Tensor, knn: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if scores.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+            raise ValueError(f"memory.half_topk=triton needs a CUDA device (the scores are on {scores.device}; "
+                             f"TRITON_INTERPRET=1 runs the kernel on the CPU, slowly, for testing)")
+        from xlm_pkm.model.memory.triton_topk import row_topk as kernel  # imports Triton only when used
+
+        return kernel(scores, knn)
+
+    @row_topk.register_fake
+    def _(scores: torch.Tensor, knn: int) -> tuple[torch.Tensor, torch.Tensor]:
+        shape = (*scores.shape[:-1], knn)
+        return scores.new_empty(shape), scores.new_empty(shape, dtype=torch.int64)
