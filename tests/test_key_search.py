@@ -257,3 +257,40 @@ def test_triton_half_topk_op_has_a_faithful_fake_and_says_where_it_runs(monkeypa
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with pytest.raises(ValueError, match="memory.half_topk=triton needs a CUDA device"):
         torch.ops.xlm_pkm.row_topk(torch.randn(2, 8), 3)
+
+
+def float64_product_scores(keys, q):
+    """q (N, H, k_dim) -> (N, H, n_keys²): every slot's score from the two halves' sub-keys, in float64."""
+    halves = torch.einsum("nhpd,hpsd->nhps", q.double().view(*q.shape[:2], 2, -1), keys.weight.double())
+    return (halves[:, :, 0, :, None] + halves[:, :, 1, None, :]).flatten(2)  # slot i·n_keys + j
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("compiled", [False, True])
+def test_cuda_searches_at_the_paper_shapes(compiled):
+    """On a GPU, eager and compiled: every setting's search at 512² slots, knn 32 against float64 brute force
+    (the scores float32's for the slots chosen; exact settings: the brute force's knn best; a lower precision:
+    all but a few of float32's slots), TF32 left as it was, and the Triton selection equal to torch.topk on
+    128- to 1,024-wide rows."""
+    from xlm_pkm.model.memory.triton_topk import row_topk
+
+    for S in [128, 512, 1024]:
+        scores = torch.randn(4096, 8, S, device="cuda")
+        values, indices = row_topk(scores, 32)
+        assert torch.equal(values, scores.topk(32).values) and torch.equal(scores.gather(-1, indices), values)
+    allowed = torch.backends.cuda.matmul.allow_tf32
+    q = torch.randn(256, 4, 512, device="cuda")
+    for options in [dict(pair_candidates="winnable"), dict(score_precision="tf32"), dict(score_precision="bfloat16"),
+                    dict(half_topk="triton"), dict(pair_candidates="winnable", score_precision="tf32",
+                                                   half_topk="triton")]:
+        keys = product_keys(512, 512, 4, 32, **options).cuda()
+        search = torch.compile(keys.search, fullgraph=True) if compiled else keys.search
+        with torch.no_grad():
+            scores, indices = search(q)
+            full = float64_product_scores(keys, q)  # (N, H, 512²)
+        assert torch.backends.cuda.matmul.allow_tf32 == allowed
+        torch.testing.assert_close(scores.double(), full.gather(-1, indices), rtol=0, atol=1e-5)
+        if "score_precision" not in options:  # exact: the brute force's knn best
+            torch.testing.assert_close(scores.double(), full.topk(32).values, rtol=0, atol=1e-5)
+        else:
+            assert selection_differences(keys, q) < 0.01, options
