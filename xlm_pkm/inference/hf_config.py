@@ -36,6 +36,7 @@ MODEL_MODULES = (  # for modeling_xlm_pkm.py (inference/hf_modeling.py): Transfo
     "xlm_pkm.model.memory.keys",
     "xlm_pkm.model.memory.scores",
     "xlm_pkm.model.memory.selected_scores",
+    "xlm_pkm.model.memory.triton_topk",
     "xlm_pkm.model.memory.slot_groups",
     "xlm_pkm.model.memory.stats",
     "xlm_pkm.model.memory.dtypes",

@@ -5,6 +5,7 @@ memory. A new memory design goes here.
                           MemoryConfig, its settings (each variant's section beside the variant)
     keys.py               key searches by name (KEY_SEARCHES): product keys, flat keys (Table 4)
     selected_scores.py    the search's top scores, with a backward through the selected keys only
+    triton_topk.py        the knn best of each row of half scores as a Triton kernel (memory.half_topk)
     scores.py             score functions by name (SCORE_FUNCTIONS): softmax, relu, identity
     value_stores.py       value stores by name (VALUE_STORES): the paper's one table
     peer.py               PEER's single-neuron experts, a value store (He 2024); PeerConfig

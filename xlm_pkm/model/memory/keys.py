@@ -24,6 +24,16 @@ in the OLMoE configuration it builds on). For a piece v of width d:
 
     LN(v) = g ⊙ (v - mean(v)) / sqrt(var(v) + 1e-5)            var: the biased variance over the d entries
 
+pair_candidates (product keys): the pairs of the two halves' knn best sub-keys scored to find the knn best
+slots: "all" knn² of them, or "winnable" only those that can be among the knn best (below): the same scores.
+
+score_precision (product keys' half scores, flat keys' scores; tucker scores in float32): the products that
+choose the keys in float32, TF32 (on CUDA) or bfloat16, the chosen keys' scores then computed again in float32
+(selected_scores.py); selection_differences(keys, q) says how often the choice differs from float32's.
+
+half_topk (product keys): each half's knn best sub-keys by torch.topk, or by a Triton selection kernel
+(triton_topk.py): the same scores.
+
 A new key structure is one class here, registered under its name (the value of model.memory.key_type),
 and an entry in tests/test_memory.py's brute-force cases.
 """
@@ -38,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from xlm_pkm.model.memory.dtypes import at_least_float32
-from xlm_pkm.model.memory.selected_scores import top_scores
+from xlm_pkm.model.memory.selected_scores import register_row_topk, register_tf32_scores, top_scores
 from xlm_pkm.registry import Registry
 
 if TYPE_CHECKING:
@@ -77,6 +87,9 @@ class KeySearch(nn.Module, ABC):
         if not 1 <= cfg.knn <= self.max_knn(cfg):
             raise ValueError(f"memory.knn={cfg.knn} must be in [1, {self.max_knn(cfg)}] for "
                              f"key_type={cfg.key_type} with n_keys={cfg.n_keys}")
+        self.score_precision = cfg.score_precision  # of the products that choose the keys (product, flat)
+        if cfg.score_precision == "tf32":
+            register_tf32_scores()
         self.qk_layernorm = cfg.qk_layernorm
         if cfg.qk_layernorm:  # the LayerNorms' gains, (width,) each
             width = cfg.k_dim // self.pieces
@@ -123,6 +136,11 @@ class ProductKeys(KeySearch):
         s1 = q[:k_dim/2] · C,  s2 = q[k_dim/2:] · C'      (n_keys,) each
         top-knn of s1 (i's) and of s2 (j's)               (knn,) each
         s1_i + s2_j for the knn × knn pairs, top-knn     (knn,): no better pair can be outside them
+
+    pair_candidates=winnable scores only the pairs of ranks (a, b) (0-based, in the two descending lists) with
+    (a+1)(b+1) <= knn (119 of 1,024 at knn = 32): the (a+1)(b+1) - 1 pairs of ranks (<= a, <= b) score at
+    least as high, so a pair beyond that bound has knn better or equal ones among the winnable (each rectangle
+    of ranks larger than knn holds knn winnable pairs) and the knn best scores are the same.
     """
 
     shares_keys = True
@@ -135,6 +153,12 @@ class ProductKeys(KeySearch):
         self.n_keys = cfg.n_keys
         # (H or 1, 2, n_keys, k_dim/2)
         self.weight = uniform_keys(1 if cfg.share_keys else cfg.heads, 2, cfg.n_keys, cfg.k_dim // 2)
+        self.half_topk = cfg.half_topk  # what selects each half's knn best: torch | triton
+        if cfg.half_topk == "triton":
+            register_row_topk()
+        # (2, P): the ranks (a, b) of the pairs scored, or None: every one of the knn² (pair_candidates=all)
+        self.register_buffer("pair_ranks", winnable_pairs(cfg.knn) if cfg.pair_candidates == "winnable" else None,
+                             persistent=False)
 
     @classmethod
     def slots(cls, cfg: MemoryConfig) -> int:
@@ -149,12 +173,19 @@ class ProductKeys(KeySearch):
         N, H, K = q.shape[0], self.heads, self.knn
         q, keys = self.normalize(q.view(N, H, 2, self.k_dim // 2), keys)  # (N, H, 2, k_dim/2): the two sub-queries
         keys = keys.expand(H, *keys.shape[1:]).reshape(2 * H, self.n_keys, -1)  # (H·2, n_keys, k_dim/2)
-        half_scores, half_indices = top_scores(q.reshape(N, 2 * H, -1), keys, K)  # (N, H·2, K) each
-        half_scores, half_indices = half_scores.view(N, H, 2, K), half_indices.view(N, H, 2, K)
-        pair_scores = half_scores[:, :, 0, :, None] + half_scores[:, :, 1, None, :]  # (N, H, K, K)
-        scores, best = pair_scores.view(N, H, K * K).topk(K, dim=-1)  # (N, H, K)
-        i = half_indices[:, :, 0].gather(-1, best // K)  # (N, H, K) first-half sub-key of each pick
-        j = half_indices[:, :, 1].gather(-1, best % K)  # (N, H, K) second-half sub-key
+        half_scores, half_indices = top_scores(q.reshape(N, 2 * H, -1), keys, K, self.score_precision,
+                                               self.half_topk)  # (N, H·2, K) each
+        half_scores, half_indices = half_scores.view(N, H, 2, K), half_indices.view(N, H, 2, K)  # each descending
+        if self.pair_ranks is None:  # every pair (a, b), as a·K + b
+            pair_scores = half_scores[:, :, 0, :, None] + half_scores[:, :, 1, None, :]  # (N, H, K, K)
+            scores, best = pair_scores.view(N, H, K * K).topk(K, dim=-1)  # (N, H, K)
+            a, b = best // K, best % K  # (N, H, K) each: the picks' ranks in the two halves
+        else:  # the winnable pairs only
+            first, second = self.pair_ranks  # (P,) each
+            scores, best = (half_scores[:, :, 0, first] + half_scores[:, :, 1, second]).topk(K, dim=-1)  # (N, H, K)
+            a, b = first[best], second[best]
+        i = half_indices[:, :, 0].gather(-1, a)  # (N, H, K) first-half sub-key of each pick
+        j = half_indices[:, :, 1].gather(-1, b)  # (N, H, K) second-half sub-key
         return scores, i * self.n_keys + j
 
     def full_keys(self) -> torch.Tensor:
@@ -181,7 +212,29 @@ class FlatKeys(KeySearch):
 
     def search(self, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, keys = self.normalize(at_least_float32(q), at_least_float32(self.weight))
-        return top_scores(q, keys.expand(self.heads, *keys.shape[1:]), self.knn)  # keys: (H, n_slots, k_dim)
+        keys = keys.expand(self.heads, *keys.shape[1:])  # (H, n_slots, k_dim)
+        return top_scores(q, keys, self.knn, self.score_precision)
 
     def full_keys(self) -> torch.Tensor:
         return self.weight.expand(self.heads, *self.weight.shape[1:])
+
+
+def winnable_pairs(knn: int) -> torch.Tensor:
+    """(2, P): the ranks (a, b) of the pairs that can be among the knn best of two descending lists of knn,
+    (a+1)(b+1) <= knn, in row-major order (P = Σ_r floor(knn / r))."""
+    pairs = [(a, b) for a in range(knn) for b in range(knn // (a + 1))]  # no data-dependent op: meta devices too
+    return torch.tensor(pairs).T.contiguous()
+
+
+def selection_differences(search: KeySearch, q: torch.Tensor) -> float:
+    """The share of the slots search.search(q) chooses that the same search scoring in float32 does not
+    choose, over q's (N, heads) lookups: how often search.score_precision changes the choice."""
+    precision = search.score_precision
+    with torch.no_grad():
+        _, chosen = search.search(q)  # (N, H, K)
+        search.score_precision = "float32"
+        try:
+            _, exact = search.search(q)
+        finally:
+            search.score_precision = precision
+    return 1 - (chosen[..., :, None] == exact[..., None, :]).any(-1).double().mean().item()

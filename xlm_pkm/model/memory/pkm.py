@@ -95,6 +95,14 @@ class MemoryConfig:
     # LayerNorm queries and keys (product, tucker: each half and sub-key) before scoring, learned gains, no bias
     # (UltraMem's query/key LN, keys.py)
     qk_layernorm: bool = field(default=False, metadata=architecture())
+    # product keys: the pairs of the halves' knn best scored, all knn² | winnable: only those that can be among the
+    # knn best, (a+1)(b+1) <= knn for ranks a, b (keys.py; the same slots)
+    pair_candidates: Literal["all", "winnable"] = "all"
+    # the products that choose the keys (product: half scores, flat: scores) in float32 | tf32 (CUDA) | bfloat16,
+    # the chosen keys' scores then recomputed in float32 (selected_scores.py)
+    score_precision: Literal["float32", "tf32", "bfloat16"] = "float32"
+    # product keys: each half's knn best sub-keys by torch.topk | triton (a selection kernel, triton_topk.py)
+    half_topk: Literal["torch", "triton"] = "torch"
     # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
     share_keys: bool = field(default=False, metadata=architecture())
     # softmax(scores / temperature) over the selected keys; 1: the paper
