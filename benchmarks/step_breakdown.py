@@ -50,6 +50,7 @@ SETTINGS = {
     "custom_op": ["model.memory.read_op=custom_op"],  # the read one node of the compiled graph
     "winnable": ["model.memory.pair_candidates=winnable"],  # only the pairs that can reach the top k
     "tf32": ["model.memory.score_precision=tf32"],  # the search's score products in TF32
+    "half_topk": ["model.memory.half_topk=triton"],  # each half's knn best by a selection kernel, not torch.topk
 }
 VARIANTS = {"off": [], "on": [o for overrides in SETTINGS.values() for o in overrides],
             **{name: overrides for name, overrides in SETTINGS.items()}}
