@@ -91,8 +91,8 @@ def test_compiled_whole_with_the_custom_op(backend, sparse):
     the graph's structure); inductor on a GPU, to float32 rounding (it fuses the operations around the read)."""
     table, indices, weights, grad_out = lookups(torch.float32)
 
-    def around(table, indices, weights):  # operations before and after the read, in the same graph
-        return reader(sparse, backend, "custom_op")(table * 1.5, indices, weights.relu()).tanh()
+    def around(table, indices, weights):  # operations before and after the read, in the same graph; the table a
+        return reader(sparse, backend, "custom_op")(table, indices, weights.relu() * 1.5).tanh()  # leaf, as a model's
 
     expected = read(around, table, indices, weights, grad_out)
     torch._dynamo.reset()

@@ -205,8 +205,8 @@ def fused_read(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
 
 
 def fused_read_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, grad_out: torch.Tensor,
-                     sparse: bool, read_backward: str, table_grad: bool = True,
-                     weights_grad: bool = True) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                     sparse: bool, read_backward: str, table_grad: bool,
+                     weights_grad: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The read's (grad_table, grad_weights), each None unless asked for: both by one kernel with read_backward
     "one_pass" (when both are asked for), else by one kernel each ("two_pass")."""
     if read_backward == "one_pass" and table_grad and weights_grad:
