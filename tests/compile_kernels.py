@@ -20,20 +20,24 @@ from triton.compiler import ASTSource
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from xlm_pkm.model.memory import triton_value_read as kernels  # noqa: E402
 
-POINTER_TYPES = {"indices": "*i64", "order": "*i64", "row_starts": "*i64", "weights": "*fp32", "grad_weights": "*fp32"}
+POINTER_TYPES = {"indices": "*i64", "order": "*i64", "row_starts": "*i64", "slots": "*i64", "weights": "*fp32",
+                 "grad_weights": "*fp32"}
 ELEMENT_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 
 
 def tiles(elem: int) -> dict[str, tuple]:
     """name -> (kernel, its tile constants, warps) at the paper's shapes for a table of `elem`-byte values; the
-    table gradient's tile follows a slot's mean number of reads, so it is compiled at both ends: read once,
-    and 32 times or more."""
+    table gradient's tile (and the one-pass backward's) follows a slot's mean number of reads, so it is compiled
+    at both ends: read once, and 32 times or more."""
     (block_l, block_d), grad = kernels._blocks(128, 1024, elem), kernels._grad_blocks
     return {"_read_kernel": (kernels._read_kernel, {"BLOCK_L": block_l, "BLOCK_D": block_d}, 4),
             "_weights_grad_kernel": (kernels._weights_grad_kernel,
                                      dict(zip(("BLOCK_L", "BLOCK_D"), grad(128, 1024))), 4),
             **{f"_table_grad_kernel@{reads}": (kernels._table_grad_kernel, dict(zip(
+                ("BLOCK_E", "BLOCK_D"), grad(reads, 1024, kernels.TABLE_GRAD_ROWS))), kernels.TABLE_GRAD_WARPS)
+               for reads in (1, 32)},
+            **{f"_one_pass_grad_kernel@{reads}": (kernels._one_pass_grad_kernel, dict(zip(
                 ("BLOCK_E", "BLOCK_D"), grad(reads, 1024, kernels.TABLE_GRAD_ROWS))), kernels.TABLE_GRAD_WARPS)
                for reads in (1, 32)}}
 

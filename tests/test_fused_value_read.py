@@ -1,4 +1,5 @@
-"""The fused Triton value read against a float64 dense re-computation and the PyTorch path.
+"""The fused Triton value read against a float64 dense re-computation and the PyTorch path; its one-pass
+backward (read_backward=one_pass) against both and against the two-pass kernels.
 
 Without a GPU the kernels run under Triton's interpreter (conftest.py sets TRITON_INTERPRET=1), on
 CUDA they run compiled; the same assertions hold for both.
@@ -44,9 +45,9 @@ def dense_reference(table, indices, weights, grad_out):
     return out, grad_table, grad_weights
 
 
-def fused(table, indices, weights, grad_out, sparse):
+def fused(table, indices, weights, grad_out, sparse, read_backward="two_pass"):
     table, weights = table.clone().requires_grad_(), weights.clone().requires_grad_()
-    out = read_values(table, indices, weights, sparse, backend="triton")
+    out = read_values(table, indices, weights, sparse, backend="triton", read_backward=read_backward)
     out.backward(grad_out)
     return out, table.grad, weights.grad
 
@@ -104,12 +105,73 @@ def test_fused_read_of_an_empty_batch():
     assert out.shape == (0, 4) and grad_weights.shape == (0, 4) and grad_table._nnz() == 0
 
 
-def test_memory_layer_with_fused_read_matches_torch_read():
+def assert_backward_matches(table, indices, weights, grad_out, sparse):
+    """read_backward=one_pass against the float64 re-computation and the two-pass kernels: its weights' gradient
+    (float32 sums in both) to float32 rounding, its table gradient to the rounding of the table's dtype."""
+    dtype = table.dtype
+    out, grad_table, grad_weights = fused(table, indices, weights, grad_out, sparse, "one_pass")
+    two_out, two_table, two_weights = fused(table, indices, weights, grad_out, sparse, "two_pass")
+    ref_out, ref_table, ref_weights = dense_reference(table, indices, weights, grad_out)
+    assert grad_table.dtype == dtype and grad_weights.dtype == torch.float32 and grad_table.is_sparse == sparse
+    if sparse:  # one row per distinct slot read, in slot order, as two_pass's
+        assert torch.equal(grad_table._indices(), two_table._indices())
+        grad_table, two_table = grad_table.to_dense(), two_table.to_dense()
+    assert torch.equal(out, two_out)  # the same forward
+    assert_close_scaled(grad_weights, ref_weights, dtype)
+    assert_close_scaled(grad_table, ref_table, dtype)
+    assert_close_scaled(grad_weights, two_weights.double(), torch.float32)
+    assert_close_scaled(grad_table, two_table.double(), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("sparse", [False, True])
+def test_one_pass_backward_matches_dense_recomputation_and_two_passes(dtype, sparse):
+    # slot 3 read by most lookups (36 of 48 at least), 70 columns; unread slots get zero rows in the dense gradient
+    table, indices, weights, grad_out = lookups(n_slots=40, dim=70, tokens=8, per_token=6, dtype=dtype)
+    indices[:, :4] = 3
+    assert_backward_matches(table, indices, weights, grad_out, sparse)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_one_pass_backward_with_tiles_smaller_than_a_row_and_a_run(monkeypatch, sparse):
+    """2 lookups x 16 columns a tile: a hot slot's run (19 of 24 lookups) spans 10 tiles of lookups, each row 3 of
+    columns (the last partial), so each weight's gradient is summed over three turns; every lookup on one slot too."""
+    from xlm_pkm.model.memory import triton_value_read
+
+    monkeypatch.setattr(triton_value_read, "_grad_blocks", lambda rows, D, most_rows=32: (2, 16))
+    table, indices, weights, grad_out = lookups(n_slots=30, dim=40, tokens=6, per_token=4, dtype=torch.float32)
+    indices[:, :2] = 3
+    assert_backward_matches(table, indices, weights, grad_out, sparse)
+    assert_backward_matches(table, indices.fill_(7), weights, grad_out, sparse)
+
+
+def test_one_pass_backward_of_an_empty_batch():
+    table, indices, weights, grad_out = lookups(n_slots=20, dim=4, tokens=0, per_token=4, dtype=torch.float32)
+    _, grad_table, grad_weights = fused(table, indices, weights, grad_out, False, "one_pass")
+    assert grad_weights.shape == (0, 4) and torch.equal(grad_table, torch.zeros_like(table))
+    _, grad_table, grad_weights = fused(table, indices, weights, grad_out, True, "one_pass")
+    assert grad_weights.shape == (0, 4) and grad_table._nnz() == 0
+
+
+def test_one_pass_backward_is_a_triton_option(monkeypatch):
+    """With the torch read (value_read=torch, or auto on CPU) one_pass is refused in one line naming both keys."""
+    with pytest.raises(ValueError, match="model.memory.read_backward=one_pass .* model.memory.value_read=torch"):
+        resolve_backend("torch", torch.device("cpu"), "one_pass")
+    memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, read_backward="one_pass")
+    assert memory.read_backend is None
+    with pytest.raises(ValueError, match="model.memory.read_backward=one_pass .* model.memory.value_read=auto"):
+        memory(torch.randn(4, 16))
+    assert resolve_backend("triton", torch.device("cpu"), "one_pass") == "triton"  # under the interpreter
+
+
+@pytest.mark.parametrize("read_backward", ["two_pass", "one_pass"])
+def test_memory_layer_with_fused_read_matches_torch_read(read_backward):
     x = torch.randn(3, 5, 16, device=DEVICE)
     results = {}
     for backend in ("torch", "triton"):
         torch.manual_seed(0)
-        memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read=backend).to(DEVICE)
+        memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read=backend,
+                                  read_backward=read_backward if backend == "triton" else "two_pass").to(DEVICE)
         memory.sparse_values = True
         assert memory.read_backend == backend
         y = memory(x)
@@ -172,7 +234,7 @@ def test_kernels_compile_for_gpus_without_register_spills():
     usage = json.loads(proc.stdout)
     assert sorted(usage) == sorted(targets)
     for target, kernels in usage.items():
-        assert sorted(kernels) == ["_read_kernel", "_table_grad_kernel@1", "_table_grad_kernel@32",
-                                   "_weights_grad_kernel"]
+        assert sorted(kernels) == ["_one_pass_grad_kernel@1", "_one_pass_grad_kernel@32", "_read_kernel",
+                                   "_table_grad_kernel@1", "_table_grad_kernel@32", "_weights_grad_kernel"]
         for kernel, line in kernels.items():
             assert re.search(r"\bLOCAL:0\b", line) and re.search(r"\bSTACK:0\b", line), (target, kernel, line)

@@ -113,6 +113,10 @@ class MemoryConfig:
     shard_values: bool = False
     # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/memory/value_read.py)
     value_read: Literal["auto", "torch", "triton"] = "auto"
+    # the Triton read's backward: two_pass (a kernel for each gradient) | one_pass (one kernel, each row read once)
+    read_backward: Literal["two_pass", "one_pass"] = "two_pass"
+    # the table read as: eager (torch.compile breaks its graph around it) | custom_op (one node of the graph)
+    read_op: Literal["eager", "custom_op"] = "eager"
     # the selected scores -> the read weights: softmax (the paper) | relu (Csordás et al. 2023) | identity
     # (the raw scores, UltraMem) | any function in model/memory/scores.py
     score: str = field(default="softmax", metadata=architecture(one_of(SCORE_FUNCTIONS)))
@@ -164,7 +168,7 @@ class ProductKeyMemory(nn.Module):
         self.slot_stats = SlotStats(self.n_slots)  # evaluation's reads, while track_stats
         self.output_norms = OutputNorms()  # evaluation's output norms, while track_stats
         self.step_reads: SlotStats | None = None  # training's reads, when set (memory_finetune.py)
-        self.read_backend = choose_backend(cfg.value_read, self.device)
+        self.read_backend = choose_backend(cfg.value_read, self.device, cfg.read_backward)
 
     @property
     def device(self) -> torch.device:
@@ -173,7 +177,7 @@ class ProductKeyMemory(nn.Module):
     def _apply(self, fn, recurse=True):
         """.to(), .cuda(), .double()...: the value-read backend is chosen again for the new device."""
         super()._apply(fn, recurse)
-        self.read_backend = choose_backend(self.cfg.value_read, self.device)
+        self.read_backend = choose_backend(self.cfg.value_read, self.device, self.cfg.read_backward)
         return self
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -181,7 +185,8 @@ class ProductKeyMemory(nn.Module):
         lead = x.shape[:-1]
         x = self.input_dropout(x.reshape(-1, self.input_dim))  # (N, input_dim)
         weights, indices = self.lookup(x)  # (N, H, K[, cores]), (N, H, K); float32 at least
-        backend = self.read_backend or resolve_backend(self.cfg.value_read, self.device)  # None: why
+        backend = self.read_backend or resolve_backend(  # None: why
+            self.cfg.value_read, self.device, self.cfg.read_backward)
         with torch.autocast(x.device.type, enabled=False):
             reads = self.step_reads if self.training else self.slot_stats if self.track_stats else None
             if reads is not None:

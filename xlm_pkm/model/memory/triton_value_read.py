@@ -3,13 +3,18 @@
 Forward: one program per (token, block of columns) gathers the token's L = heads·knn rows and sums
 them in float32, so no (N, L, dim) tensor is formed and each table row is read once per lookup.
 
-Backward:
+Backward, two passes (MemoryConfig.read_backward="two_pass", the default):
   - weights: grad_w[n, l] = grad_out[n] · table[idx[n, l]], one program per (token, block of lookups);
   - table: the lookups are sorted by slot (slot_groups.group_by_slot, the same grouping as the
     reference path), and one program per (distinct slot, block of columns) sums w · grad_out over its
     own run of lookups. Every output row has exactly one writer: no atomics, so no contention on hot
     slots and a deterministic result. The rows come out as the sparse gradient directly, or are
     scattered into a dense one.
+One pass ("one_pass"): one program per slot run gives both, reading the slot's table row once instead of
+once per lookup: for each block of columns, the row's block, then over the run's lookups the table
+gradient's block (Σ w · grad_out) and each lookup's part of its dot (added to grad_w). A dense gradient
+takes every slot's run (slot_groups.slot_runs: fixed shapes, no host sync, unread slots get zero rows);
+a sparse one the distinct slots read (group_by_slot: their count is the gradient's size, one host sync).
 Any float table dtype (float32, float16, bfloat16); accumulation is float32 throughout.
 
 On a machine without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set
@@ -28,7 +33,7 @@ try:  # imported only where Triton is installed (value_read.py); transformers' r
 except ImportError as e:
     raise ImportError(f"the fused value read needs Triton ({e}): use model.memory.value_read=torch") from None
 
-from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
+from xlm_pkm.model.memory.slot_groups import group_by_slot, slot_runs, table_gradient
 
 
 @triton.jit
@@ -86,6 +91,33 @@ def _table_grad_kernel(grad_out, weights, order, row_starts, rows_out, L, D,
     tl.store(rows_out + u * D + cols, acc.to(rows_out.dtype.element_ty), mask=cols_ok)
 
 
+@triton.jit
+def _one_pass_grad_kernel(table, grad_out, weights, slots, order, row_starts, rows_out, grad_weights, L, D,
+                          BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
+    u = tl.program_id(0).to(tl.int64)  # the u-th run: the lookups of slot slots[u]
+    slot = tl.load(slots + u)
+    first = tl.load(row_starts + u)
+    end = tl.load(row_starts + u + 1)
+    for col_start in range(0, D, BLOCK_D):
+        cols = col_start + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
+        cols_ok = cols < D
+        row = tl.load(table + slot * D + cols, mask=cols_ok, other=0).to(tl.float32)  # (BLOCK_D,) once a run
+        acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        for start in range(first, end, BLOCK_E):
+            entry = start + tl.arange(0, BLOCK_E)  # (BLOCK_E,) positions in the sorted lookups
+            entry_ok = entry < end
+            lookup = tl.load(order + entry, mask=entry_ok, other=0)  # (BLOCK_E,) flat index n * L + l
+            w = tl.load(weights + lookup, mask=entry_ok, other=0).to(tl.float32)
+            g = tl.load(grad_out + (lookup // L)[:, None] * D + cols[None, :],
+                        mask=entry_ok[:, None] & cols_ok[None, :], other=0).to(tl.float32)  # (BLOCK_E, BLOCK_D)
+            acc += tl.sum(w[:, None] * g, axis=0)
+            dots = tl.sum(g * row[None, :], axis=1)  # (BLOCK_E,) these columns' part of each lookup's dot
+            dots += tl.load(grad_weights + lookup, mask=entry_ok & (col_start > 0), other=0)
+            tl.store(grad_weights + lookup, dots, mask=entry_ok)  # float32; each lookup is in one run only
+        tl.store(rows_out + u * D + cols, acc.to(rows_out.dtype.element_ty), mask=cols_ok)
+        tl.debug_barrier()  # the next block of columns reads back grad_weights, maybe from other threads
+
+
 def _blocks(L: int, D: int, elem: int) -> tuple[int, int]:
     """The read's (lookups, columns) per tile, powers of two: 2 KB of each row (512 float32 columns, 1,024
     bfloat16) and 16K elements at most (a (32, 512) tile in float32, (16, 1,024) in bfloat16: no spilled
@@ -137,32 +169,73 @@ def fused_slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch
     return slots, rows
 
 
+def one_pass_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, grad_out: torch.Tensor,
+                   sparse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """table (S, D), indices, weights (N, L), grad_out (N, D) -> the read's (grad_table, grad_weights) by one kernel
+    that reads each slot's row once (module docstring). Dense: one run per slot, no host sync; sparse: one per
+    distinct slot read, whose count (the sparse gradient's size) is one host sync."""
+    table, indices, weights, grad_out = (t.contiguous() for t in (table, indices, weights, grad_out))
+    (N, L), (S, D) = indices.shape, table.shape
+    if sparse:
+        slots, order, row_starts = group_by_slot(indices)  # (U,), (N*L,), (U + 1,)
+    else:
+        slots = torch.arange(S, device=table.device)  # (S,): every slot a run, empty when unread
+        order, row_starts = slot_runs(indices, S)  # (N*L,), (S + 1,)
+    rows = torch.empty(slots.numel(), D, dtype=table.dtype, device=table.device)  # (U or S, D)
+    grad_weights = torch.empty(N, L, dtype=torch.float32, device=table.device)
+    if slots.numel():
+        block_e, block_d = _grad_blocks(indices.numel() / slots.numel(), D, TABLE_GRAD_ROWS)  # a run's mean length
+        _one_pass_grad_kernel[(slots.numel(),)](table, grad_out, weights, slots, order, row_starts, rows,
+                                                grad_weights, L, D, BLOCK_E=block_e, BLOCK_D=block_d,
+                                                num_warps=TABLE_GRAD_WARPS)
+    grad_table = table_gradient(slots, rows, table.shape, sparse=True) if sparse else rows
+    return grad_table, grad_weights.to(weights.dtype)
+
+
+def fused_read(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in the table's dtype (the forward)."""
+    table, indices, weights = table.contiguous(), indices.contiguous(), weights.contiguous()
+    (N, L), D = indices.shape, table.shape[1]
+    block_l, block_d = _blocks(L, D, table.element_size())
+    out = torch.empty(N, D, dtype=table.dtype, device=table.device)
+    if N:
+        _read_kernel[(N, triton.cdiv(D, block_d))](table, indices, weights, out, L, D,
+                                                   BLOCK_L=block_l, BLOCK_D=block_d)
+    return out
+
+
+def fused_read_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, grad_out: torch.Tensor,
+                     sparse: bool, read_backward: str, table_grad: bool,
+                     weights_grad: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The read's (grad_table, grad_weights), each None unless asked for: both by one kernel with read_backward
+    "one_pass" (when both are asked for), else by one kernel each ("two_pass")."""
+    if read_backward == "one_pass" and table_grad and weights_grad:
+        return one_pass_grads(table, indices, weights, grad_out, sparse)
+    grad_table = grad_weights = None
+    if weights_grad:
+        grad_weights = fused_row_dots(table, indices, grad_out, weights.dtype)  # (N, L)
+    if table_grad:
+        slots, rows = fused_slot_sums(indices, weights, grad_out, table.dtype)  # (U,), (U, D)
+        grad_table = table_gradient(slots, rows, table.shape, sparse)
+    return grad_table, grad_weights
+
+
 class FusedValueRead(torch.autograd.Function):
     """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in the table's dtype."""
 
     @staticmethod
-    def forward(ctx, table, indices, weights, sparse: bool):
-        table, indices, weights = table.contiguous(), indices.contiguous(), weights.contiguous()
-        (N, L), D = indices.shape, table.shape[1]
-        block_l, block_d = _blocks(L, D, table.element_size())
-        out = torch.empty(N, D, dtype=table.dtype, device=table.device)
-        if N:
-            _read_kernel[(N, triton.cdiv(D, block_d))](table, indices, weights, out, L, D,
-                                                       BLOCK_L=block_l, BLOCK_D=block_d)
+    def forward(ctx, table, indices, weights, sparse: bool, read_backward: str):
         ctx.save_for_backward(table, indices, weights)
-        ctx.sparse = sparse
-        return out
+        ctx.sparse, ctx.read_backward = sparse, read_backward
+        return fused_read(table, indices, weights)
 
     @staticmethod
     def backward(ctx, grad_out):  # grad_out: (N, D)
         table, indices, weights = ctx.saved_tensors
-        grad_table = grad_weights = None
-        if ctx.needs_input_grad[2]:
-            grad_weights = fused_row_dots(table, indices, grad_out, weights.dtype)  # (N, L)
-        if ctx.needs_input_grad[0]:
-            slots, rows = fused_slot_sums(indices, weights, grad_out, table.dtype)  # (U,), (U, D)
-            grad_table = table_gradient(slots, rows, table.shape, ctx.sparse)
-        return grad_table, None, grad_weights, None
+        grad_table, grad_weights = fused_read_grads(table, indices, weights, grad_out, ctx.sparse,
+                                                    ctx.read_backward, ctx.needs_input_grad[0],
+                                                    ctx.needs_input_grad[2])
+        return grad_table, None, grad_weights, None, None
 
 
 @torch.compiler.disable  # the kernels launch eagerly; a compiled model runs around them
@@ -174,5 +247,6 @@ def run_eagerly(function, *args):
 
 
 @torch.compiler.disable  # the kernels launch eagerly; a compiled model runs around them
-def fused_read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool) -> torch.Tensor:
-    return FusedValueRead.apply(table, indices, weights, sparse)
+def fused_read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool,
+                      read_backward: str = "two_pass") -> torch.Tensor:
+    return FusedValueRead.apply(table, indices, weights, sparse, read_backward)

@@ -17,13 +17,14 @@ their settings (sections of MemoryConfig): importing the layer registers every s
 
 from __future__ import annotations
 
+import functools
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from xlm_pkm.model.memory.value_read import read_values
+from xlm_pkm.model.memory.value_read import read_values, read_values_op
 from xlm_pkm.model.memory.value_shards import ValueShard, current_shard, init_shard
 from xlm_pkm.registry import Registry
 
@@ -84,9 +85,10 @@ class ValueStore(nn.Module, ABC):
 
 @VALUE_STORES.register("table")
 class TableValues(ValueStore):
-    """One (n_slots, output_dim) table `weight`, init N(0, 1/output_dim); read as weighted sums (value_read.py).
-    With cfg.shard_values, this rank's (n_slots, output_dim / W) columns (value_shards.py), marked
-    `value_shard`, and the read exchanges lookups and output slices with the other ranks."""
+    """One (n_slots, output_dim) table `weight`, init N(0, 1/output_dim); read as weighted sums (value_read.py,
+    with cfg.read_backward and cfg.read_op). With cfg.shard_values, this rank's (n_slots, output_dim / W) columns
+    (value_shards.py), marked `value_shard`, and the read exchanges lookups and output slices with the other
+    ranks (eagerly, with the default read)."""
 
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__(cfg, input_dim, output_dim, n_slots)
@@ -96,8 +98,13 @@ class TableValues(ValueStore):
         self.weight = mark_memory_value(nn.Parameter(weight))
         if cfg.shard_values:
             self.weight.value_shard = shard
-        self.read = read_values  # or, with a shard of a table split over processes, the exchanging read
-        if shard.world > 1:
+        self.read = functools.partial(read_values, read_backward=cfg.read_backward, read_op=cfg.read_op)
+        if cfg.read_op == "custom_op":
+            read_values_op()  # defined here, eagerly: a compiled forward finds it
+        if shard.world > 1:  # a shard of a table split over processes: the exchanging read
+            if (cfg.read_backward, cfg.read_op) != ("two_pass", "eager"):
+                raise ValueError(f"model.memory.shard_values: a sharded table is read with the defaults "
+                                 f"read_backward=two_pass and read_op=eager, got {cfg.read_backward} and {cfg.read_op}")
             from xlm_pkm.model.memory.sharded_read import sharded_read  # imported only here: it loads torch._dynamo
             self.read = sharded_read
 

@@ -1,0 +1,132 @@
+"""The value read as a torch.library custom op (model.memory.read_op=custom_op) against the eager read: the same
+outputs and gradients bit for bit (torch on CPU; the Triton kernels under the interpreter, compiled on a GPU), the
+same under torch.compile(fullgraph=True), and no graph break from the read in a memory layer's forward."""
+
+import pytest
+import torch
+
+from xlm_pkm.errors import ConfigError
+from xlm_pkm.model.memory import value_shards, value_stores
+from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
+from xlm_pkm.model.memory.value_read import read_values, triton_usable
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+BACKENDS = ["torch", "triton"] if triton_usable(DEVICE) else ["torch"]
+
+
+def lookups(dtype, tokens=12, n_slots=40, dim=24, per_token=10):
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(n_slots, dim, generator=g).to(dtype)
+    indices = torch.randint(0, n_slots, (tokens, per_token), generator=g)
+    indices[: tokens // 2, :4] = 3  # a hot slot
+    weights = torch.softmax(torch.randn(tokens, per_token, generator=g), dim=-1)  # float32, as the memory's
+    grad_out = torch.randn(tokens, dim, generator=g).to(dtype)
+    return [t.to(DEVICE) for t in (table, indices, weights, grad_out)]
+
+
+def read(read_fn, table, indices, weights, grad_out, table_grad=True, weights_grad=True):
+    """(out, the table's gradient as dense, the weights' gradient, whether the table's gradient is sparse)."""
+    table, weights = table.clone().requires_grad_(table_grad), weights.clone().requires_grad_(weights_grad)
+    out = read_fn(table, indices, weights)
+    out.backward(grad_out)
+    if table.grad is None:
+        return out, None, weights.grad, None
+    return out, table.grad.to_dense(), weights.grad, table.grad.is_sparse
+
+
+def assert_equal(actual, expected):
+    assert actual[3] == expected[3]  # the table's gradient sparse in both, or dense in both
+    for a, b in zip(actual[:3], expected[:3]):
+        assert (a is None) == (b is None) and (a is None or torch.equal(a, b))
+
+
+def reader(sparse, backend, read_op, read_backward="two_pass"):
+    return lambda table, indices, weights: read_values(table, indices, weights, sparse, backend, read_backward, read_op)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_custom_op_equals_the_eager_read_bit_for_bit(backend, sparse, dtype):
+    table, indices, weights, grad_out = lookups(dtype)
+    expected = read(reader(sparse, backend, "eager"), table, indices, weights, grad_out)
+    assert expected[3] == sparse
+    assert_equal(read(reader(sparse, backend, "custom_op"), table, indices, weights, grad_out), expected)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_custom_op_gives_only_the_gradients_asked_for(backend, sparse):
+    """A frozen table (or frozen weights) gets no gradient, the other the eager read's."""
+    table, indices, weights, grad_out = lookups(torch.float32)
+    for table_grad, weights_grad in ((False, True), (True, False)):
+        expected = read(reader(sparse, backend, "eager"), table, indices, weights, grad_out, table_grad, weights_grad)
+        actual = read(reader(sparse, backend, "custom_op"), table, indices, weights, grad_out, table_grad,
+                      weights_grad)
+        assert (actual[1] is None) != table_grad and (actual[2] is None) != weights_grad
+        assert_equal(actual, expected)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_custom_op_reads_an_empty_batch(backend, sparse):
+    table, indices, weights, grad_out = lookups(torch.float32, tokens=0)
+    assert_equal(read(reader(sparse, backend, "custom_op"), table, indices, weights, grad_out),
+                 read(reader(sparse, backend, "eager"), table, indices, weights, grad_out))
+
+
+@pytest.mark.skipif("triton" not in BACKENDS, reason="needs Triton")
+@pytest.mark.parametrize("sparse", [False, True])
+def test_custom_op_runs_the_one_pass_backward(sparse):
+    table, indices, weights, grad_out = lookups(torch.float32)
+    expected = read(reader(sparse, "triton", "eager", "one_pass"), table, indices, weights, grad_out)
+    assert_equal(read(reader(sparse, "triton", "custom_op", "one_pass"), table, indices, weights, grad_out), expected)
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_compiled_whole_with_the_custom_op(backend, sparse):
+    """torch.compile(fullgraph=True) of a function around the read: one graph, the eager outputs and gradients
+    (aot_eager on CPU: the same kernels, bit for bit; inductor's C++ code generation would add 20 s and nothing to
+    the graph's structure); inductor on a GPU, to float32 rounding (it fuses the operations around the read)."""
+    table, indices, weights, grad_out = lookups(torch.float32)
+
+    def around(table, indices, weights):  # operations before and after the read, in the same graph; the table a
+        return reader(sparse, backend, "custom_op")(table, indices, weights.relu() * 1.5).tanh()  # leaf, as a model's
+
+    expected = read(around, table, indices, weights, grad_out)
+    torch._dynamo.reset()
+    compiled = torch.compile(around, backend="inductor" if DEVICE.type == "cuda" else "aot_eager", fullgraph=True)
+    actual = read(compiled, table, indices, weights, grad_out)
+    assert actual[3] == sparse
+    tolerance = 1e-5 if DEVICE.type == "cuda" else 0
+    for a, b in zip(actual[:3], expected[:3]):
+        torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.parametrize("read_op", ["eager", "custom_op"])
+def test_memory_forward_has_no_graph_break_from_the_read(read_op):
+    """torch._dynamo.explain of a memory's forward with sparse value gradients: the eager read breaks the graph
+    (the sparse gradient's size is data-dependent), the custom op does not. The breaks left are the key search's
+    (its backward groups the selected keys by slot: selected_scores.py)."""
+    torch.manual_seed(0)
+    memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, read_op=read_op).to(DEVICE)
+    memory.sparse_values = True
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(memory)(torch.randn(2, 5, 16, device=DEVICE))
+    from_read = [reason for reason in explanation.break_reasons
+                 if any(frame.name == "read_values" for frame in reason.user_stack)]
+    assert bool(from_read) == (read_op == "eager")
+
+
+def test_settings_are_checked():
+    with pytest.raises(ConfigError, match="model.memory.read_op: expected one of eager | custom_op"):
+        ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, read_op="compiled")
+    with pytest.raises(ConfigError, match="model.memory.read_backward: expected one of two_pass | one_pass"):
+        ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, read_backward="three_pass")
+
+
+def test_a_sharded_table_keeps_the_default_read(monkeypatch):
+    monkeypatch.setattr(value_stores, "current_shard", lambda dim: value_shards.ValueShard(0, 2))
+    with pytest.raises(ValueError, match="model.memory.shard_values: .* read_op=eager, got two_pass and custom_op"):
+        value_stores.TableValues(MemoryConfig(shard_values=True, read_op="custom_op"), 8, 8, 16)
