@@ -113,6 +113,14 @@ def test_fused_sparse_adagrad_equals_torch_adagrad_after_clipping(device, repeat
     assert_states_close(values_state(ours), values_state(today))
 
 
+def test_row_runs_group_repeated_rows_in_their_order():
+    from xlm_pkm.utils.sparse_grads import row_runs
+
+    sorted_rows, order, run_end = row_runs(torch.tensor([3, 1, 3, 0, 1]))
+    assert sorted_rows.tolist() == [0, 1, 1, 3, 3] and order.tolist() == [3, 1, 4, 0, 2]
+    assert run_end.tolist() == [1, 3, 2, 5, 4]  # positions 2 and 4 begin no run: empty
+
+
 def test_summed_rows_norm_equals_the_norm_of_the_coalesced_gradient():
     from xlm_pkm.optim.triton_rows import summed_rows_norm
 

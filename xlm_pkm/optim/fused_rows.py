@@ -8,8 +8,9 @@ Per row r of a step's sparse gradient, rows in any order and repeated or not:
 
 and nothing at all (step count included) when the flag found_inf is set. On a GPU that is one Triton kernel
 (triton_rows.py) with no host sync: the repeated rows summed in it, the clip scale and the flag read on the
-device, the step count (for the bias corrections) a float32 tensor there. On the CPU it is the function below,
-the kernels' reference: the gradient coalesced, then today's update in chunks with the scale applied to each.
+device, the step count (for the bias corrections) a float32 tensor there. On the CPU, the kernels' reference, the
+gradient is coalesced and each chunk of its rows updated by today's code (lazy_adam.update_rows; Adagrad's three
+lines below), the scale applied to the chunk.
 
 grad_scale and found_inf are attributes set on the optimizer before its step, as torch's GradScaler sets them
 on its fused optimizers (`_step_supports_amp_scaling`), which is how torch's fused AdamW (optim.fused_dense) takes
@@ -41,6 +42,14 @@ def _counted_step(state: dict, p: torch.Tensor, found_inf: torch.Tensor | None) 
     if not (torch.is_tensor(step) and step.device == p.device and step.dtype == torch.float32):
         state["step"] = step = torch.as_tensor(step, dtype=torch.float32).to(p.device)  # after a resume, once
     return step.add_(1) if found_inf is None else step.add_(1 - found_inf)
+
+
+def _device_flags(p: torch.Tensor, grad_scale: torch.Tensor | None,
+                  found_inf: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """grad_scale and found_inf for the kernels: () float32 tensors on p's device (1 and 0 when not given)."""
+    ones = torch.ones((), dtype=torch.float32, device=p.device)
+    return (ones if grad_scale is None else grad_scale.float(),
+            ones.new_zeros(()) if found_inf is None else found_inf.float())
 
 
 def _sparse_grad(p: torch.Tensor, name: str) -> torch.Tensor:
@@ -120,11 +129,3 @@ class FusedSparseAdagrad(torch.optim.Adagrad):
                         state["sum"].index_copy_(0, rows, s)
                         p.index_add_(0, rows, g / s.sqrt_().add_(group["eps"]), alpha=-group["lr"])
         return loss
-
-
-def _device_flags(p: torch.Tensor, grad_scale: torch.Tensor | None,
-                  found_inf: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """grad_scale and found_inf for the kernels: () float32 tensors on p's device (1 and 0 when not given)."""
-    ones = torch.ones((), dtype=torch.float32, device=p.device)
-    return (ones if grad_scale is None else grad_scale.float(),
-            ones.new_zeros(()) if found_inf is None else found_inf.float())
