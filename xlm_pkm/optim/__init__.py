@@ -8,6 +8,9 @@
     schedule.py    the dense learning rate by step (SCHEDULES: inverse_sqrt, linear_warmup, constant)
     clipping.py    gradient norm and clipping over sparse and sharded gradients
     lazy_adam.py   Adam on the rows of a row-sparse gradient only (the memory values)
+    fused_rows.py  LazyAdam and sparse Adagrad with their row update in one pass, no host sync on a GPU
+                   (optim.fused_values); the CPU functions the kernels are checked against
+    triton_rows.py the Triton kernels of fused_rows.py, and the sync-free norm of a sparse gradient
     adagrad.py     Adagrad with per-tensor step clipping (the all-attention paper)
 
 May import: errors, utils, settings, registry.

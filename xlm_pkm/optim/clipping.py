@@ -17,17 +17,26 @@ def _local(grad: torch.Tensor) -> torch.Tensor:
     return grad._values() if grad.is_sparse else local_part(grad)
 
 
-def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
+def grad_norm(params: list[nn.Parameter], coalesce: bool = True) -> torch.Tensor:
     """Total 2-norm of the gradients, like torch.nn.utils.get_total_norm, but sparse gradients count too
     (coalesced in place first), and the gradients each rank holds a part of count with every rank's part (one
-    all-reduce): sharded value tables (model/value_shards.py), FSDP's DTensors."""
+    all-reduce): sharded value tables (model/value_shards.py), FSDP's DTensors. coalesce=False: a sparse gradient
+    on a GPU is left as it is and counts by the norm of its rows summed (triton_rows.summed_rows_norm: one kernel,
+    no host sync), for an optimizer that sums them itself (fused_rows.py)."""
     grads, sharded = [], []
     for p in params:
-        if p.grad is not None and p.grad.is_sparse:
-            p.grad = coalesced(p.grad)
-        if p.grad is not None:
-            split = hasattr(p, "value_shard") or is_dtensor(p.grad)
-            (sharded if split else grads).append(_local(p.grad))
+        if p.grad is None:
+            continue
+        if p.grad.is_sparse and p.grad.is_cuda and not coalesce:
+            from xlm_pkm.optim.triton_rows import summed_rows_norm
+
+            part = summed_rows_norm(p.grad)  # (): counts as the entries it is the norm of
+        else:
+            if p.grad.is_sparse:
+                p.grad = coalesced(p.grad)
+            part = _local(p.grad)
+        split = hasattr(p, "value_shard") or is_dtensor(p.grad)
+        (sharded if split else grads).append(part)
     norm = torch.nn.utils.get_total_norm(grads)
     if sharded:
         squares = torch.nn.utils.get_total_norm(sharded) ** 2
@@ -37,10 +46,16 @@ def grad_norm(params: list[nn.Parameter]) -> torch.Tensor:
     return norm
 
 
+def clip_scale(norm: torch.Tensor, max_norm: float) -> torch.Tensor | None:
+    """The factor that scales gradients of total norm `norm` down to `max_norm`: min(1, max_norm / (norm + 1e-6)),
+    on the norm's device; None when max_norm is 0 (no clipping)."""
+    return (max_norm / (norm + 1e-6)).clamp(max=1.0) if max_norm > 0 else None
+
+
 def scale_grads_(params: list[nn.Parameter], norm: torch.Tensor, max_norm: float) -> None:
     """Scales the gradients, whose total norm is `norm`, down to `max_norm` (nothing when it is 0)."""
-    if max_norm > 0:
-        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+    scale = clip_scale(norm, max_norm)
+    if scale is not None:
         for p in params:
             if p.grad is not None:
                 _local(p.grad).mul_(scale)

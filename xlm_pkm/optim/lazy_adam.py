@@ -53,15 +53,21 @@ class LazyAdam(torch.optim.Optimizer):
                     state["exp_avg"] = torch.zeros_like(p)
                     state["exp_avg_sq"] = torch.zeros_like(p)
                 state["step"] += 1
-                chunk = rows.numel() if p.is_cuda else max(1, CHUNK_BYTES // (g[0].numel() * g.element_size()))
-                for start in range(0, rows.numel(), chunk):
-                    update_rows(p, state, rows[start:start + chunk], g[start:start + chunk], group)
+                for chunk_rows, chunk_g in row_chunks(p, rows, g):
+                    update_rows(p, state, chunk_rows, chunk_g, group, state["step"])
         return loss
 
 
-def update_rows(p: torch.Tensor, state: dict, rows: torch.Tensor, g: torch.Tensor, group: dict) -> None:
-    """The update of the module docstring on `rows` (C,) of p and its moments, g (C, dim) their gradient."""
-    (beta1, beta2), t = group["betas"], state["step"]
+def row_chunks(p: torch.Tensor, rows: torch.Tensor, g: torch.Tensor):
+    """rows (U,), g (U, dim) -> (rows, g) in chunks of CHUNK_BYTES of g on CPU, whole on a GPU."""
+    chunk = rows.numel() if p.is_cuda else max(1, CHUNK_BYTES // (math.prod(g.shape[1:]) * g.element_size()))
+    for start in range(0, rows.numel(), chunk):
+        yield rows[start:start + chunk], g[start:start + chunk]
+
+
+def update_rows(p: torch.Tensor, state: dict, rows: torch.Tensor, g: torch.Tensor, group: dict, t: float) -> None:
+    """The update of the module docstring on `rows` (C,) of p and its moments, g (C, dim) their gradient, at step t."""
+    beta1, beta2 = group["betas"]
     m = state["exp_avg"].index_select(0, rows).lerp_(g, 1 - beta1)  # (C, dim)
     v = state["exp_avg_sq"].index_select(0, rows).mul_(beta2).addcmul_(g, g, value=1 - beta2)
     state["exp_avg"].index_copy_(0, rows, m)

@@ -28,6 +28,12 @@ it keeps per parameter element, which the memory check before training counts (t
 The run's settings of this section are OptimConfig below (optim in a run's config), with LoRA's and sparse
 memory finetuning's (optim.lora, optim.memory_finetune; their code is in finetune/).
 
+With optim.fused_dense and optim.fused_values (off until a GPU run measures them) the dense group's AdamW is torch's
+fused one and the values' optimizer updates its rows in one pass (fused_rows.py); both take the group's clip scale
+in their step (no scaling pass over the gradients) and skip a non-finite step on the device, so that a step has no
+host sync (train/step.py) when every group's optimizer does. Either way the state is the same: a run resumes with
+them on or off, the implementation the resuming run built kept.
+
 A run resumes with the optimizers its checkpoint was saved with (Optimizers.load_state_dict, given the
 checkpoint's config): another one is refused in one line, since its state is not the saved one's (adam and
 lazy_adam keep the same moments, and resume each other's: ValueOptimizer.state).
@@ -46,7 +52,8 @@ from torch import nn
 
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.optim.adagrad import ClippedAdagrad
-from xlm_pkm.optim.clipping import clip_grad_norm, scale_grads_
+from xlm_pkm.optim.clipping import clip_scale, grad_norm, scale_grads_
+from xlm_pkm.optim.fused_rows import FusedLazyAdam, FusedSparseAdagrad
 from xlm_pkm.optim.lazy_adam import LazyAdam
 from xlm_pkm.optim.schedule import SCHEDULES, scheduled_lr, values_lr
 from xlm_pkm.registry import Registry
@@ -60,11 +67,32 @@ class DenseOptimizer:
     # state values it keeps per parameter element (Adam's two moments, Adagrad's sum, SGD's none): the memory
     # a model needs to train (train/memory_estimate.py, and so train/build.check_memory_fits)
     state_size: int
+    fuses: bool = False  # whether its build honours optim.fused_dense
+
+
+def _keep_fused(optimizer: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """A load_state_dict pre-hook of torch's AdamW: the state loads into the implementation this run built
+    (optim.fused_*), where torch would take the saved one's `fused`, with its step counts where that one keeps
+    them (fused: on the parameter's device, as torch moves them; else on the CPU)."""
+    fused = [group.get("fused") for group in optimizer.param_groups]
+    saved = [{**group, "fused": f} for group, f in zip(state_dict["param_groups"], fused)]
+    on_cpu = {i for group in saved if not group["fused"] for i in group["params"]}
+    state = {i: {**s, "step": s["step"].cpu()} if i in on_cpu and torch.is_tensor(s.get("step")) else s
+             for i, s in state_dict["state"].items()}
+    return {**state_dict, "param_groups": saved, "state": state}
+
+
+def _adamw(params: list[nn.Parameter], fused: bool, **kwargs) -> torch.optim.AdamW:
+    """torch's AdamW, fused (one kernel for all the parameters; it takes grad_scale and found_inf) when asked."""
+    optimizer = torch.optim.AdamW(params, fused=fused or None, **kwargs)
+    optimizer.register_load_state_dict_pre_hook(_keep_fused)
+    return optimizer
 
 
 DENSE_OPTIMIZERS = Registry("dense optimizer", DenseOptimizer)
-DENSE_OPTIMIZERS.register("adam")(DenseOptimizer(lambda params, cfg: torch.optim.AdamW(
-    params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay), state_size=2))
+DENSE_OPTIMIZERS.register("adam")(DenseOptimizer(lambda params, cfg: _adamw(
+    params, cfg.fused_dense, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay),
+    state_size=2, fuses=True))
 DENSE_OPTIMIZERS.register("adagrad")(DenseOptimizer(lambda params, cfg: ClippedAdagrad(
     params, lr=cfg.lr, eps=cfg.eps, clip=cfg.clip_per_tensor), state_size=1))
 
@@ -77,6 +105,7 @@ class ValueOptimizer:
     weight_decay: bool = True  # whether it supports optim.values_weight_decay
     # the per-parameter state it keeps: optimizers of the same one resume each other's checkpoints ("": its name)
     state: str = ""
+    fuses: bool = False  # whether its build honours optim.fused_values
 
 
 VALUE_OPTIMIZERS = Registry("values optimizer", ValueOptimizer)
@@ -88,13 +117,14 @@ def _betas(cfg: OptimConfig) -> dict:
 
 
 VALUE_OPTIMIZERS.register("adam")(ValueOptimizer(
-    lambda params, cfg: torch.optim.AdamW(params, lr=cfg.values_lr, **_betas(cfg)), sparse=False, state_size=2,
-    state="adam"))  # step, exp_avg, exp_avg_sq
+    lambda params, cfg: _adamw(params, cfg.fused_values, lr=cfg.values_lr, **_betas(cfg)), sparse=False,
+    state_size=2, state="adam", fuses=True))  # step, exp_avg, exp_avg_sq
 VALUE_OPTIMIZERS.register("lazy_adam")(ValueOptimizer(
-    lambda params, cfg: LazyAdam(params, lr=cfg.values_lr, **_betas(cfg)), sparse=True, state_size=2, state="adam"))
+    lambda params, cfg: (FusedLazyAdam if cfg.fused_values else LazyAdam)(params, lr=cfg.values_lr, **_betas(cfg)),
+    sparse=True, state_size=2, state="adam", fuses=True))
 VALUE_OPTIMIZERS.register("adagrad")(ValueOptimizer(
-    lambda params, cfg: torch.optim.Adagrad(params, lr=cfg.values_lr, eps=cfg.values_eps), sparse=True,
-    state_size=1, weight_decay=False))
+    lambda params, cfg: (FusedSparseAdagrad if cfg.fused_values else torch.optim.Adagrad)(
+        params, lr=cfg.values_lr, eps=cfg.values_eps), sparse=True, state_size=1, weight_decay=False, fuses=True))
 VALUE_OPTIMIZERS.register("sgd")(ValueOptimizer(
     lambda params, cfg: torch.optim.SGD(params, lr=cfg.values_lr), sparse=True, state_size=0, weight_decay=False))
 
@@ -175,6 +205,12 @@ class OptimConfig:
     # Engram's tables (model.engram): the values optimizer at the dense lr times this, weight decay 0 (the
     # Engram paper's setting for its embeddings: Adam, 5x the backbone's lr, no weight decay)
     engram_lr_scale: float = field(default=5.0, metadata=positive())
+    # Fused steps (off until a GPU run measures them): each group's clip scale folded into its step, and a step
+    # with a non-finite loss or norm skipped on the device (train/step.py), so no host sync when every group's is.
+    # The values' (and Engram tables') update in one pass over the rows read, repeated rows summed in it (Triton on
+    # CUDA; optim/fused_rows.py): lazy_adam, adagrad; adam: torch's fused AdamW
+    fused_values: bool = False
+    fused_dense: bool = False  # the dense group's torch AdamW with fused=True (one kernel; optim.optimizer=adam)
     lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: adapters only (optim.trainable must be all)
 
 
@@ -184,6 +220,10 @@ def value_optimizer(cfg: OptimConfig) -> ValueOptimizer:
     if cfg.values_weight_decay and not spec.weight_decay:
         raise ConfigError(f"optim.values_weight_decay: {cfg.values_optimizer} on sparse rows does not support "
                           f"weight decay (use adam or lazy_adam), got {cfg.values_weight_decay}")
+    if cfg.fused_values and not spec.fuses:
+        fusing = ", ".join(name for name in VALUE_OPTIMIZERS if VALUE_OPTIMIZERS[name].fuses)
+        raise ConfigError(f"optim.fused_values: optim.values_optimizer={cfg.values_optimizer} has no fused step "
+                          f"(those with one: {fusing})")
     return spec
 
 
@@ -215,6 +255,14 @@ class OptimGroup:
     lr_at: Callable[[int], float]
     clip: float
     sharded: bool = False  # its parameters are split over the ranks (value shards, FSDP's DTensors): each holds a part
+    grad_scale: torch.Tensor | None = None  # this step's 1 / clip scale, for an optimizer that skips on the device
+
+    @property
+    def skips_on_device(self) -> bool:
+        """Whether its optimizer takes grad_scale (gradients divided by it) and found_inf (set: the step changes
+        nothing) as attributes, as torch's GradScaler gives them to fused optimizers: the clip scale folds into its
+        step, and a non-finite step is skipped on the device (optim.fused_dense, optim.fused_values)."""
+        return getattr(self.optimizer, "_step_supports_amp_scaling", False)
 
 
 class Optimizers:
@@ -226,6 +274,10 @@ class Optimizers:
         if cfg.clip_per_tensor and cfg.optimizer != "adagrad":
             raise ConfigError(f"optim.clip_per_tensor is Adagrad's (optim.optimizer=adagrad), "
                               f"got optim.optimizer={cfg.optimizer}")
+        if cfg.fused_dense and not DENSE_OPTIMIZERS[cfg.optimizer].fuses:
+            fusing = ", ".join(name for name in DENSE_OPTIMIZERS if DENSE_OPTIMIZERS[name].fuses)
+            raise ConfigError(f"optim.fused_dense: optim.optimizer={cfg.optimizer} has no fused step "
+                              f"(those with one: {fusing})")
         if cfg.values_lr_decay_steps < 0 or cfg.values_lr_start_factor <= 0:
             raise ConfigError(f"optim.values_lr_decay_steps must be >= 0 and optim.values_lr_start_factor > 0, got "
                               f"{cfg.values_lr_decay_steps} and {cfg.values_lr_start_factor}")
@@ -260,23 +312,52 @@ class Optimizers:
                 pg["lr"] = lrs[g.name]
         return lrs
 
+    @property
+    def skip_on_device(self) -> bool:
+        """Whether every group's optimizer skips a non-finite step on the device (OptimGroup.skips_on_device)."""
+        return all(g.skips_on_device for g in self.groups)
+
     def unscale_and_clip(self, scaler: torch.amp.GradScaler) -> dict[str, torch.Tensor]:
         """Unscales the gradients (fp16) and clips each group to its norm, or all of them to one global
-        norm; returns the pre-clip norms by group (and "global")."""
+        norm; returns the pre-clip norms by group (and "global"). A group whose optimizer skips on the device
+        keeps its gradients: its clip scale goes to its step (OptimGroup.grad_scale), and its sparse gradients
+        are not coalesced (no host sync)."""
         norms = {}
         for g in self.groups:
             scaler.unscale_(g.optimizer)
             if g.sharded and scaler.is_enabled() and dist.is_initialized():
                 _skip_on_every_rank(scaler, g.optimizer)
-            norms[g.name] = clip_grad_norm(g.params, g.clip)
+            norms[g.name] = grad_norm(g.params, coalesce=not g.skips_on_device)
+            g.grad_scale = self._clip(g, norms[g.name], g.clip)
         if self.global_clip:  # the groups' norms (each all-reduced if sharded) give the global one
             norms["global"] = torch.stack(list(norms.values())).norm()
-            scale_grads_([p for g in self.groups for p in g.params], norms["global"], self.global_clip)
+            scale_grads_([p for g in self.groups if not g.skips_on_device for p in g.params], norms["global"],
+                         self.global_clip)
+            for g in self.groups:
+                if g.skips_on_device:
+                    g.grad_scale = self._clip(g, norms["global"], self.global_clip)
         return norms
 
-    def step(self, scaler: torch.amp.GradScaler) -> None:
+    @staticmethod
+    def _clip(g: OptimGroup, norm: torch.Tensor, max_norm: float) -> torch.Tensor | None:
+        """Scales g's gradients down to max_norm, or, if its optimizer skips on the device, returns the
+        grad_scale that does it in its step (None: no clipping)."""
+        if not g.skips_on_device:
+            scale_grads_(g.params, norm, max_norm)
+            return None
+        scale = clip_scale(norm, max_norm)
+        return None if scale is None else scale.reciprocal()
+
+    def step(self, scaler: torch.amp.GradScaler, found_inf: torch.Tensor | None = None) -> None:
+        """Steps every group; found_inf: a device flag (float32 0 or 1) for groups that skip on the device
+        (all of them when given), set: their step changes nothing."""
         for g in self.groups:
-            scaler.step(g.optimizer)
+            for name, value in (("grad_scale", g.grad_scale), ("found_inf", found_inf)):
+                if value is not None:
+                    setattr(g.optimizer, name, value)
+            scaler.step(g.optimizer)  # fp16: GradScaler sets found_inf, keeps grad_scale, and removes both
+            for name in ("grad_scale", "found_inf"):
+                vars(g.optimizer).pop(name, None)
 
     def zero_grad(self) -> None:
         for g in self.groups:

@@ -356,6 +356,7 @@ class Trainer:
         slots = self.memory_finetune.restrict_gradients() if self.memory_finetune else {}  # host sync
         loss = loss_sum / accumulate
         norms, scale, skipped = optimizer_update(self.optimizers, self.scaler, loss)  # host sync: finite check
+        skipped = bool(skipped)  # fused optimizers (optim.fused_*): a device flag, read once the step is queued
         if not skipped:
             self.model.clamp_spans()  # span ratios back into [0, 1]
         state.step += 1

@@ -5,7 +5,8 @@
     progress.py  a progress line on stderr every few seconds; durations as text
     program.py   the name a command was started by, for its usage and error lines
     stop_signals.py  the signals that stop train.py, handled from its first line (StoppedBySignal)
-    sparse_grads.py  a row-sparse gradient coalesced without a sort when its rows are already in order
+    sparse_grads.py  a row-sparse gradient coalesced without a sort when its rows are already in order, or
+                     grouped into runs of equal rows without coalescing (no host sync)
     dtensors.py  DTensors (FSDP's shards) told apart and read locally, without importing them where none exist
 
 May import: errors.
