@@ -2,6 +2,8 @@
 outputs and gradients bit for bit (torch on CPU; the Triton kernels under the interpreter, compiled on a GPU), the
 same under torch.compile(fullgraph=True), and no graph break from the read in a memory layer's forward."""
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -11,6 +13,7 @@ from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
 from xlm_pkm.model.memory.value_read import read_values, triton_usable
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+REPO = Path(__file__).resolve().parents[1]
 BACKENDS = ["torch", "triton"] if triton_usable(DEVICE) else ["torch"]
 
 
@@ -107,8 +110,7 @@ def test_compiled_whole_with_the_custom_op(backend, sparse):
 @pytest.mark.parametrize("read_op", ["eager", "custom_op"])
 def test_memory_forward_has_no_graph_break_from_the_read(read_op):
     """torch._dynamo.explain of a memory's forward with sparse value gradients: the eager read breaks the graph
-    (the sparse gradient's size is data-dependent), the custom op does not. The breaks left are the key search's
-    (its backward groups the selected keys by slot: selected_scores.py)."""
+    (the sparse gradient's size is data-dependent), the custom op does not."""
     torch.manual_seed(0)
     memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, read_op=read_op).to(DEVICE)
     memory.sparse_values = True
@@ -130,3 +132,28 @@ def test_a_sharded_table_keeps_the_default_read(monkeypatch):
     monkeypatch.setattr(value_stores, "current_shard", lambda dim: value_shards.ValueShard(0, 2))
     with pytest.raises(ValueError, match="model.memory.shard_values: .* read_op=eager, got two_pass and custom_op"):
         value_stores.TableValues(MemoryConfig(shard_values=True, read_op="custom_op"), 8, 8, 16)
+
+
+@pytest.mark.slow  # torch.compile's tracing of a whole model, four times
+@pytest.mark.parametrize("sparse", [False, True], ids=["adam", "lazy_adam"])
+def test_the_default_model_is_one_graph_with_the_custom_op(sparse):
+    """Issue 59: configs/default.yaml's 4-layer model with its memory, forward and loss as train.py runs them, under
+    torch._dynamo.explain: with read_op=custom_op one graph and no break, with dense or sparse value gradients (the
+    sparse ones of lazy_adam); the eager read still breaks it with sparse gradients (12 breaks before issue 59, 16
+    with lazy_adam: the key search's backward too, now of fixed shapes)."""
+    from xlm_pkm.config import load_config
+    from xlm_pkm.model.transformer import TransformerLM
+
+    def explained(read_op: str):
+        cfg = load_config(REPO / "configs" / "default.yaml", ["model.vocab_size=300",
+                                                              f"model.memory.read_op={read_op}"])
+        torch.manual_seed(0)
+        model = TransformerLM(cfg.model).to(DEVICE).train()
+        model.set_sparse_values(sparse)
+        x, y = torch.randint(0, 300, (2, 2, 16), device=DEVICE)
+        torch._dynamo.reset()
+        return torch._dynamo.explain(lambda x, y: model(x, targets=y).mean())(x, y)
+
+    one = explained("custom_op")
+    assert (one.graph_count, one.graph_break_count) == (1, 0), one.break_reasons
+    assert (explained("eager").graph_break_count > 0) == sparse
