@@ -51,6 +51,7 @@ SETTINGS = {
     "winnable": ["model.memory.pair_candidates=winnable"],  # only the pairs that can reach the top k
     "tf32": ["model.memory.score_precision=tf32"],  # the search's score products in TF32
     "half_topk": ["model.memory.half_topk=triton"],  # each half's knn best by a selection kernel, not torch.topk
+    "bf16_values": ["model.memory.inference_values=bfloat16"],  # evaluation's reads (the step trains: no effect)
 }
 VARIANTS = {"off": [], "on": [o for overrides in SETTINGS.values() for o in overrides],
             **{name: overrides for name, overrides in SETTINGS.items()}}

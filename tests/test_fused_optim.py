@@ -97,6 +97,7 @@ def test_fused_lazy_adam_equals_lazy_adam_after_clipping(device, repeated, clip,
         assert torch.is_tensor(got[2]) and not got[2] and expected[2] is False  # skipped: a device flag
     assert_states_close(values_state(ours), values_state(today))
     torch.testing.assert_close(fused.dense.detach().cpu(), reference.dense.detach())
+    assert fused.table._version >= len(steps)  # written in place: seen as changed (autograd, inference copies)
 
 
 @pytest.mark.parametrize("repeated", [False, True])

@@ -182,6 +182,32 @@ def test_memory_layer_with_fused_read_matches_torch_read(read_backward):
         torch.testing.assert_close(b, a)
 
 
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_inference_values_read_a_bfloat16_copy_made_again_when_the_table_changes(backend):
+    """model.memory.inference_values=bfloat16: with gradients the read is the default's bit for bit; without, it
+    reads the table rounded to bfloat16 (the Triton read's float32 sums of it, the torch read's bfloat16 sums), and
+    a change of the table (in place, as an optimizer step) is read at the next forward."""
+    torch.manual_seed(0)
+    memory = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read=backend).to(DEVICE).eval()
+    copying = ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, value_read=backend,
+                               inference_values="bfloat16").to(DEVICE).eval()
+    copying.load_state_dict(memory.state_dict())
+    x = torch.randn(3, 5, 16, device=DEVICE)
+    assert torch.equal(copying(x), memory(x))  # gradients on: the table itself
+    for change in range(2):
+        weights, indices = memory.lookup(x)  # (3, 5, heads, knn) each
+        rounded = memory.values.weight.detach().bfloat16().double()
+        expected = torch.einsum("nk,nkd->nd", weights.reshape(15, -1).double(), rounded[indices.reshape(15, -1)])
+        with torch.no_grad():
+            out = copying(x).reshape(15, -1)
+        assert out.dtype == torch.float32
+        tolerance = 1e-6 if backend == "triton" else 2 ** -8  # the torch read's sums are bfloat16
+        torch.testing.assert_close(out.double(), expected, rtol=tolerance, atol=tolerance * float(expected.abs().max()))
+        with torch.no_grad():  # an optimizer's step, in place, on both
+            for m in (memory, copying):
+                m.values.weight.index_add_(0, torch.arange(8, device=DEVICE), torch.ones(8, 12, device=DEVICE))
+
+
 def test_compiled_memory_layer_runs_the_kernels_eagerly(monkeypatch):
     """Dynamo traces around the kernels (they run eagerly) and never resolves the backend in the forward.
     On CPU the graphs are handed to aot_eager: what is checked is their structure, and inductor's C++

@@ -118,6 +118,7 @@ def lazy_adam_rows_(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torc
         _lazy_adam_kernel[(rows.numel(), triton.cdiv(D, block))](
             param, exp_avg, exp_avg_sq, values, sorted_rows, order, run_end, grad_scale, found_inf, bias, D, lr,
             1 - betas[0], betas[1], 1 - betas[1], eps, weight_decay, BLOCK_D=block)
+        torch.autograd.graph.increment_version([param, exp_avg, exp_avg_sq])  # written in place, as an in-place op
 
 
 def adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, grad: torch.Tensor, grad_scale: torch.Tensor,
@@ -130,3 +131,4 @@ def adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, grad: torch.Tens
         block = _block(D)
         _adagrad_kernel[(rows.numel(), triton.cdiv(D, block))](
             param, state_sum, values, sorted_rows, order, run_end, grad_scale, found_inf, D, lr, eps, BLOCK_D=block)
+        torch.autograd.graph.increment_version([param, state_sum])  # written in place, as an in-place op

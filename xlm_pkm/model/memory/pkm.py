@@ -117,6 +117,9 @@ class MemoryConfig:
     read_backward: Literal["two_pass", "one_pass"] = "two_pass"
     # the table read as: eager (torch.compile breaks its graph around it) | custom_op (one node of the graph)
     read_op: Literal["eager", "custom_op"] = "eager"
+    # the table read without gradients (evaluation, generation): table (as stored) | bfloat16 (a bfloat16 copy,
+    # made again when the table changes: half the bytes a read moves; value_stores.py)
+    inference_values: Literal["table", "bfloat16"] = "table"
     # the selected scores -> the read weights: softmax (the paper) | relu (Csordás et al. 2023) | identity
     # (the raw scores, UltraMem) | any function in model/memory/scores.py
     score: str = field(default="softmax", metadata=architecture(one_of(SCORE_FUNCTIONS)))

@@ -192,12 +192,14 @@ def one_pass_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.Te
     return grad_table, grad_weights.to(weights.dtype)
 
 
-def fused_read(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in the table's dtype (the forward)."""
+def fused_read(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
+               out_dtype: torch.dtype | None = None) -> torch.Tensor:
+    """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in out_dtype (default: the table's), summed
+    in float32 (the forward)."""
     table, indices, weights = table.contiguous(), indices.contiguous(), weights.contiguous()
     (N, L), D = indices.shape, table.shape[1]
     block_l, block_d = _blocks(L, D, table.element_size())
-    out = torch.empty(N, D, dtype=table.dtype, device=table.device)
+    out = torch.empty(N, D, dtype=out_dtype or table.dtype, device=table.device)
     if N:
         _read_kernel[(N, triton.cdiv(D, block_d))](table, indices, weights, out, L, D,
                                                    BLOCK_L=block_l, BLOCK_D=block_d)

@@ -83,12 +83,27 @@ class ValueStore(nn.Module, ABC):
                              f"this memory needs {n_slots} of {output_dim}")
 
 
+def read_without_grad(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, backend: str,
+                      out_dtype: torch.dtype) -> torch.Tensor:
+    """read_values of a table with no gradient, (N, dim) in out_dtype: the Triton read sums in float32 and writes
+    out_dtype; the torch read writes the table's dtype, then cast."""
+    if backend == "triton":
+        from xlm_pkm.model.memory.triton_value_read import fused_read  # imports Triton only when used
+        return fused_read(table, indices, weights, out_dtype)
+    return read_values(table, indices, weights, False, backend).to(out_dtype)
+
+
 @VALUE_STORES.register("table")
 class TableValues(ValueStore):
     """One (n_slots, output_dim) table `weight`, init N(0, 1/output_dim); read as weighted sums (value_read.py,
     with cfg.read_backward and cfg.read_op). With cfg.shard_values, this rank's (n_slots, output_dim / W) columns
     (value_shards.py), marked `value_shard`, and the read exchanges lookups and output slices with the other
-    ranks (eagerly, with the default read)."""
+    ranks (eagerly, with the default read).
+    cfg.inference_values=bfloat16: a read without gradients (evaluation, generation) of a float32 table reads a
+    bfloat16 copy of it instead, made at the first such read and again whenever the table changed (its version
+    counter: an optimizer step, a load), kept out of the state dict; the output stays float32 (the Triton read
+    sums in float32 and writes float32; the torch read on the CPU writes bfloat16 sums). The copy costs half the
+    table's memory again."""
 
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__(cfg, input_dim, output_dim, n_slots)
@@ -99,12 +114,15 @@ class TableValues(ValueStore):
         if cfg.shard_values:
             self.weight.value_shard = shard
         self.read = functools.partial(read_values, read_backward=cfg.read_backward, read_op=cfg.read_op)
+        self.inference_bfloat16 = cfg.inference_values == "bfloat16"
+        self._copy, self._copy_of = None, None  # the bfloat16 copy, and (data_ptr, version) of the table it copies
         if cfg.read_op == "custom_op":
             read_values_op()  # defined here, eagerly: a compiled forward finds it
         if shard.world > 1:  # a shard of a table split over processes: the exchanging read
-            if (cfg.read_backward, cfg.read_op) != ("two_pass", "eager"):
+            if (cfg.read_backward, cfg.read_op, cfg.inference_values) != ("two_pass", "eager", "table"):
                 raise ValueError(f"model.memory.shard_values: a sharded table is read with the defaults "
-                                 f"read_backward=two_pass and read_op=eager, got {cfg.read_backward} and {cfg.read_op}")
+                                 f"read_backward=two_pass, read_op=eager and inference_values=table, got "
+                                 f"{cfg.read_backward}, {cfg.read_op} and {cfg.inference_values}")
             from xlm_pkm.model.memory.sharded_read import sharded_read  # imported only here: it loads torch._dynamo
             self.read = sharded_read
 
@@ -113,7 +131,17 @@ class TableValues(ValueStore):
             raise ValueError("memory.values=table reads one weight per slot; scores with a cores axis "
                              "need a store that splits values by core")
         N = indices.shape[0]
-        return self.read(self.weight, indices.reshape(N, -1), weights.reshape(N, -1), sparse, backend)  # heads summed
+        indices, weights = indices.reshape(N, -1), weights.reshape(N, -1)  # (N, heads * knn): heads summed
+        if self.inference_bfloat16 and not torch.is_grad_enabled() and self.weight.dtype == torch.float32:
+            return read_without_grad(self.bfloat16_copy(), indices, weights, backend, self.weight.dtype)
+        return self.read(self.weight, indices, weights, sparse, backend)
+
+    def bfloat16_copy(self) -> torch.Tensor:
+        """The table in bfloat16, copied again when the table changed since the last copy."""
+        current = (self.weight.data_ptr(), self.weight._version)
+        if self._copy_of != current:
+            self._copy, self._copy_of = self.weight.detach().to(torch.bfloat16), current
+        return self._copy
 
     def flops_per_token(self, heads: int, knn: int) -> float:
         return 6.0 * heads * knn * self.output_dim  # every column, also when this rank holds a shard
