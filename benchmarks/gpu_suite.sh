@@ -77,13 +77,15 @@ case $step in
   variants)
     $PY benchmarks/variants_speed.py --device cuda --rounds 3 --out "$out/variants_speed_cuda.json" ;;
   tests59)
-    $PY -m pytest -q -n 8 tests/test_fused_optim.py tests/test_fused_value_read.py tests/test_key_search.py \
-      tests/test_slot_groups.py tests/test_memory.py tests/test_cuda.py tests/test_hardware.py 2>&1 | tee "$out/gpu_tests59.txt" | tail -25 ;;
+    $PY -m pytest -q -n 8 -p no:cacheprovider tests/test_fused_optim.py tests/test_fused_value_read.py \
+      tests/test_value_read_op.py tests/test_key_search.py tests/test_slot_groups.py tests/test_cuda.py \
+      tests/test_hardware.py 2>&1 | tee "$out/gpu_tests59.txt" | tail -25 ;;
   breakdown)
-    $PY benchmarks/step_breakdown.py --compile --variants off on fused_values fused_dense one_pass custom_op \
-      winnable tf32 half_topk --out "$out/step_breakdown_cuda.json" ;;
+    $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --variants off on fused_values fused_dense one_pass \
+      custom_op winnable tf32 half_topk --out "$out/step_breakdown_cuda.json" ;;
   breakdown_dense)
-    $PY benchmarks/step_breakdown.py --compile --values dense --variants off on --out "$out/step_breakdown_dense_cuda.json" ;;
+    $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --values dense --variants off on \
+      --out "$out/step_breakdown_dense_cuda.json" ;;
   keysearch59)
     $PY benchmarks/key_search_speed.py --device cuda --n-keys 128 512 1024 --out "$out/key_search_speed_cuda.json"
     $PY benchmarks/key_search_speed.py --device cuda --n-keys 512 --compile --score-precision float32 tf32 \

@@ -26,6 +26,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+import traceback
 import warnings
 from pathlib import Path
 
@@ -238,9 +239,13 @@ def main() -> None:
     corpus, vocab = corpus_and_vocab(args)
     rows = [measure("no memory", CONFIGS[0], [], args, vocab, device)]
     for name in args.variants:
-        rows.append(measure(name, CONFIGS[1], VARIANTS[name], args, vocab, device))
-        without = rows[0]["tokens_per_s"]
-        rows[-1]["memory_step_share"] = round(1 - rows[-1]["tokens_per_s"] / without, 3)
+        try:
+            rows.append(measure(name, CONFIGS[1], VARIANTS[name], args, vocab, device))
+            rows[-1]["memory_step_share"] = round(1 - rows[-1]["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
+        except Exception as e:  # a setting that fails on this device: said in its row, the others still measured
+            traceback.print_exc()
+            rows.append({"variant": name, "overrides": VARIANTS[name], "error": f"{type(e).__name__}: {e}"[:1000]})
+            free(args.device)
         write_result(result(args, vocab, corpus, rows), args, "step_breakdown")  # each variant: a cut run keeps it
 
 
