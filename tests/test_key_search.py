@@ -202,9 +202,16 @@ def test_keys_gradient_with_fixed_shapes_is_bitwise_the_distinct_keys_grouping(d
         assert selected_grads(q, keys, indices, grad, False, True)[0] is None
 
 
+# CPU tensors through the Triton kernel under the interpreter (conftest.py sets TRITON_INTERPRET=1 without a GPU);
+# on a GPU, Triton is compiled for CUDA tensors, and test_cuda_searches_at_the_paper_shapes runs the kernel there
+INTERPRETER_ONLY = pytest.mark.skipif(torch.cuda.is_available(), reason="the Triton kernel on CPU tensors needs "
+                                      "TRITON_INTERPRET=1; on a GPU, test_cuda_searches_at_the_paper_shapes runs it")
+
+
 @pytest.mark.parametrize("options", [dict(), dict(pair_candidates="winnable", score_precision="tf32"),
                                      dict(key_type="flat", score_precision="bfloat16"),
-                                     dict(half_topk="triton", score_precision="bfloat16")])
+                                     pytest.param(dict(half_topk="triton", score_precision="bfloat16"),
+                                                  marks=INTERPRETER_ONLY)])
 def test_search_and_its_backward_trace_as_one_graph(options):
     """No graph break from the key search (its backward included) under torch.compile."""
     keys = KEY_SEARCHES[options.get("key_type", "product")](MemoryConfig(n_keys=8, k_dim=8, heads=2, knn=4,
@@ -214,6 +221,7 @@ def test_search_and_its_backward_trace_as_one_graph(options):
     assert explained.graph_break_count == 0 and explained.graph_count == 1, explained.break_reasons
 
 
+@INTERPRETER_ONLY
 @pytest.mark.parametrize("S,knn,dtype", [(128, 32, torch.float32), (37, 5, torch.float32), (200, 16, torch.bfloat16),
                                          (64, 8, torch.float64), (1024, 4, torch.float32)])
 def test_triton_row_topk_is_torch_topk(S, knn, dtype):
@@ -232,6 +240,7 @@ def test_triton_row_topk_is_torch_topk(S, knn, dtype):
         assert all(len(set(row)) == knn for row in indices.view(-1, knn).tolist())
 
 
+@INTERPRETER_ONLY
 @pytest.mark.parametrize("options", [dict(), dict(pair_candidates="winnable", score_precision="tf32")])
 def test_triton_half_topk_search_equals_brute_force_and_torch(options):
     pytest.importorskip("triton")
@@ -248,6 +257,7 @@ def test_triton_half_topk_search_equals_brute_force_and_torch(options):
         assert torch.equal(g, r)
 
 
+@INTERPRETER_ONLY
 def test_triton_half_topk_op_has_a_faithful_fake_and_says_where_it_runs(monkeypatch):
     pytest.importorskip("triton")
     from xlm_pkm.model.memory.selected_scores import register_row_topk

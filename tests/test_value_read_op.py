@@ -51,6 +51,9 @@ def reader(sparse, backend, read_op, read_backward="two_pass"):
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_custom_op_equals_the_eager_read_bit_for_bit(backend, sparse, dtype):
+    if (backend, dtype, DEVICE.type) == ("torch", torch.bfloat16, "cuda"):
+        pytest.skip("torch's EmbeddingBag has no bfloat16 per-sample-weights backward on CUDA (the Triton read's is "
+                    "tested)")
     table, indices, weights, grad_out = lookups(dtype)
     expected = read(reader(sparse, backend, "eager"), table, indices, weights, grad_out)
     assert expected[3] == sparse
@@ -130,7 +133,7 @@ def test_settings_are_checked():
 
 def test_a_sharded_table_keeps_the_default_read(monkeypatch):
     monkeypatch.setattr(value_stores, "current_shard", lambda dim: value_shards.ValueShard(0, 2))
-    with pytest.raises(ValueError, match="model.memory.shard_values: .* read_op=eager, got two_pass and custom_op"):
+    with pytest.raises(ValueError, match="model.memory.shard_values: .* read_op=eager .*got two_pass, custom_op"):
         value_stores.TableValues(MemoryConfig(shard_values=True, read_op="custom_op"), 8, 8, 16)
 
 
@@ -139,8 +142,8 @@ def test_a_sharded_table_keeps_the_default_read(monkeypatch):
 def test_the_default_model_is_one_graph_with_the_custom_op(sparse):
     """Issue 59: configs/default.yaml's 4-layer model with its memory, forward and loss as train.py runs them, under
     torch._dynamo.explain: with read_op=custom_op one graph and no break, with dense or sparse value gradients (the
-    sparse ones of lazy_adam); the eager read still breaks it with sparse gradients (12 breaks before issue 59, 16
-    with lazy_adam: the key search's backward too, now of fixed shapes)."""
+    sparse ones of lazy_adam); the eager read still breaks it with sparse gradients, and on a GPU always (12 breaks
+    on the CPU before issue 59, 16 with lazy_adam: the key search's backward too, now of fixed shapes)."""
     from xlm_pkm.config import load_config
     from xlm_pkm.model.transformer import TransformerLM
 
@@ -156,4 +159,5 @@ def test_the_default_model_is_one_graph_with_the_custom_op(sparse):
 
     one = explained("custom_op")
     assert (one.graph_count, one.graph_break_count) == (1, 0), one.break_reasons
-    assert (explained("eager").graph_break_count > 0) == sparse
+    # the eager read: its sparse gradient's size, and on a GPU the Triton kernels launched outside the graph
+    assert (explained("eager").graph_break_count > 0) == (sparse or DEVICE.type == "cuda")
