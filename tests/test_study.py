@@ -157,6 +157,8 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     assert "| `pkm` | 30.0 | 20.0 | 25.0 | ×1 | lr 1, values_lr 1 |  |" in choices
     assert "| `dense` | 50.0 | 40.0 | 39.0 | ×2 | lr 2, values_lr 2 | **at the highest end of the grid** |" in choices
     assert "| 3: -20.00, 4: -11.00 | −− | -15.50 |" in report  # pkm − dense per seed
+    # sd 6.364: 3 seeds 4.303 · 6.364 / √3 = 15.8 > 15.5, 4 seeds 3.182 · 6.364 / 2 = 10.1 < 15.5 (one claim: m = 1)
+    assert "| **inconclusive** | 4 / 4 |" in report
     assert not pending(study)
 
 

@@ -109,3 +109,21 @@ def test_the_verdict_follows_the_interval_and_agrees_with_the_adjusted_p():
         for pair, h in zip(pairs, holm(pairs)):
             assert (h.verdict != INCONCLUSIVE) == (h.p < 0.05)
             assert h.verdict == INCONCLUSIVE or (h.verdict == HOLDS) == (pair.mean < 0)
+
+
+def test_the_seeds_needed_are_the_hand_computation():
+    """issue 61's multi-core scoring claim: per seed +2.32, +0.21, +5.79 (mean 2.7733, sd 2.8175). With the printed
+    t(0.975, 5) = 2.571 and t(0.975, 6) = 2.447: 6 seeds give a half-width 2.571 · 2.8175 / √6 = 2.957 > 2.7733,
+    7 seeds 2.447 · 2.8175 / √7 = 2.606 < 2.7733: 7 seeds would exclude 0 at 95% if the mean and sd held."""
+    pair = Paired((0, 1, 2), (2.32, 0.21, 5.79))
+    sd = pair.se * math.sqrt(3)
+    assert pair.mean == pytest.approx(2.77333, abs=1e-5) and sd == pytest.approx(2.81749, abs=1e-5)
+    assert 2.571 * sd / math.sqrt(6) > pair.mean > 2.447 * sd / math.sqrt(7)
+    assert pair.seeds_needed() == 7
+    # at 3 seeds (2 degrees of freedom, the closed form) an interval that already excludes 0 needs no more seeds
+    assert _three(-3.0).seeds_needed() == 3 == _three(-3.0).seeds_needed(0.95) and _three(-3.0).interval()[1] < 0
+    # at 99%: 3 seeds give 9.925 / √3 = 5.73 > 3, 4 seeds t(0.995, 3) / √4 = 5.841 / 2 = 2.92 < 3
+    assert quantile_df2(0.99) / math.sqrt(3) > 3.0 > 5.841 / 2 and _three(-3.0).seeds_needed(0.99) == 4
+    assert Paired((0, 1), (1.0, 1.0)).seeds_needed() == 2  # no spread: 2 seeds
+    assert Paired((0,), (5.0,)).seeds_needed() is None and _three(0.0).seeds_needed() is None  # no sd; no effect
+    assert _three(0.001).seeds_needed(limit=1000) is None  # beyond the limit

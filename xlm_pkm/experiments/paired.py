@@ -21,6 +21,10 @@ The t distribution needs no SciPy: for an integer ν its two-sided probability h
     ν odd:   P(|T| ≤ |t|) = (2/π) (θ + sin θ · Σ_{k=0}^{(ν−3)/2} c_k cos^{2k+1} θ),  c_{k+1} = c_k (2k + 2) / (2k + 3)
     (c_0 = 1; for ν = 1 the sum is empty)
 and its quantile is found by bisection on it (to 1e-12 relative).
+
+Seeds needed (a rough power figure): the smallest n ≥ 2 at which an interval at level c, at the observed mean
+and sd of the differences, would exclude 0: t_{(1+c)/2, n−1} · sd / √n < |mean|. The mean and sd are estimates
+(from a few seeds), so n is what the observed effect would need if it held, not a probability of deciding.
 """
 
 from __future__ import annotations
@@ -92,6 +96,26 @@ class Paired:
             return -math.inf, math.inf
         half = 0.0 if self.se == 0 else t_quantile(level, self.n - 1) * self.se
         return self.mean - half, self.mean + half
+
+    def seeds_needed(self, level: float = 1 - ALPHA, limit: int = 100_000) -> int | None:
+        """The module docstring's seeds needed at `level` (None: fewer than 2 seeds, a mean of 0 or beyond
+        `limit`); t · sd / √n falls as n grows, so n is found by doubling, then bisection."""
+        if self.n < 2 or self.mean == 0:
+            return None
+        sd = self.se * math.sqrt(self.n)
+
+        def enough(n: int) -> bool:
+            return t_quantile(level, n - 1) * sd / math.sqrt(n) < abs(self.mean)
+
+        lo, hi = 1, 2  # enough(lo) is False (one seed has no interval)
+        while not enough(hi):
+            if hi >= limit:
+                return None
+            lo, hi = hi, min(2 * hi, limit)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if enough(mid) else (mid, hi)
+        return hi
 
     def signs(self) -> str:
         """One sign per seed: '−' where a is below b (the claim's direction), '+' above, '0' equal."""

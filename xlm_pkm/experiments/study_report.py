@@ -20,7 +20,7 @@ import statistics
 from pathlib import Path
 
 from xlm_pkm.config import load_config
-from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, holm, paired
+from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, Paired, holm, paired
 from xlm_pkm.experiments.report import Measure, _md_table, _pyplot, _save
 from xlm_pkm.experiments.reproduce import _shown, model_size
 from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyError, StudyRun
@@ -100,7 +100,11 @@ def header(study: Study, m: int) -> str:
         f"smallest p is max over j ≤ i of min(1, (m − j + 1) p_(j)); the adjusted interval is the t interval at "
         f"level 1 − {ALPHA:g} / (m − min(i, s) + 1), s the first rank Holm does not reject, so that it excludes 0 "
         f"exactly when Holm rejects. The verdict follows from the adjusted interval: **{HOLDS}** when it lies below "
-        f"0 (as claimed), **{REVERSED}** when above 0, **{INCONCLUSIVE}** when it contains 0.",
+        f"0 (as claimed), **{REVERSED}** when above 0, **{INCONCLUSIVE}** when it contains 0. Seeds needed: the "
+        f"number of seeds n at which the 95% interval, and the interval at Holm's strictest level 1 − {ALPHA:g}/{m} "
+        f"(where Holm rejects whatever the other comparisons), would exclude 0 if the mean and sd of the "
+        f"differences stayed as observed: t_{{(1+c)/2, n−1}} · sd / √n < |mean|. The mean and sd come from these "
+        f"few seeds: a rough figure, not a probability of deciding.",
     ])
 
 
@@ -147,6 +151,12 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
                       "runs"], rows)
 
 
+def seeds_needed(pair: Paired, m: int) -> str:
+    """"n95 / nHolm": the seeds at which the 95% interval, and the interval at Holm's strictest level
+    1 − α/m, would exclude 0 at the observed mean and sd (paired.Paired.seeds_needed; "·": no estimate)."""
+    return " / ".join("·" if n is None else str(n) for n in (pair.seeds_needed(), pair.seeds_needed(1 - ALPHA / m)))
+
+
 def comparison_table(study: Study) -> str:
     tests = {cell: tested_ppl(study, cell) for cell in study.cells}
     pairs = [paired(tests[c.a], tests[c.b]) for c in study.comparisons]
@@ -156,15 +166,15 @@ def comparison_table(study: Study) -> str:
         seeds = ", ".join(f"{s}: {d:+.2f}" for s, d in zip(pair.seeds, pair.diffs))
         if pair.n < 2:
             rows.append([c.claim, f"`{c.a}` − `{c.b}`", seeds or "·", pair.signs() or "·", "·", "·", "·", "·",
-                         f"{INCONCLUSIVE} (fewer than 2 paired seeds)"])
+                         f"{INCONCLUSIVE} (fewer than 2 paired seeds)", "·"])
             continue
         lo, hi = pair.interval()
         (alo, ahi), level = adj.interval, adj.level
         rows.append([c.claim, f"`{c.a}` − `{c.b}`", seeds, pair.signs(), f"{pair.mean:+.2f}",
                      f"[{lo:+.2f}, {hi:+.2f}]", f"[{alo:+.2f}, {ahi:+.2f}] at {100 * level:.2f}%", f"{adj.p:.3g}",
-                     f"**{adj.verdict}**"])
+                     f"**{adj.verdict}**", seeds_needed(pair, len(pairs))])
     return _md_table(["claim", "difference", "per seed", "signs", "mean", "95% interval", "Holm-adjusted interval",
-                      "Holm p", "verdict"], rows)
+                      "Holm p", "verdict", "seeds needed (95% / Holm's strictest)"], rows)
 
 
 def plot_curves(study: Study, path: Path) -> Path | None:
