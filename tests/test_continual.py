@@ -19,6 +19,7 @@ from xlm_pkm.experiments.continual_report import (
     backgrounds_table,
     best_settings,
     beyond_control,
+    common_em,
     equal_learning,
     over_seeds,
     same_setting,
@@ -245,11 +246,44 @@ def test_forgetting_at_equal_learning_is_a_paired_ratio_to_the_reference_over_th
     mean = sum(logs) / 3
     half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in logs) / 2 / 3)
     ratio = f"{math.exp(mean):.2f} [{math.exp(mean - half):.2f}, {math.exp(mean + half):.2f}] (holds, 3 seeds)"
-    assert f"| 14% (below the line) | memory | full | x | 18.0 ± 0.0% | +18.33 ± 10.41 | {ratio} |" in table
-    assert "| 14% (below the line) | memory | sparse_memory | a | 15.0 ± 0.0% | +1.50 ± 0.50 | reference |" in table
+    # each row's EM minus the reference's, per verdict seed (points): full's 18% against sparse_memory's 15%
+    assert (f"| 14% (below the line) | memory | full | x | 18.0 ± 0.0% | +3.0 / +3.0 / +3.0 | +18.33 ± 10.41 | "
+            f"{ratio} |") in table
+    assert "| 14% (below the line) | memory | sparse_memory | a | 15.0 ± 0.0% | · | +1.50 ± 0.50 | reference |" in table
     assert "| 30% (above the line) | memory | sparse_memory | b |" in table  # full does not reach 30%: no row
     assert "| 30% (above the line) | memory | full" not in table and "50%" not in table
     assert equal_learning(rows, levels=(0.6,)) == "No method reaches EM 60% on the selection facts.\n"
+
+
+def test_forgetting_at_a_common_em_is_interpolated_per_seed_between_each_sweeps_learning_rates():
+    """Per verdict seed: e* = the larger of the two sweeps' lowest EMs (if both reach it), Δ linear in EM between
+    the bracketing settings, R from the per-seed log ratios by hand (t_{0.975, 2} = 4.3027); a seed without a
+    common EM leaves the method without R; one setting is no sweep; the selection seed stays out."""
+    rows = [_row("memory", "pretrained", "-", 0, 0.0, test_ppl=20.0)]
+    for method, setting, ems, changes in (
+            ("sparse_memory", "t=1,lr=1", (0.10, 0.12, 0.14), (1.0, 2.0, 3.0)),
+            ("sparse_memory", "t=1,lr=2", (0.20, 0.22, 0.24), (11.0, 12.0, 13.0)),
+            ("full", "lr=1", (0.15, 0.10, 0.30), (10.0, 10.0, 10.0)),
+            ("full", "lr=2", (0.25, 0.20, 0.40), (30.0, 30.0, 30.0)),
+            ("lora", "lr=1", (0.10, 0.12, 0.14), (2.0, 4.0, 9.0)),
+            ("lora", "lr=3", (0.30, 0.32, 0.34), (42.0, 44.0, 46.0)),
+            ("sparse_count", "t=1,lr=1", (0.10, 0.12, 0.14), (5.0, 5.0, 5.0))):
+        rows += [_row("memory", method, setting, seed, em, test_ppl=20.0 + change)
+                 for seed, em, change in zip((3, 0, 1, 2), (0.9, *ems), (99.0, *changes))]
+    table = common_em(rows)
+    # full: seed 0 e* = 0.15 (sparse 1 + 0.5 · 10 = 6, full 10), seed 1 e* = 0.12 (sparse 2, full 10 + 0.2 · 20 = 14),
+    # seed 2 e* = 0.30 > 0.24, the top of sparse's sweep: no common EM
+    assert ("| memory | full | lr=1 / lr=2 | 0: 15.0% / 1: 12.0% |  | no common EM on seed(s) 2 |") in table
+    # lora: e* = its own and sparse's lowest EMs, Δ 2, 4, 9 against 1, 2, 3
+    logs = [math.log(2.0), math.log(2.0), math.log(3.0)]
+    mean = sum(logs) / 3
+    half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in logs) / 2 / 3)
+    # one R in the table: Holm at 95%
+    ratio = f"{math.exp(mean):.2f} [{math.exp(mean - half):.2f}, {math.exp(mean + half):.2f}] (holds, 3 seeds)"
+    assert (f"| memory | lora | lr=1 / lr=3 | 0: 10.0% / 1: 12.0% / 2: 14.0% | +1.0 vs +2.0 / +2.0 vs +4.0 / "
+            f"+3.0 vs +9.0 | {ratio} |") in table
+    assert "sparse_count" not in table  # one setting: no sweep
+    assert common_em(rows[:1]).startswith("No method ran two learning rates")
 
 
 def test_learning_beyond_the_priors_is_own_minus_shuffled_paired_fact_by_fact_over_the_verdict_seeds():

@@ -23,7 +23,15 @@ memory finetuning, TF-IDF, on the memory model) on the verdict seeds, as the rat
 
 with the 95% paired t interval of mean d (paired.py) mapped through exp; its verdict word, for the claim
 "the reference forgets less" (R > 1), from Holm's correction over the table's comparisons: holds (the
-adjusted interval above 1), reversed (below 1), inconclusive. A ratio needs Δ > 0 on every seed.
+adjusted interval above 1), reversed (below 1), inconclusive. A ratio needs Δ > 0 on every seed. The
+settings are chosen on the selection facts, so on a verdict seed a method's EM can differ from the reference's:
+each row gives that difference per seed (`EM − reference's`).
+
+Forgetting at a common EM (`common_em`): where a method ran two or more learning rates of one setting on every
+verdict seed (its sweep: the settings equal once `lr=` is left out), and so did the reference, each seed's
+forgetting is interpolated at an EM both sweeps reach: e* = the larger of the two sweeps' lowest EMs, when it is
+at most the smaller of their highest; Δ(e*) linearly between the two settings whose EMs bracket it (the points
+in EM order). R is then as above, over the seeds that have such an e*, Holm over that table.
 
 Beside it: learning beyond the relation priors (each setting's EM and forced choice after a fact's own
 prompt minus after a shuffled one, paired fact by fact: `beyond_control`), and each control against its
@@ -156,6 +164,7 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
     rows = with_changes(rows)
     forgetting = {key: {seed: r["test_change"] for seed, r in runs.items()}
                   for key, runs in verdict_runs(rows, select_seed).items()}
+    learnt = {key: {seed: r["em"] for seed, r in runs.items()} for key, runs in verdict_runs(rows, select_seed).items()}
     summary = {(s["model"], s["method"], s["setting"]): s for s in over_seeds(rows, select_seed)}
     line = subject_blind_line(rows, select_seed)
     cells, pending = [], []
@@ -167,11 +176,15 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
             side = "" if line is None else " (above the line)" if level > line else " (below the line)"
             cell = [f"{100 * level:.0f}%{side}", model, method, setting]
             if s is None:
-                cells.append(cell + ["not run on the verdict seeds", "", ""])
+                cells.append(cell + ["not run on the verdict seeds", "", "", ""])
                 continue
-            cell += [f"{100 * s['em']:.1f} ± {100 * s['em_sd']:.1f}%",
-                     f"{s['test_change']:+.2f} ± {s['test_change_sd']:.2f}"]
             theirs, ours = forgetting[model, method, setting], forgetting.get((*reference, ref), {}) if ref else {}
+            em_theirs, em_ours = learnt[model, method, setting], learnt.get((*reference, ref), {}) if ref else {}
+            mismatch = " / ".join(f"{100 * (em_theirs[k] - em_ours[k]):+.1f}" for k in sorted(em_theirs.keys()
+                                                                                             & em_ours.keys()))
+            cell += [f"{100 * s['em']:.1f} ± {100 * s['em_sd']:.1f}%",
+                     "·" if (model, method) == reference else mismatch or "-",
+                     f"{s['test_change']:+.2f} ± {s['test_change_sd']:.2f}"]
             if (model, method) == reference or not theirs.keys() & ours.keys():
                 cells.append(cell + ["reference" if (model, method) == reference else "-"])
             else:
@@ -179,9 +192,68 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
     _holm_ratios(cells, pending)
     if not cells:
         return f"No method reaches EM {100 * min(levels):.0f}% on the selection facts.\n"
-    header = ["EM level", "model", "method", "setting (chosen)", "EM", "Δ test ppl",
+    header = ["EM level", "model", "method", "setting (chosen)", "EM", "EM − reference's per seed, points",
+              "Δ test ppl",
               f"R = Δ / Δ {reference[1]} [95%] (verdict)"]
     return markdown(header, cells)
+
+
+def sweeps(rows: list[dict], select_seed: int = SELECT_SEED) -> dict[tuple[str, str, str], dict[int, list]]:
+    """(model, method, setting without `lr=`) -> {seed: [(EM, Δ test ppl, setting), ...] in EM order} for each
+    sweep run at two or more learning rates on every verdict seed it ran (the module docstring's common EM)."""
+    groups: dict[tuple[str, str, str], dict[str, dict[int, dict]]] = {}
+    for (model, method, setting), by_seed in verdict_runs(with_changes(rows), select_seed).items():
+        rest = ",".join(part for part in setting.split(",") if not part.startswith("lr="))
+        if method != PRETRAINED and rest != setting:
+            groups.setdefault((model, method, rest), {})[setting] = by_seed
+    out = {}
+    for key, settings in groups.items():
+        seeds = set.intersection(*(set(by_seed) for by_seed in settings.values()))
+        if len(settings) >= 2 and seeds:
+            out[key] = {seed: sorted((by_seed[seed]["em"], by_seed[seed]["test_change"], setting)
+                                     for setting, by_seed in settings.items()) for seed in sorted(seeds)}
+    return out
+
+
+def at_em(points: list[tuple], em: float) -> float:
+    """Δ at `em`, linear between the two points (EM, Δ, ...) in EM order that bracket it."""
+    for (e0, d0, *_), (e1, d1, *_) in zip(points, points[1:]):
+        if e0 <= em <= e1:
+            return d0 if e1 == e0 else d0 + (em - e0) / (e1 - e0) * (d1 - d0)
+    raise ValueError(f"EM {em} outside the sweep's {points[0][0]}-{points[-1][0]}")
+
+
+def common_em(rows: list[dict], select_seed: int = SELECT_SEED, reference=REFERENCE) -> str:
+    """Each sweep against the reference's at a common EM per seed (the module docstring), R with its interval and
+    Holm's verdict over the table."""
+    found = sweeps(rows, select_seed)
+    cells, pending = [], []
+    for ref_key in sorted(k for k in found if k[:2] == reference):
+        for key in sorted(k for k in found if k[:2] != reference):
+            ours, theirs = found[ref_key], found[key]
+            common = {}
+            for seed in sorted(ours.keys() & theirs.keys()):
+                em = max(ours[seed][0][0], theirs[seed][0][0])
+                if em <= min(ours[seed][-1][0], theirs[seed][-1][0]):
+                    common[seed] = em
+            settings = " / ".join(sorted({p[2] for points in theirs.values() for p in points}))
+            cell = [key[0], key[1], settings, " / ".join(f"{k}: {100 * e:.1f}%" for k, e in common.items())
+                    or "none"]
+            missing = sorted((ours.keys() & theirs.keys()) - common.keys())
+            if missing or len(common) < 2:
+                cells.append(cell + ["", f"no common EM on seed(s) {', '.join(map(str, missing))}" if missing
+                                     else "fewer than 2 seeds"])
+                continue
+            ref_at = {k: at_em(ours[k], e) for k, e in common.items()}
+            theirs_at = {k: at_em(theirs[k], e) for k, e in common.items()}
+            cell.append(" / ".join(f"{ref_at[k]:+.1f} vs {theirs_at[k]:+.1f}" for k in common))
+            _append_ratio(cells, pending, cell, ref_at, theirs_at)
+    _holm_ratios(cells, pending)
+    if not cells:
+        return "No method ran two learning rates of one setting on the verdict seeds beside the reference.\n"
+    return markdown(["model", "method", "settings (the sweep)", "common EM per seed",
+                     f"Δ test ppl there per seed: {reference[1]} vs method",
+                     f"R = Δ / Δ {reference[1]} [95%] (verdict)"], cells)
 
 
 def beyond_control(rows: list[dict], select_seed: int = SELECT_SEED) -> str:
@@ -360,6 +432,11 @@ def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, st
             "At each EM level, each method's least-forgetting setting reaching it on the selection facts, on the "
             "verdict seeds (mean ± sd); R: its forgetting over the reference's, paired by fact set.\n\n"
             + equal_learning(rows, levels, select_seed) + "\n![learning vs forgetting](learning_forgetting.png)\n\n"
+            "## Forgetting at a common EM, interpolated per seed\n\n"
+            "The chosen settings above learn different EMs on a verdict seed. Where a method and the reference each "
+            "ran two or more learning rates of one setting on the verdict seeds, each seed's forgetting is "
+            "interpolated (linearly in EM, between the two settings that bracket it) at the lowest EM both reach; R "
+            "as above, Holm over this table.\n\n" + common_em(rows, select_seed) + "\n"
             "## Controls and the BatchNorm drift, at the same setting\n\n"
             "TF-IDF's controls (top t by count, t random slots among those read) against sparse memory finetuning, "
             "and full finetuning with the BatchNorm statistics drifting against it with them frozen, each pair "
