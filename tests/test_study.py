@@ -58,6 +58,8 @@ def test_the_variants_study_file_reads(tmp_path):
     ({"seeds": [0, 0]}, "seeds: a list of distinct integers"),
     ({"lr_grid": []}, "lr_grid: a list of distinct positive factors"),
     ({"test_max_batches": "all"}, "test_max_batches: a number of batches"),
+    ({"diverge_ratio": 0.5}, "diverge_ratio: a ratio above 1 (0: no divergence rule), not 0.5"),
+    ({"robustness": "yes"}, "robustness: true or false, not 'yes'"),
     ({"cells": {"x": {"config": "configs/nope.yaml"}}}, "cells.x.config: no such file configs/nope.yaml"),
     ({"comparisons": [{"a": "pkm", "b": "peer"}]}, "comparisons[0]: {a: CELL, b: CELL, claim: TEXT} with cells"),
 ])
@@ -133,9 +135,8 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     fake_trained(study.run("pkm", 0.5, 4), [10.0], test=1.0)
     (study.run("pkm", 2, 3).results / "test.json").write_text(json.dumps({"ppl": 1.0}))
     assert study.choice("pkm") == pkm
-    todo = [(j.kind, j.run.cell, j.run.id) for j in pending(study)]
-    assert todo == [(TEST, "pkm", "lr1-seed3"), (TRAIN, "pkm", "lr1-seed4"), (TEST, "dense", "lr2-seed3"),
-                    (TRAIN, "dense", "lr2-seed4")]
+    todo = [(j.kind, j.run.cell, j.run.id) for j in pending(study)]  # no test before every seed is trained
+    assert todo == [(TRAIN, "pkm", "lr1-seed4"), (TRAIN, "dense", "lr2-seed4")]
     # the report reads test perplexity at the chosen factor only, and flags the edge
     fake_trained(study.run("pkm", 1, 4), [22.0, 21.0, 20.5], test=120.0)
     fake_trained(study.run("dense", 2, 4), [50.0, 45.0, 40.0, 38.0], test=131.0)  # at steps 2, 4, 6, 8 of 8
@@ -174,15 +175,15 @@ def test_a_choice_at_an_end_grows_the_grid_past_it_up_to_lr_extend_steps(tmp_pat
         (TRAIN, "pkm", "lr4-seed3"), (TRAIN, "dense", "lr0.25-seed3")]
     fake_trained(study.run("pkm", 4, 3), [38.0])  # still at the top: ×8, the last step lr_extend allows
     fake_trained(study.run("pkm", 8, 3), [37.0])
-    # pkm is chosen, dense's grid is not trained: pkm's seeds and tests come first (a study cut now can compare)
+    # pkm is chosen, dense's grid is not trained: pkm's other seed comes first; no test while dense is open
     assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
-        (TEST, "pkm", "lr8-seed3"), (TRAIN, "pkm", "lr8-seed4"), (TRAIN, "dense", "lr0.25-seed3")]
+        (TRAIN, "pkm", "lr8-seed4"), (TRAIN, "dense", "lr0.25-seed3")]
     fake_trained(study.run("dense", 0.25, 3), [35.0])  # inside now: no further step
     assert study.grid("pkm") == (0.5, 1, 2, 4, 8) and study.grid("dense") == (0.25, 0.5, 1, 2)
     pkm, dense = study.choice("pkm"), study.choice("dense")
     assert (pkm.factor, pkm.edge, dense.factor, dense.edge) == (8, "highest", 0.5, "")
-    assert [(j.run.cell, j.run.id) for j in pending(study)] == [("pkm", "lr8-seed3"), ("pkm", "lr8-seed4"),
-                                                                ("dense", "lr0.5-seed3"), ("dense", "lr0.5-seed4")]
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [  # the tests once these are trained
+        (TRAIN, "pkm", "lr8-seed4"), (TRAIN, "dense", "lr0.5-seed4")]
     choices = write_report(study).read_text().split("## Cells")[0]
     assert "| cell | valid ppl ×0.25 | valid ppl ×0.5 | valid ppl ×1 | valid ppl ×2 | valid ppl ×4 | valid ppl ×8 |" \
         in choices
@@ -220,6 +221,99 @@ def test_lr_refine_trains_the_midpoints_around_the_best_and_chooses_over_all(tmp
         fake_trained(study.run("dense", factor, 3), valid)
     dense = study.choice("dense")  # ×1 stays best; its neighbours now ×1/√2 and ×√2: the second round
     assert dense is None and study.grid("dense") == (0.5, h, 0.840897, 1, 1.18921, r2, 2, 4)  # about 2^∓0.25
+
+
+def test_no_test_read_before_every_cells_settings_are_final(tmp_path, capsys):
+    """issue 61: dense_params' test split was read at ×4 before the grid's refinement moved its choice. The harness
+    withholds every test while a cell is open (its factor not chosen, or a chosen seed not trained), even for a part
+    of the study (--only) that is finished, refuses a test in one line naming the open cells, and `plan` says so."""
+    path = write_study(tmp_path, lr_grid=[0.5, 1], seeds=[3, 4])
+    study = load_study(path)
+    for factor, valid in {0.5: [30.0], 1: [20.0]}.items():
+        fake_trained(study.run("pkm", factor, 3), valid)
+    fake_trained(study.run("pkm", 1, 4), [21.0])
+    fake_trained(study.run("dense", 0.5, 3), [40.0])  # dense: 1 of 2 grid runs
+    assert study.open_cells() == {"dense": "lr not chosen, 1 of 2 grid runs trained"}
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [(TRAIN, "dense", "lr1-seed3")]
+    assert [j.kind for j in pending(study.only(["pkm"]))] == [TEST, TEST]  # the part alone would test...
+    assert pending(study.only(["pkm"]), study) == []  # ...the whole study's open cell withholds it
+    message = ("study tiny: no test read before every cell's settings are final; still open: dense (lr not chosen, "
+               "1 of 2 grid runs trained)")
+    with pytest.raises(StudyError, match=re.escape(message)):
+        study.test_guard()
+    assert study_cli.main(["run", str(path), "--only", "pkm"]) == 0  # nothing it may do now: one line why
+    assert capsys.readouterr().err == f"{message} (2 test evaluation(s) wait)\n"
+    assert study_cli.main(["plan", str(path)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == ("test split: not before every cell's settings are final; "
+                                                        "still open: dense (lr not chosen, 1 of 2 grid runs trained)")
+    fake_trained(study.run("dense", 1, 3), [35.0])
+    assert study.open_cells() == {"dense": "lr1-seed4 not trained"}  # chosen, a seed still to train
+    fake_trained(study.run("dense", 1, 4), [36.0])
+    assert not study.open_cells() and [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
+        (TEST, "pkm", "lr1-seed3"), (TEST, "pkm", "lr1-seed4"), (TEST, "dense", "lr1-seed3"),
+        (TEST, "dense", "lr1-seed4")]
+    study.test_guard()  # final: no refusal
+
+
+def test_a_diverged_seed_is_run_again_one_factor_lower_and_the_report_shows_both(tmp_path):
+    """diverge_ratio 1.2: seed 4's run at the chosen ×1 has a best valid perplexity 1.5× seed 3's there, so it
+    runs again at ×0.5; a run whose curve ends above 1.2× its best, or is not finite, diverged too; the re-run
+    is tested and compared, the diverged one named beside it; without the key nothing changes."""
+    study = load_study(write_study(tmp_path, lr_grid=[0.5, 1], seeds=[3, 4], diverge_ratio=1.2))
+    for cell in ("pkm", "dense"):
+        fake_trained(study.run(cell, 0.5, 3), [40.0, 30.0])
+        fake_trained(study.run(cell, 1, 3), [30.0, 20.0])
+    fake_trained(study.run("pkm", 1, 4), [45.0, 30.0], test=150.0)  # 30 > 1.2 × 20: diverged (tested before)
+    fake_trained(study.run("dense", 1, 4), [30.0, 23.0])  # 23 < 1.2 × 20: kept
+    assert study.diverged(study.run("pkm", 1, 4)) == "best valid 30.0 > 1.2 × seed 3's 20.0"
+    assert study.diverged(study.run("dense", 1, 4)) == ""
+    assert [r.id for r in study.chosen_runs("pkm")] == ["lr1-seed3", "lr0.5-seed4"]
+    assert study.open_cells() == {"pkm": "lr0.5-seed4 not trained"}
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [(TRAIN, "pkm", "lr0.5-seed4")]
+    plan = "\n".join(study_cli.describe(study))
+    assert "  lr1-seed4 [tested; diverged (best valid 30.0 > 1.2 × seed 3's 20.0): re-run at ×0.5]" in plan
+    fake_trained(study.run("pkm", 0.5, 4), [35.0, 31.0], test=125.0)  # 31 < 1.2 × seed 3's 30 at ×0.5: kept
+    for cell, seed, test in (("pkm", 3, 110.0), ("dense", 3, 130.0), ("dense", 4, 131.0)):
+        (study.run(cell, 1, seed).results / "test.json").write_text(json.dumps({"ppl": test}))
+    report = write_report(study).read_text()
+    assert "**Divergence rule** (declared: ratio 1.2)" in report
+    assert ("| seed 4 ×1 (test 150.0; best valid 30.0 > 1.2 × seed 3's 20.0) -> ×0.5 (test 125.0) |") in report
+    assert "| 3: -20.00, 4: -6.00 (`pkm` ×0.5) | −− |" in report  # 125 − 131 from the re-run
+    # the curve itself: not finite, or ending above 1.2 × its best
+    fake_trained(study.run("dense", 0.5, 4), [30.0, float("nan")])
+    assert study.diverged(study.run("dense", 0.5, 4)) == "a valid perplexity not finite"
+    fake_trained(study.run("dense", 0.5, 4), [20.0, 30.0])
+    assert study.diverged(study.run("dense", 0.5, 4)) == "last valid 30.0 > 1.2 × its best 20.0"
+    off = load_study(write_study(tmp_path, lr_grid=[0.5, 1], seeds=[3, 4]))  # no rule: the run at ×1 counts
+    assert [r.id for r in off.chosen_runs("pkm")] == ["lr1-seed3", "lr1-seed4"] and off.diverged(
+        off.run("pkm", 1, 4)) == ""
+
+
+def test_robustness_recomputes_each_claim_at_the_next_lower_factor(tmp_path):
+    """robustness: true adds every seed at each cell's next lower factor (tested once the settings are final); the
+    report judges the claim again with a, then b, moved there, at the claim's Holm level; "not run" where the
+    tests are missing."""
+    study = load_study(write_study(tmp_path, lr_grid=[0.5, 1, 2], seeds=[3, 4], robustness=True))
+    for cell in ("pkm", "dense"):
+        for factor, valid in {0.5: [40.0], 1: [20.0], 2: [30.0]}.items():
+            fake_trained(study.run(cell, factor, 3), valid)
+    assert study.neighbour("pkm") == 0.5 and [r.id for r in study.robustness_runs("pkm")] == [
+        "lr0.5-seed3", "lr0.5-seed4"]
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
+        (TRAIN, "pkm", "lr1-seed4"), (TRAIN, "dense", "lr1-seed4"), (TRAIN, "pkm", "lr0.5-seed4"),
+        (TRAIN, "dense", "lr0.5-seed4")]
+    for cell, tests in (("pkm", (100.0, 110.0)), ("dense", (120.0, 131.0))):
+        for seed, test in zip((3, 4), tests):
+            fake_trained(study.run(cell, 1, seed), [20.0], test=test)
+    fake_trained(study.run("pkm", 0.5, 4), [41.0])
+    (study.run("pkm", 0.5, 3).results / "test.json").write_text(json.dumps({"ppl": 128.0}))
+    (study.run("pkm", 0.5, 4).results / "test.json").write_text(json.dumps({"ppl": 139.0}))
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
+        (TRAIN, "dense", "lr0.5-seed4"), (TEST, "dense", "lr0.5-seed3")]  # settings final: the neighbours test
+    report = write_report(study).read_text()
+    # pkm at ×0.5 − dense at ×1: 128 − 120, 139 − 131 = +8, +8 (no spread: the point interval, reversed)
+    assert "| `pkm` ×0.5: +8.00, **reversed**; `dense` ×0.5: not run (0 of 2 seeds tested) |" in report
+    assert "(the study runs them)" in report
 
 
 def trained_in_process(job) -> int:

@@ -6,8 +6,11 @@
 
 The study file and its runs: study_plan.py. `run` trains, in N streams (processes side by side, one run
 each), the first seed of every cell at every factor of its grid; once a cell's grid is trained it
-chooses the cell's factor on valid perplexity, then trains the other seeds at that factor and evaluates
-the chosen runs on the test split (those only), before any other cell's grid run. A run already trained
+chooses the cell's factor on valid perplexity, then trains the other seeds at that factor (and, under the
+study's divergence rule, a diverged seed again at the next lower factor) before any other cell's grid run.
+The test split is read only once every cell's settings are final (study_plan.Study.open_cells): then the
+chosen runs (and with `robustness`, every seed at each cell's next lower factor) are evaluated on it;
+before, a test evaluation is refused in one line naming the cells still open. A run already trained
 (run.json in the results) is skipped, a test already evaluated (test.json) too; a run that was cut
 resumes from its checkpoint.pt (train.py, same exp_id). So the same command, run again, finishes a study
 cut anywhere, and gives the files an uninterrupted one gives. Each run's small files are copied to the
@@ -50,14 +53,24 @@ class Job:
         return f"{self.run.cell}/{self.run.id} {self.kind}"
 
 
-def pending(study: Study) -> list[Job]:
-    """What is left to do now: first the other seeds and the tests of the cells already chosen (a cell's
-    choice exists once its grid is trained), then the grids' runs; so a study cut before its end has its
-    chosen cells complete, every seed tested, and their comparisons can be read."""
-    jobs = []
-    for cell in study.cells:
-        jobs += [Job(TEST if r.trained else TRAIN, r) for r in study.chosen_runs(cell) if not r.tested]
-    return jobs + [Job(TRAIN, r) for cell in study.cells for r in study.grid_runs(cell) if not r.trained]
+def pending(study: Study, whole: Study | None = None) -> list[Job]:
+    """What may be done now: first the other seeds of the cells already chosen (a cell's choice exists once its
+    grid is trained; a diverged seed's re-run too), then the grids' runs, then the robustness runs; the tests
+    only once `whole` (the study `study` is a part of; itself by default) has no open cell."""
+    chosen = [r for cell in study.cells for r in study.chosen_runs(cell)]
+    neighbours = [r for cell in study.cells for r in study.robustness_runs(cell)]
+    jobs = [Job(TRAIN, r) for r in chosen if not r.trained]
+    jobs += [Job(TRAIN, r) for cell in study.cells for r in study.grid_runs(cell) if not r.trained]
+    jobs += [Job(TRAIN, r) for r in neighbours if not r.trained]
+    if not (whole or study).open_cells():
+        jobs += [Job(TEST, r) for r in chosen + neighbours if r.trained and not r.tested]
+    return jobs
+
+
+def withheld(study: Study) -> int:
+    """The test evaluations waiting for the study's settings to be final (trained runs not yet tested)."""
+    runs = [r for cell in study.cells for r in (*study.chosen_runs(cell), *study.robustness_runs(cell))]
+    return sum(r.trained and not r.tested for r in runs)
 
 
 def launch_process(job: Job) -> int:
@@ -88,11 +101,16 @@ def collect(job: Job) -> None:
     write_text(run.results / "run.json", json.dumps(info, indent=2) + "\n")
 
 
-def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = launch_process) -> int:
-    """Runs every pending job, `streams` at a time (one: here, in this thread); see the module docstring."""
+def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = launch_process,
+              whole: Study | None = None) -> int:
+    """Runs every pending job, `streams` at a time (one: here, in this thread); see the module docstring. `whole`:
+    the study `study` is a part of (`--only`), whose open cells withhold the tests."""
     failed, stopped, running = set(), False, {}
+    whole = whole or study
 
     def execute(job: Job) -> int:
+        if job.kind == TEST:
+            whole.test_guard()
         start = time.time()
         status = launch(job)
         if status == 0:
@@ -104,7 +122,7 @@ def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = lau
     with ThreadPoolExecutor(max(1, streams)) as pool:
         while True:
             if not stopped:
-                for job in pending(study):
+                for job in pending(study, whole):
                     if len(running) >= streams:
                         break
                     if job.name in failed or job.name in running:
@@ -129,24 +147,38 @@ def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = lau
     if failed:
         print(f"study {study.name}: {len(failed)} job(s) failed: {', '.join(sorted(failed))}", file=sys.stderr)
         return 1
+    if withheld(study):
+        try:
+            whole.test_guard()
+        except StudyError as e:
+            print(f"{e} ({withheld(study)} test evaluation(s) wait)", file=sys.stderr)
+            return 0
     print(f"study {study.name}: every run is done", flush=True)
     return 0
 
 
 def describe(study: Study) -> list[str]:
-    """One line per run known now (grids, then the chosen factors' seeds): cell, run, state, steps, command."""
+    """One line per run known now (grids, the chosen factors' seeds and their divergence re-runs, the robustness
+    runs): cell, run, state, steps, command; last, whether the test split may be read."""
     lines = []
     for cell in study.cells:
-        runs = {r.id: r for r in [*study.grid_runs(cell), *study.chosen_runs(cell)]}
+        runs = {r.id: r for r in [*study.grid_runs(cell), *(r for rs in study.seed_runs(cell).values() for r in rs),
+                                  *study.robustness_runs(cell)]}
         choice = study.choice(cell)
         lines.append(f"{cell}: " + (f"lr ×{choice.factor:g} chosen" + (f" (at the {choice.edge} end of the grid)"
                                                                        if choice.edge else "")
                                     if choice else "lr not chosen yet (the first seed's grid is not trained)"))
+        rerun = {r.id: f"; diverged ({study.diverged(r)}): re-run at ×{later.factor:g}"
+                 for chain in study.seed_runs(cell).values() for r, later in zip(chain, chain[1:])}
         for r in runs.values():
             state = "tested" if r.tested else "trained" if r.trained else \
                 "partial" if (r.run.run_dir / "checkpoint.pt").exists() else "new"
-            lines.append(f"  {r.id} [{state}] {r.steps} steps × {r.tokens_per_step} tokens: "
+            lines.append(f"  {r.id} [{state}{rerun.get(r.id, '')}] {r.steps} steps × {r.tokens_per_step} tokens: "
                          f"{shlex.join(r.train_command())}")
+    still = study.open_cells()
+    lines.append("test split: " + ("may be read (every cell's settings are final)" if not still else
+                                   "not before every cell's settings are final; still open: "
+                                   + "; ".join(f"{c} ({why})" for c, why in still.items())))
     return lines
 
 
@@ -166,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench", nargs="*", default=[], help="speed benchmark JSON with rows per cell (report)")
     args = parser.parse_args(argv)
     try:
-        study = load_study(args.study)
+        study = whole = load_study(args.study)
         if args.only and args.command != "report":
             study = study.only(args.only)
         if args.command == "plan":
@@ -176,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             benches = [read_bench(Path(b)) for b in args.bench]
             print(f"wrote {write_report(study, benches)}")
             return 0
-        return run_study(study, args.streams)
+        return run_study(study, args.streams, whole=whole)
     except USER_ERRORS as e:
         return fail("study", e)
     except KeyboardInterrupt:  # the runs got the Ctrl-C too: each saved a checkpoint and stopped

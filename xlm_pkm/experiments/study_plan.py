@@ -11,6 +11,8 @@ tokens. Its file (YAML; relative paths are from the repository root):
     lr_grid: [0.5, 1, 2]         # factors on every learning rate of a cell together
     lr_extend: 2                 # optional (default 0): steps the grid may grow past an end (see below)
     lr_refine: 1                 # optional (default 0): halvings of the step around the best (see below)
+    diverge_ratio: 1.2           # optional (default 0: no rule): the divergence rule (see below)
+    robustness: true             # optional (default false): every seed also at each cell's next lower factor
     set: [train.num_threads=1]   # optional: overrides for every run (a cell's own come after them)
     world_size: 1                # optional: processes per run (torchrun beyond 1)
     test_max_batches: 0          # optional: test batches evaluated (0: the whole split)
@@ -40,6 +42,20 @@ at an end after them is flagged (the optimum may lie beyond it). Then, lr_refine
 around the best factor: the geometric midpoints between it and each of its trained neighbours (√(f·g): ×2√2 and
 ×4√2 around ×4 on a ×2 grid) are trained, and the best over every trained factor is the new best.
 
+The divergence rule (diverge_ratio r > 0), decided from a trained run's metrics.jsonl: the run diverged when a
+valid perplexity is not finite, or its last valid perplexity is above r × its lowest (it blew up after its
+best), or, for a seed other than the first, its lowest valid perplexity is above r × the first seed's lowest
+at the same factor. A seed whose run at the chosen factor diverged is run again at the next lower factor of the
+cell's grid (and again, while that one diverges and a lower factor is left); its last run is the one tested and
+compared, and the report shows the diverged one beside it.
+
+Robustness (robustness: true): every seed also runs at each cell's next lower factor of its grid (the
+neighbour: the upper one is where runs diverge), tested once the settings are final; the report re-computes
+each claim with a, then b, at its neighbour (whatever runs hold it, declared or not: "not run" otherwise).
+
+The test split is read only once the study's settings are final (`open_cells`: every cell's factor chosen, and
+every seed's run trained, re-runs of the divergence rule included): no choice can then move after a test read.
+
 Run `<cell>`, factor f, seed s is the run directory DUMP/<cell>/lr<f>-seed<s> (train.py's exp_name and
 exp_id, so that the same command resumes it) and the results folder RESULTS/<cell>/lr<f>-seed<s>:
 config.yaml, metrics.jsonl and run.json (the exact commands; written last: the run is trained) once
@@ -63,7 +79,8 @@ from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scal
 LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
 LR_RATIOS = ("engram_lr_scale", "values_lr_start_factor")
 KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "lr_extend", "lr_refine", "set",
-        "world_size", "test_max_batches", "dump", "results", "report", "cells", "comparisons"}
+        "world_size", "test_max_batches", "dump", "results", "report", "cells", "comparisons", "diverge_ratio",
+        "robustness"}
 
 
 class StudyError(UserError, ValueError):
@@ -120,13 +137,17 @@ class StudyRun:
     def evaluate_command(self) -> list[str]:
         return ["python", "evaluate.py", *self.run.evaluate_argv()]
 
-    def valid_ppl(self) -> float:
-        """The lowest valid perplexity of the trained run (the one of best.pt), from its metrics.jsonl."""
+    def valid_curve(self) -> list[float]:
+        """The valid perplexity of each evaluation of the trained run, in order, from its metrics.jsonl."""
         events = [json.loads(line) for line in (self.results / "metrics.jsonl").read_text().splitlines() if line]
         ppl = [e["ppl"] for e in events if e["event"] == "valid"]
         if not ppl:
             raise StudyError(f"{self.results / 'metrics.jsonl'}: no valid evaluation to choose a learning rate on")
-        return min(ppl)
+        return ppl
+
+    def valid_ppl(self) -> float:
+        """The lowest valid perplexity of the trained run (the one of best.pt), from its metrics.jsonl."""
+        return min(self.valid_curve())
 
 
 def run_id(factor: float, seed: int) -> str:
@@ -152,6 +173,8 @@ class Study:
     comparisons: tuple[Comparison, ...] = field(default_factory=tuple)
     lr_extend: int = 0
     lr_refine: int = 0
+    diverge_ratio: float = 0.0  # the divergence rule's r (module docstring); 0: no rule
+    robustness: bool = False  # every seed also at each cell's next lower factor
 
     def base_overrides(self, cell: str) -> list[str]:
         """The overrides of `cell` before the budget, the learning rate and the seed."""
@@ -231,9 +254,70 @@ class Study:
         return Choice(cell, valid, best, edge)
 
     def chosen_runs(self, cell: str) -> list[StudyRun]:
-        """Every seed's run at the chosen factor ([] before the choice): the runs evaluated on test."""
+        """Every seed's run at the chosen factor ([] before the choice), or, where the divergence rule re-ran it,
+        its last re-run: the runs evaluated on test and compared."""
+        return [runs[-1] for runs in self.seed_runs(cell).values()]
+
+    def seed_runs(self, cell: str) -> dict[int, list[StudyRun]]:
+        """{seed: its runs from the chosen factor down} ({} before the choice): the run at the chosen factor, then,
+        while the last is trained and diverged (`diverged`) and the grid has a lower factor, the run there."""
         choice = self.choice(cell)
-        return [] if choice is None else [self.run(cell, choice.factor, s) for s in self.seeds]
+        if choice is None:
+            return {}
+        lower = sorted((f for f in self.grid(cell) if f < choice.factor), reverse=True)
+        out = {}
+        for seed in self.seeds:
+            runs = [self.run(cell, choice.factor, seed)]
+            while runs[-1].trained and self.diverged(runs[-1]) and len(runs) <= len(lower):
+                runs.append(self.run(cell, lower[len(runs) - 1], seed))
+            out[seed] = runs
+        return out
+
+    def diverged(self, run: StudyRun) -> str:
+        """Why the trained run diverged under the divergence rule (module docstring), "" if it did not (or no rule)."""
+        if not self.diverge_ratio:
+            return ""
+        curve, r = run.valid_curve(), self.diverge_ratio
+        if not all(map(math.isfinite, curve)):
+            return "a valid perplexity not finite"
+        if curve[-1] > r * min(curve):
+            return f"last valid {curve[-1]:.1f} > {r:g} × its best {min(curve):.1f}"
+        first = self.run(run.cell, run.factor, self.seeds[0])
+        if run.seed != self.seeds[0] and first.trained and min(curve) > r * first.valid_ppl():
+            return f"best valid {min(curve):.1f} > {r:g} × seed {self.seeds[0]}'s {first.valid_ppl():.1f}"
+        return ""
+
+    def neighbour(self, cell: str) -> float | None:
+        """The factor of the cell's grid just below its choice (None: no choice yet, or the choice is the lowest)."""
+        choice = self.choice(cell)
+        lower = [f for f in self.grid(cell) if choice and f < choice.factor]
+        return max(lower) if lower else None
+
+    def robustness_runs(self, cell: str) -> list[StudyRun]:
+        """Every seed's run at the cell's neighbour factor, when the study asks for robustness ([] otherwise)."""
+        factor = self.neighbour(cell) if self.robustness else None
+        return [] if factor is None else [self.run(cell, factor, s) for s in self.seeds]
+
+    def open_cells(self) -> dict[str, str]:
+        """{cell: what is still open} for each cell whose settings are not final: its factor not chosen, or a
+        seed's run (a divergence re-run included) not trained. Empty: the test split may be read."""
+        out = {}
+        for cell in self.cells:
+            grid = self.grid_runs(cell)
+            if self.choice(cell) is None:
+                out[cell] = f"lr not chosen, {sum(r.trained for r in grid)} of {len(grid)} grid runs trained"
+                continue
+            untrained = [r.id for r in self.chosen_runs(cell) if not r.trained]
+            if untrained:
+                out[cell] = f"{', '.join(untrained)} not trained"
+        return out
+
+    def test_guard(self) -> None:
+        """Refuses (one-line StudyError) a test read while a cell's settings are open (`open_cells`)."""
+        still = self.open_cells()
+        if still:
+            raise StudyError(f"study {self.name}: no test read before every cell's settings are final; still open: "
+                             + "; ".join(f"{cell} ({why})" for cell, why in still.items()))
 
 
 def _factor(x: float) -> float:
@@ -283,6 +367,10 @@ def load_study(path: Path) -> Study:
           "a number of steps the grid may grow past an end (0: none)")
     check(isinstance(raw.get("lr_refine", 0), int) and raw.get("lr_refine", 0) >= 0, "lr_refine",
           "a number of refinements around the best factor (0: none)")
+    check(isinstance(raw.get("diverge_ratio", 0), (int, float)) and (raw.get("diverge_ratio", 0) == 0
+                                                                     or raw.get("diverge_ratio", 0) > 1),
+          "diverge_ratio", "a ratio above 1 (0: no divergence rule)")
+    check(isinstance(raw.get("robustness", False), bool), "robustness", "true or false")
     check(raw.get("scale", "paper") in SCALES, "scale", f"one of {', '.join(SCALES)}")
     check(isinstance(raw.get("set", []), list), "set", "a list of key=value overrides")
     check(isinstance(raw.get("world_size", 1), int) and raw.get("world_size", 1) >= 1, "world_size",
@@ -310,4 +398,5 @@ def load_study(path: Path) -> Study:
                  raw["eval_every_tokens"], _path(raw.get("dump"), REPO / "dumped" / "study" / str(raw["name"])),
                  _path(raw.get("results"), here / "runs"), _path(raw.get("report"), here / "report.md"),
                  str(raw.get("scale", "paper")), tuple(map(str, raw.get("set", []))), raw.get("world_size", 1),
-                 raw.get("test_max_batches", 0), tuple(comparisons), raw.get("lr_extend", 0), raw.get("lr_refine", 0))
+                 raw.get("test_max_batches", 0), tuple(comparisons), raw.get("lr_extend", 0), raw.get("lr_refine", 0),
+                 float(raw.get("diverge_ratio", 0)), raw.get("robustness", False))

@@ -10,7 +10,10 @@ three quarters of the run's T steps, mean over the cell's seeds. Compute: total 
 and training FLOPs per token of the run's config.yaml (reproduce.model_size, on the meta device), and
 the median of the training tokens/s the runs logged (runs side by side share the machine: a rough
 speed, not a benchmark), and with `--bench FILE` the tokens/s of a benchmark's rows named after the
-cells (benchmarks/variants_speed.py: every cell timed alone, interleaved).
+cells (benchmarks/variants_speed.py: every cell timed alone, interleaved). Under the study's divergence rule
+(study_plan.py) a cell's row names each diverged run, why, and its re-run one factor lower (the one compared);
+a per-seed difference from a re-run carries its factor. Robustness: each claim again with a, then b, at its
+cell's next lower factor (the other at its choice), wherever every seed there is tested; "not run" otherwise.
 """
 
 from __future__ import annotations
@@ -56,10 +59,25 @@ def last_quarter(run: StudyRun) -> float | None:
     return (valid[max(early)] - valid[run.steps]) / valid[max(early)]
 
 
-def tested_ppl(study: Study, cell: str) -> dict[int, float]:
-    """{seed: test perplexity} of the cell's runs at its chosen factor that are evaluated (and only those)."""
-    return {r.seed: json.loads((r.results / "test.json").read_text())["ppl"]
-            for r in study.chosen_runs(cell) if r.tested}
+def tested_ppl(study: Study, cell: str, factor: float | None = None) -> dict[int, float]:
+    """{seed: test perplexity} of the cell's runs that are evaluated: at its chosen factor (a diverged seed's re-run
+    in its place, study_plan.Study.chosen_runs), or, with `factor`, at that factor."""
+    runs = study.chosen_runs(cell) if factor is None else [study.run(cell, factor, s) for s in study.seeds]
+    return {r.seed: json.loads((r.results / "test.json").read_text())["ppl"] for r in runs if r.tested}
+
+
+def diverged_text(study: Study, cell: str) -> str:
+    """Each run the divergence rule replaced: "seed 1 ×8 (test 74.8; best valid 73.4 > 1.2 × seed 0's 58.9) ->
+    ×5.66 (not trained)"; "·" for none."""
+    parts = []
+    for seed, chain in study.seed_runs(cell).items():
+        for run, later in zip(chain, chain[1:]):
+            test = f"test {tested_ppl(study, cell, run.factor)[seed]:.1f}; " if run.tested else ""
+            state = f"test {tested_ppl(study, cell, later.factor)[seed]:.1f}" if later.tested else \
+                "trained, not tested" if later.trained else "not trained"
+            parts.append(f"seed {seed} ×{run.factor:.3g} ({test}{study.diverged(run)}) -> ×{later.factor:.3g} "
+                         f"({state})")
+    return "; ".join(parts) or "·"
 
 
 def memory_use(study: Study, cell: str) -> str:
@@ -92,7 +110,13 @@ def header(study: Study, m: int) -> str:
            if study.lr_extend else "A choice at an end of the grid is flagged: the best may lie beyond it.")
         + (f" Then, {study.lr_refine} time(s), the grid is refined around the best factor: the geometric midpoints "
            f"between it and its trained neighbours are trained too, and the best over all is chosen."
-           if study.lr_refine else ""),
+           if study.lr_refine else "")
+        + " The test split is read only once every cell's settings are final."
+        + (f" **Divergence rule** (declared: ratio {study.diverge_ratio:g}): a run diverged when a valid perplexity "
+           f"is not finite, its last valid perplexity is above {study.diverge_ratio:g}× its lowest, or (a seed "
+           f"other than {study.seeds[0]}) its lowest is above {study.diverge_ratio:g}× seed {study.seeds[0]}'s at "
+           f"the same factor; such a seed is run again at the next lower factor of its cell's grid, which is "
+           f"tested and compared, and the cells' table names both." if study.diverge_ratio else ""),
         f"**Comparisons.** Each claim says that cell a has a lower test perplexity than cell b. Seeds pair the runs "
         f"(same seed: same data order), so the numbers are the per-seed differences a − b: their mean, its 95% "
         f"interval (Student t with n − 1 degrees of freedom) and the sign on every seed (− where a is lower, as "
@@ -104,7 +128,10 @@ def header(study: Study, m: int) -> str:
         f"number of seeds n at which the 95% interval, and the interval at Holm's strictest level 1 − {ALPHA:g}/{m} "
         f"(where Holm rejects whatever the other comparisons), would exclude 0 if the mean and sd of the "
         f"differences stayed as observed: t_{{(1+c)/2, n−1}} · sd / √n < |mean|. The mean and sd come from these "
-        f"few seeds: a rough figure, not a probability of deciding.",
+        f"few seeds: a rough figure, not a probability of deciding. Robustness: the claim again with a, then b, at "
+        f"its cell's next lower factor (the other at its choice), judged at the claim's Holm level, where every "
+        f"seed there is tested" + (" (the study runs them)" if study.robustness else " (runs the study did not ask "
+                                   "for: mostly not run)") + ".",
     ])
 
 
@@ -130,12 +157,13 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
     for cell, (config, _) in study.cells.items():
         runs = [r for r in study.chosen_runs(cell) if r.trained]
         if not runs:
-            rows.append([f"`{cell}`", f"`{config}`", *["·"] * 11])
+            rows.append([f"`{cell}`", f"`{config}`", *["·"] * (12 if study.diverge_ratio else 11)])
             continue
         cfg = load_config(runs[0].results / "config.yaml")
         size = model_size(cfg, cfg.data.bptt)
         test = tested_ppl(study, cell)
         quarter = [q for q in map(last_quarter, runs) if q is not None]
+        diverged = [diverged_text(study, cell)] if study.diverge_ratio else []
         speed = [e["tokens_per_sec"] for r in runs for e in events(r, "train") if e["step"] > 1]
         rows.append([f"`{cell}`", f"`{config}`", Measure(tuple(test.values())).text() if test else "·",
                      f"{len(test)}/{len(study.seeds)}", memory_use(study, cell), _count(size["total"]),
@@ -143,12 +171,12 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
                      f"{size['flops'] / 1e6:.2f}M", f"{statistics.median(speed):,.0f}" if speed else "·",
                      f"{speeds[cell]:,.0f}" if cell in speeds else "·",
                      f"{runs[0].steps * runs[0].tokens_per_step:,}",
-                     f"{100 * statistics.mean(quarter):.1f}" if quarter else "·", str(len(runs))])
+                     f"{100 * statistics.mean(quarter):.1f}" if quarter else "·", str(len(runs)), *diverged])
     return _md_table(["cell", "config", "test ppl (mean ± sd)", "seeds tested", "memory usage %/KL (test)", "params",
                       "active params",
                       "train FLOPs/token", "logged train tokens/s", "benchmark tokens/s", "tokens",
                       "last-quarter improvement %",
-                      "runs"], rows)
+                      "runs", *(["diverged (the rule) -> re-run"] if study.diverge_ratio else [])], rows)
 
 
 def seeds_needed(pair: Paired, m: int) -> str:
@@ -157,24 +185,54 @@ def seeds_needed(pair: Paired, m: int) -> str:
     return " / ".join("·" if n is None else str(n) for n in (pair.seeds_needed(), pair.seeds_needed(1 - ALPHA / m)))
 
 
+def robustness(study: Study, a: str, b: str, tests: dict[str, dict[int, float]], level: float) -> str:
+    """The claim a < b again with a, then b, at its cell's next lower factor (the other at its choice): the mean
+    and the verdict of the interval at `level` (the claim's Holm level), over the seeds tested there."""
+    parts = []
+    for cell in (a, b):
+        factor = study.neighbour(cell)
+        if factor is None:
+            parts.append(f"`{cell}` lower: none in its grid")
+            continue
+        there = tested_ppl(study, cell, factor)
+        if len(there) < len(study.seeds):
+            parts.append(f"`{cell}` ×{factor:.3g}: not run ({len(there)} of {len(study.seeds)} seeds tested)")
+            continue
+        pair = paired(there, tests[b]) if cell == a else paired(tests[a], there)
+        if pair.n < 2:
+            parts.append(f"`{cell}` ×{factor:.3g}: fewer than 2 paired seeds")
+            continue
+        lo, hi = pair.interval(level)
+        verdict = HOLDS if hi < 0 else REVERSED if lo > 0 else INCONCLUSIVE
+        parts.append(f"`{cell}` ×{factor:.3g}: {pair.mean:+.2f}, **{verdict}**")
+    return "; ".join(parts)
+
+
 def comparison_table(study: Study) -> str:
     tests = {cell: tested_ppl(study, cell) for cell in study.cells}
     pairs = [paired(tests[c.a], tests[c.b]) for c in study.comparisons]
     adjusted = holm(pairs)
+    factors = {cell: ({r.seed: r.factor for r in study.chosen_runs(cell)}, study.choice(cell)) for cell in study.cells}
+
+    def rerun(cell: str, seed: int) -> str:  # the factor of a seed's divergence re-run, "" at the choice
+        by_seed, choice = factors[cell]
+        return "" if by_seed[seed] == choice.factor else f" (`{cell}` ×{by_seed[seed]:.3g})"
+
     rows = []
     for c, pair, adj in zip(study.comparisons, pairs, adjusted):
-        seeds = ", ".join(f"{s}: {d:+.2f}" for s, d in zip(pair.seeds, pair.diffs))
+        seeds = ", ".join(f"{s}: {d:+.2f}{rerun(c.a, s)}{rerun(c.b, s)}" for s, d in zip(pair.seeds, pair.diffs))
         if pair.n < 2:
             rows.append([c.claim, f"`{c.a}` − `{c.b}`", seeds or "·", pair.signs() or "·", "·", "·", "·", "·",
-                         f"{INCONCLUSIVE} (fewer than 2 paired seeds)", "·"])
+                         f"{INCONCLUSIVE} (fewer than 2 paired seeds)", "·", "·"])
             continue
         lo, hi = pair.interval()
         (alo, ahi), level = adj.interval, adj.level
         rows.append([c.claim, f"`{c.a}` − `{c.b}`", seeds, pair.signs(), f"{pair.mean:+.2f}",
                      f"[{lo:+.2f}, {hi:+.2f}]", f"[{alo:+.2f}, {ahi:+.2f}] at {100 * level:.2f}%", f"{adj.p:.3g}",
-                     f"**{adj.verdict}**", seeds_needed(pair, len(pairs))])
+                     f"**{adj.verdict}**", seeds_needed(pair, len(pairs)), robustness(study, c.a, c.b, tests, level)])
     return _md_table(["claim", "difference", "per seed", "signs", "mean", "95% interval", "Holm-adjusted interval",
-                      "Holm p", "verdict", "seeds needed (95% / Holm's strictest)"], rows)
+                      "Holm p", "verdict", "seeds needed (95% / Holm's strictest)",
+                      "at the next lower lr (a, then b, moved; at the Holm level)"], rows)
 
 
 def plot_curves(study: Study, path: Path) -> Path | None:
@@ -203,6 +261,7 @@ def write_report(study: Study, benches: list[dict] = ()) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     figure = plot_curves(study, out.parent / "learning_curves.png")
     missing = [cell for cell in study.cells if len(tested_ppl(study, cell)) < len(study.seeds)]
+    still = study.open_cells()
     parts = [
         header(study, len(study.comparisons)),
         "## Learning rates chosen on validation\n\n"
@@ -212,6 +271,8 @@ def write_report(study: Study, benches: list[dict] = ()) -> Path:
         *([f"![learning curves]({figure.name})"] if figure else []),
         *(["## Comparisons\n\n" + comparison_table(study)] if study.comparisons else []),
         *([f"Not finished yet: {', '.join(f'`{c}`' for c in missing)}."] if missing else []),
+        *(["Settings not final, so no new test read yet: "
+           + "; ".join(f"`{c}` ({why})" for c, why in still.items()) + "."] if still else []),
     ]
     write_text(out, "\n\n".join(parts) + "\n")
     return out
