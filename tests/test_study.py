@@ -17,7 +17,7 @@ from xlm_pkm.experiments import study as study_cli
 from xlm_pkm.experiments.reproduce import MATCHED, REPO, SCALES, plan
 from xlm_pkm.experiments.study import TEST, TRAIN, pending, run_study
 from xlm_pkm.experiments.study_plan import LR_KEYS, LR_RATIOS, StudyError, load_study
-from xlm_pkm.experiments.study_report import write_report
+from xlm_pkm.experiments.study_report import seed_values, write_report
 
 TIMING = {"time", "tokens_per_sec", "words_per_sec", "eta_s"}  # what differs between two runs of the same run
 
@@ -61,7 +61,9 @@ def test_the_variants_study_file_reads(tmp_path):
     ({"diverge_ratio": 0.5}, "diverge_ratio: a ratio above 1 (0: no divergence rule), not 0.5"),
     ({"robustness": "yes"}, "robustness: true or false, not 'yes'"),
     ({"cells": {"x": {"config": "configs/nope.yaml"}}}, "cells.x.config: no such file configs/nope.yaml"),
-    ({"comparisons": [{"a": "pkm", "b": "peer"}]}, "comparisons[0]: {a: CELL, b: CELL, claim: TEXT} with cells"),
+    ({"comparisons": [{"a": "pkm", "b": "peer"}]}, "comparisons[0]: {a: CELL, b: CELL, claim: TEXT, metric: ppl | "
+                                                   "usage} with cells"),
+    ({"comparisons": [{"a": "pkm", "b": "dense", "metric": "kl"}]}, "comparisons[0]: {a: CELL, b: CELL, claim: TEXT"),
 ])
 def test_a_bad_study_file_is_one_line_naming_the_key(tmp_path, capsys, change, message):
     path = write_study(tmp_path, **change)
@@ -314,6 +316,23 @@ def test_robustness_recomputes_each_claim_at_the_next_lower_factor(tmp_path):
     # pkm at ×0.5 − dense at ×1: 128 − 120, 139 − 131 = +8, +8 (no spread: the point interval, reversed)
     assert "| `pkm` ×0.5: +8.00, **reversed**; `dense` ×0.5: not run (0 of 2 seeds tested) |" in report
     assert "(the study runs them)" in report
+
+
+def test_a_comparison_of_usage_pairs_the_first_memory_layers_test_usage(tmp_path):
+    """metric: usage compares the first memory layer's test usage % seed by seed (Table 2's "BatchNorm raises
+    usage"); a cell without a memory has no usage: fewer than 2 paired seeds."""
+    study = load_study(write_study(tmp_path, lr_grid=[1], seeds=[3, 4], comparisons=[
+        {"a": "dense", "b": "pkm", "metric": "usage", "claim": "the first uses less"},
+        {"a": "pkm", "b": "pkm", "metric": "usage", "claim": "itself"}]))
+    for seed, (low, high) in {3: (40.0, 90.0), 4: (50.0, 95.0)}.items():
+        fake_trained(study.run("pkm", 1, seed), [20.0])
+        memories = [{"layer": 5, "usage": high, "kl": 1.0}, {"layer": 2, "usage": low, "kl": 2.0}]
+        (study.run("pkm", 1, seed).results / "test.json").write_text(json.dumps({"ppl": 100.0, "memories": memories}))
+        fake_trained(study.run("dense", 1, seed), [30.0], test=120.0)
+    assert seed_values(study, "pkm", metric="usage") == {3: 40.0, 4: 50.0}  # layer 2: the first
+    report = write_report(study).read_text()
+    assert "| the first uses less | `dense` − `pkm` (usage %) | · | · | · |" in report  # dense has no memory
+    assert "| itself | `pkm` − `pkm` (usage %) | 3: +0.00, 4: +0.00 | 00 |" in report
 
 
 def trained_in_process(job) -> int:

@@ -24,6 +24,7 @@ tokens. Its file (YAML; relative paths are from the repository root):
       dense: {config: configs/variants/paper/dense_params.yaml, set: [model.ffn_dim=595]}
     comparisons:                 # the claims "a has a lower test perplexity than b", paired by seed
       - {a: pkm, b: dense, claim: "PKM beats a dense model of its parameters"}
+      - {a: dense, b: pkm, metric: usage, claim: "..."}  # metric (default ppl): usage, the first memory's test usage %
 
 A run's overrides, in order: the scale's, the study's `set`, the cell's `set`, then the budget
 (train.max_steps = ⌈tokens / (data.batch_size × data.bptt × optim.accumulate × world_size)⌉,
@@ -87,11 +88,15 @@ class StudyError(UserError, ValueError):
     """A study file that cannot be run as written."""
 
 
+METRICS = ("ppl", "usage")  # what a comparison compares: test perplexity, or the first memory's test usage %
+
+
 @dataclass(frozen=True)
 class Comparison:
     a: str
     b: str
     claim: str
+    metric: str = "ppl"  # one of METRICS: a's is claimed lower than b's
 
 
 @dataclass(frozen=True)
@@ -388,11 +393,12 @@ def load_study(path: Path) -> Study:
         cells[str(name)] = (str(cell["config"]), tuple(map(str, cell.get("set", []))))
     comparisons = []
     for i, c in enumerate(raw.get("comparisons") or []):
-        if not isinstance(c, dict) or set(c) - {"a", "b", "claim"} or not {"a", "b"} <= set(c) \
-                or not {c["a"], c["b"]} <= set(cells):
-            raise StudyError(f"{path}: comparisons[{i}]: {{a: CELL, b: CELL, claim: TEXT}} with cells of `cells`, "
-                             f"not {c!r}")
-        comparisons.append(Comparison(str(c["a"]), str(c["b"]), str(c.get("claim", f"{c['a']} < {c['b']}"))))
+        if not isinstance(c, dict) or set(c) - {"a", "b", "claim", "metric"} or not {"a", "b"} <= set(c) \
+                or not {c["a"], c["b"]} <= set(cells) or c.get("metric", "ppl") not in METRICS:
+            raise StudyError(f"{path}: comparisons[{i}]: {{a: CELL, b: CELL, claim: TEXT, metric: "
+                             f"{' | '.join(METRICS)}}} with cells of `cells`, not {c!r}")
+        comparisons.append(Comparison(str(c["a"]), str(c["b"]), str(c.get("claim", f"{c['a']} < {c['b']}")),
+                                      c.get("metric", "ppl")))
     here = path.resolve().parent
     return Study(path, str(raw["name"]), cells, tuple(seeds), tuple(sorted(float(f) for f in grid)), raw["tokens"],
                  raw["eval_every_tokens"], _path(raw.get("dump"), REPO / "dumped" / "study" / str(raw["name"])),

@@ -26,7 +26,7 @@ from xlm_pkm.config import load_config
 from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, Paired, holm, paired
 from xlm_pkm.experiments.report import Measure, _md_table, _pyplot, _save
 from xlm_pkm.experiments.reproduce import _shown, model_size
-from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyError, StudyRun
+from xlm_pkm.experiments.study_plan import LR_KEYS, METRICS, Comparison, Study, StudyError, StudyRun
 from xlm_pkm.utils.atomic import write_text
 
 
@@ -59,11 +59,16 @@ def last_quarter(run: StudyRun) -> float | None:
     return (valid[max(early)] - valid[run.steps]) / valid[max(early)]
 
 
-def tested_ppl(study: Study, cell: str, factor: float | None = None) -> dict[int, float]:
-    """{seed: test perplexity} of the cell's runs that are evaluated: at its chosen factor (a diverged seed's re-run
-    in its place, study_plan.Study.chosen_runs), or, with `factor`, at that factor."""
+def seed_values(study: Study, cell: str, factor: float | None = None, metric: str = "ppl") -> dict[int, float]:
+    """{seed: test perplexity} (metric "usage": the first memory layer's test usage %) of the cell's runs that are
+    evaluated: at its chosen factor (a diverged seed's re-run in its place, study_plan.Study.chosen_runs), or, with
+    `factor`, at that factor."""
     runs = study.chosen_runs(cell) if factor is None else [study.run(cell, factor, s) for s in study.seeds]
-    return {r.seed: json.loads((r.results / "test.json").read_text())["ppl"] for r in runs if r.tested}
+    tests = {r.seed: json.loads((r.results / "test.json").read_text()) for r in runs if r.tested}
+    if metric == "ppl":
+        return {seed: t["ppl"] for seed, t in tests.items()}
+    return {seed: min(t["memories"], key=lambda m: m["layer"])["usage"] for seed, t in tests.items()
+            if t.get("memories")}
 
 
 def diverged_text(study: Study, cell: str) -> str:
@@ -72,8 +77,8 @@ def diverged_text(study: Study, cell: str) -> str:
     parts = []
     for seed, chain in study.seed_runs(cell).items():
         for run, later in zip(chain, chain[1:]):
-            test = f"test {tested_ppl(study, cell, run.factor)[seed]:.1f}; " if run.tested else ""
-            state = f"test {tested_ppl(study, cell, later.factor)[seed]:.1f}" if later.tested else \
+            test = f"test {seed_values(study, cell, run.factor)[seed]:.1f}; " if run.tested else ""
+            state = f"test {seed_values(study, cell, later.factor)[seed]:.1f}" if later.tested else \
                 "trained, not tested" if later.trained else "not trained"
             parts.append(f"seed {seed} ×{run.factor:.3g} ({test}{study.diverged(run)}) -> ×{later.factor:.3g} "
                          f"({state})")
@@ -117,7 +122,8 @@ def header(study: Study, m: int) -> str:
            f"other than {study.seeds[0]}) its lowest is above {study.diverge_ratio:g}× seed {study.seeds[0]}'s at "
            f"the same factor; such a seed is run again at the next lower factor of its cell's grid, which is "
            f"tested and compared, and the cells' table names both." if study.diverge_ratio else ""),
-        f"**Comparisons.** Each claim says that cell a has a lower test perplexity than cell b. Seeds pair the runs "
+        f"**Comparisons.** Each claim says that cell a has a lower test perplexity than cell b (or, marked usage %, "
+        f"a lower test usage of its first memory layer). Seeds pair the runs "
         f"(same seed: same data order), so the numbers are the per-seed differences a − b: their mean, its 95% "
         f"interval (Student t with n − 1 degrees of freedom) and the sign on every seed (− where a is lower, as "
         f"claimed). Over the {m} comparison(s) of this report, Holm's correction: the adjusted p-value of the i-th "
@@ -161,7 +167,7 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
             continue
         cfg = load_config(runs[0].results / "config.yaml")
         size = model_size(cfg, cfg.data.bptt)
-        test = tested_ppl(study, cell)
+        test = seed_values(study, cell)
         quarter = [q for q in map(last_quarter, runs) if q is not None]
         diverged = [diverged_text(study, cell)] if study.diverge_ratio else []
         speed = [e["tokens_per_sec"] for r in runs for e in events(r, "train") if e["step"] > 1]
@@ -185,16 +191,16 @@ def seeds_needed(pair: Paired, m: int) -> str:
     return " / ".join("·" if n is None else str(n) for n in (pair.seeds_needed(), pair.seeds_needed(1 - ALPHA / m)))
 
 
-def robustness(study: Study, a: str, b: str, tests: dict[str, dict[int, float]], level: float) -> str:
+def robustness(study: Study, c: Comparison, tests: dict[str, dict[int, float]], level: float) -> str:
     """The claim a < b again with a, then b, at its cell's next lower factor (the other at its choice): the mean
     and the verdict of the interval at `level` (the claim's Holm level), over the seeds tested there."""
-    parts = []
+    parts, a, b = [], c.a, c.b
     for cell in (a, b):
         factor = study.neighbour(cell)
         if factor is None:
             parts.append(f"`{cell}` lower: none in its grid")
             continue
-        there = tested_ppl(study, cell, factor)
+        there = seed_values(study, cell, factor, c.metric)
         if len(there) < len(study.seeds):
             parts.append(f"`{cell}` ×{factor:.3g}: not run ({len(there)} of {len(study.seeds)} seeds tested)")
             continue
@@ -209,8 +215,8 @@ def robustness(study: Study, a: str, b: str, tests: dict[str, dict[int, float]],
 
 
 def comparison_table(study: Study) -> str:
-    tests = {cell: tested_ppl(study, cell) for cell in study.cells}
-    pairs = [paired(tests[c.a], tests[c.b]) for c in study.comparisons]
+    tests = {(cell, metric): seed_values(study, cell, metric=metric) for cell in study.cells for metric in METRICS}
+    pairs = [paired(tests[c.a, c.metric], tests[c.b, c.metric]) for c in study.comparisons]
     adjusted = holm(pairs)
     factors = {cell: ({r.seed: r.factor for r in study.chosen_runs(cell)}, study.choice(cell)) for cell in study.cells}
 
@@ -221,15 +227,17 @@ def comparison_table(study: Study) -> str:
     rows = []
     for c, pair, adj in zip(study.comparisons, pairs, adjusted):
         seeds = ", ".join(f"{s}: {d:+.2f}{rerun(c.a, s)}{rerun(c.b, s)}" for s, d in zip(pair.seeds, pair.diffs))
+        what = f"`{c.a}` − `{c.b}`" + ("" if c.metric == "ppl" else f" ({c.metric} %)")
         if pair.n < 2:
-            rows.append([c.claim, f"`{c.a}` − `{c.b}`", seeds or "·", pair.signs() or "·", "·", "·", "·", "·",
+            rows.append([c.claim, what, seeds or "·", pair.signs() or "·", "·", "·", "·", "·",
                          f"{INCONCLUSIVE} (fewer than 2 paired seeds)", "·", "·"])
             continue
         lo, hi = pair.interval()
         (alo, ahi), level = adj.interval, adj.level
-        rows.append([c.claim, f"`{c.a}` − `{c.b}`", seeds, pair.signs(), f"{pair.mean:+.2f}",
+        rows.append([c.claim, what, seeds, pair.signs(), f"{pair.mean:+.2f}",
                      f"[{lo:+.2f}, {hi:+.2f}]", f"[{alo:+.2f}, {ahi:+.2f}] at {100 * level:.2f}%", f"{adj.p:.3g}",
-                     f"**{adj.verdict}**", seeds_needed(pair, len(pairs)), robustness(study, c.a, c.b, tests, level)])
+                     f"**{adj.verdict}**", seeds_needed(pair, len(pairs)),
+                     robustness(study, c, {cell: tests[cell, c.metric] for cell in study.cells}, level)])
     return _md_table(["claim", "difference", "per seed", "signs", "mean", "95% interval", "Holm-adjusted interval",
                       "Holm p", "verdict", "seeds needed (95% / Holm's strictest)",
                       "at the next lower lr (a, then b, moved; at the Holm level)"], rows)
@@ -260,7 +268,7 @@ def write_report(study: Study, benches: list[dict] = ()) -> Path:
     out = study.report
     out.parent.mkdir(parents=True, exist_ok=True)
     figure = plot_curves(study, out.parent / "learning_curves.png")
-    missing = [cell for cell in study.cells if len(tested_ppl(study, cell)) < len(study.seeds)]
+    missing = [cell for cell in study.cells if len(seed_values(study, cell)) < len(study.seeds)]
     still = study.open_cells()
     parts = [
         header(study, len(study.comparisons)),
