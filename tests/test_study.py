@@ -52,6 +52,30 @@ def test_the_variants_study_file_reads(tmp_path):
     assert load(step5).optim.values_lr_decay_steps == step5.steps  # the decay spans the longer run
 
 
+def test_the_tiny_study_file_re_makes_the_committed_tiny_runs_with_tuned_learning_rates(tmp_path):
+    """results/tiny/study.yaml (issue 61): every cell at ×1 is the committed 400-step run's model, data and optimizer
+    (key by key of runs/<cell>/tiny-seed0/config.yaml), on ≥ 1.6M tokens, 3 seeds, the divergence rule and the
+    robustness runs declared, its claims' cells among them; it writes beside the old report, not over it."""
+    from xlm_pkm.config import load_config, to_dict
+
+    def flat(d, prefix=""):
+        return {k: v for key, value in d.items() for k, v in (flat(value, f"{prefix}{key}.").items()
+                                                              if isinstance(value, dict) else [(prefix + key, value)])}
+
+    study = load_study(REPO / "results/tiny/study.yaml")
+    assert study.seeds == (0, 1, 2) and study.diverge_ratio > 1 and study.robustness and study.lr_refine == 1
+    assert study.results == REPO / "results/tiny/study_runs" and study.report == REPO / "results/tiny/study_report.md"
+    assert len(study.comparisons) == 12 and {"usage", "ppl"} == {c.metric for c in study.comparisons}
+    for cell in study.cells:
+        run = study.run(cell, 1.0, 0)
+        assert run.steps * run.tokens_per_step >= 1_600_000, cell
+        ours = flat(to_dict(load_config(REPO / run.run.config, run.run.overrides)))
+        old = flat(yaml.safe_load((REPO / "results/tiny/runs" / cell / "tiny-seed0/config.yaml").read_text()))
+        differ = {k for k, v in old.items() if k.split(".")[0] in ("model", "data", "optim") and k in ours
+                  and ours[k] != v and k != "model.vocab_size"}  # the vocabulary is resolved when a run starts
+        assert not differ, (cell, differ)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"colour": 1}, "unknown key(s) colour"),
     ({"tokens": -5}, "tokens: a positive number of tokens, not -5"),
