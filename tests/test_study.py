@@ -269,9 +269,11 @@ def test_no_test_read_before_every_cells_settings_are_final(tmp_path, capsys):
         study.test_guard()
     assert study_cli.main(["run", str(path), "--only", "pkm"]) == 0  # nothing it may do now: one line why
     assert capsys.readouterr().err == f"{message} (2 test evaluation(s) wait)\n"
-    assert study_cli.main(["plan", str(path)]) == 0
-    assert capsys.readouterr().out.splitlines()[-1] == ("test split: not before every cell's settings are final; "
-                                                        "still open: dense (lr not chosen, 1 of 2 grid runs trained)")
+    for only in ([], ["--only", "pkm"]):  # a part of the study: the whole study's open cells
+        assert study_cli.main(["plan", str(path), *only]) == 0
+        assert capsys.readouterr().out.splitlines()[-1] == (
+            "test split: not before every cell's settings are final; still open: dense (lr not chosen, 1 of 2 grid "
+            "runs trained)")
     fake_trained(study.run("dense", 1, 3), [35.0])
     assert study.open_cells() == {"dense": "lr1-seed4 not trained"}  # chosen, a seed still to train
     fake_trained(study.run("dense", 1, 4), [36.0])

@@ -157,9 +157,10 @@ def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = lau
     return 0
 
 
-def describe(study: Study) -> list[str]:
+def describe(study: Study, whole: Study | None = None) -> list[str]:
     """One line per run known now (grids, the chosen factors' seeds and their divergence re-runs, the robustness
-    runs): cell, run, state, steps, command; last, whether the test split may be read."""
+    runs): cell, run, state, steps, command; last, whether the test split may be read (for `whole`, the study
+    `study` is a part of: itself by default)."""
     lines = []
     for cell in study.cells:
         runs = {r.id: r for r in [*study.grid_runs(cell), *(r for rs in study.seed_runs(cell).values() for r in rs),
@@ -175,7 +176,7 @@ def describe(study: Study) -> list[str]:
                 "partial" if (r.run.run_dir / "checkpoint.pt").exists() else "new"
             lines.append(f"  {r.id} [{state}{rerun.get(r.id, '')}] {r.steps} steps × {r.tokens_per_step} tokens: "
                          f"{shlex.join(r.train_command())}")
-    still = study.open_cells()
+    still = (whole or study).open_cells()
     lines.append("test split: " + ("may be read (every cell's settings are final)" if not still else
                                    "not before every cell's settings are final; still open: "
                                    + "; ".join(f"{c} ({why})" for c, why in still.items())))
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.only and args.command != "report":
             study = study.only(args.only)
         if args.command == "plan":
-            print("\n".join(describe(study)))
+            print("\n".join(describe(study, whole)))
             return 0
         if args.command == "report":
             benches = [read_bench(Path(b)) for b in args.bench]
