@@ -210,8 +210,8 @@ def fused_read_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.
                      sparse: bool, read_backward: str, table_grad: bool,
                      weights_grad: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The read's (grad_table, grad_weights), each None unless asked for: both by one kernel with read_backward
-    "one_pass" (when both are asked for), else by one kernel each ("two_pass")."""
-    if read_backward == "one_pass" and table_grad and weights_grad:
+    "one_pass" or "auto" (when both are asked for), else by one kernel each ("two_pass")."""
+    if read_backward in ("one_pass", "auto") and table_grad and weights_grad:
         return one_pass_grads(table, indices, weights, grad_out, sparse)
     grad_table = grad_weights = None
     if weights_grad:
