@@ -13,7 +13,8 @@ tensors: save_model / load_model). from_pretrained therefore loads them itself, 
 load_model, rather than through transformers' loader. Decoding keeps the model's KVCache (attention keys
 and values, Engram's N-gram windows) between steps: generate() feeds only the new tokens, as generate.py
 does. A batch must not be padded on the left (an attention mask with zeros is refused): every row is read
-from its first position, as in training.
+from its first position, as in training. Loaded in bf16 or fp16 (from_pretrained's dtype), the memory layers
+stay in float32, as under training's autocast: their input is cast to float32 and their output back.
 """
 
 from __future__ import annotations
@@ -45,6 +46,25 @@ def build_dataclass(cls, raw: dict):
                   else raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
 
 
+class Float32Memory:
+    """Forward hooks that run one memory layer in its own dtype (float32) inside a model cast to a lower one: its
+    input cast to the layer's dtype, its output back to the input's (the layer's numeric rule: model/memory/dtypes.py).
+    In a float32 model they change nothing."""
+
+    def __init__(self, memory: torch.nn.Module):
+        self.dtype = None  # the input's dtype, that of the rest of the model
+        memory.register_forward_pre_hook(self.enter)
+        memory.register_forward_hook(self.leave)
+
+    def enter(self, memory: torch.nn.Module, args: tuple) -> tuple:
+        x, *rest = args  # (B, T, dim)
+        self.dtype = x.dtype
+        return (x.to(next(memory.parameters()).dtype), *rest)
+
+    def leave(self, memory: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.to(self.dtype)
+
+
 class XlmPkmConfig(PretrainedConfig):
     """The run's resolved config: `model` (ModelConfig as a dict) builds the network; data, optim and train
     are kept as the run recorded them."""
@@ -64,6 +84,8 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: XlmPkmConfig):
         super().__init__(config)
         self.lm = TransformerLM(build_dataclass(ModelConfig, config.model))
+        for _, memory in self.lm.memories():
+            Float32Memory(memory)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -85,6 +107,8 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
         dtype = dtype if dtype is not None else torch_dtype
         if dtype not in (None, "auto"):
             model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+            for _, memory in model.lm.memories():  # float32, as trained (Float32Memory)
+                memory.float()
         if isinstance(device_map, (str, torch.device)) and str(device_map) != "auto":
             model.to(device_map)
         elif device_map == "auto" and torch.cuda.is_available():
