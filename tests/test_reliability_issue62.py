@@ -1,6 +1,7 @@
 """Accidents of issues 62 and 63 that lost a user's file, overwrote an input, reused a stale run or said
 nothing of a wrong figure, each reproduced (docs/reliability.md)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -43,3 +44,71 @@ def test_an_export_loaded_in_half_precision_runs_its_memory_in_float32(kind, dty
     assert error < (2**-5 if dtype == torch.bfloat16 else 2**-7)
     ids = model.generate(tokens[:1, :5], max_new_tokens=4, do_sample=False)
     assert ids.shape == (1, 9)
+
+
+# ---- 62.1: a re-export replaces only the files the previous export wrote -------------------------------
+def test_a_reexport_keeps_the_users_own_files_and_removes_only_its_own(reference_run, tmp_path, capsys):
+    """`export best.pt E; echo 'print(1)' > E/analyze.py; export checkpoint.pt E` removed analyze.py (every *.py was
+    taken for the previous export's code). The export lists what it wrote in export_manifest.json: only those files
+    are replaced or removed; a file of one's own is kept, and refused where the export would overwrite it."""
+    from xlm_pkm.inference.export import main
+
+    run, manifest = reference_run(), "export_manifest.json"
+    out = tmp_path / "E"
+    assert main([str(run.best_path), str(out)]) == 0
+    (out / "analyze.py").write_text("print(1)\n")
+    assert main([str(run.ckpt_path), str(out)]) == 0
+    assert (out / "analyze.py").read_text() == "print(1)\n"
+    listed = json.loads((out / manifest).read_text())["files"]
+    assert sorted(listed) == sorted(p.name for p in out.iterdir() if p.name not in (manifest, "analyze.py"))
+    (out / "notes.txt").write_text("mine\n")
+    (out / "old_module.py").write_text("")  # code the previous export wrote, which this one does not
+    (tmp_path / "outside").write_text("mine\n")  # a manifest names files in the folder only
+    (out / manifest).write_text(json.dumps({"files": [*listed, "old_module.py", "../outside"]}))
+    assert main([str(run.ckpt_path), str(out)]) == 0
+    assert (out / "analyze.py").read_text() == "print(1)\n" and (out / "notes.txt").read_text() == "mine\n"
+    assert not (out / "old_module.py").exists() and (tmp_path / "outside").exists()
+    assert sorted(json.loads((out / manifest).read_text())["files"]) == sorted(listed)
+
+    (out / manifest).write_text(json.dumps({"files": [n for n in listed if n != "codes"]}))  # codes: the user's
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    capsys.readouterr()
+    assert main([str(run.best_path), str(out)]) == 2
+    assert one_line(capsys).endswith(f"{out / 'codes'} was not written by the previous export (it is not in its "
+                                     f"{manifest}), and this export writes a file of that name: move it away, or "
+                                     f"export into another folder")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+# ---- 62.11: an edited export config.json is refused by our loader and by the folder's own code -----------
+def test_an_edited_export_config_is_refused_by_both_loaders(reference_run, tmp_path, capsys):
+    """n_heads 2 -> 4 in an exported config.json keeps every shape: it loaded and evaluated. The export records a
+    hash of config.json's model section with the weights; both loaders compare, and an export without that hash
+    (an earlier version's) is still checked against the weights' shapes."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from xlm_pkm.launch.cli import evaluate_main
+
+    transformers = pytest.importorskip("transformers")
+    out = export(reference_run().best_path, tmp_path / "E")
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["n_heads"] == 2
+    config["model"]["n_heads"] = 4
+    (out / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()
+    assert evaluate_main(["--checkpoint", str(out), "--max-batches", "1"]) == 2
+    assert f"{out / 'config.json'}: its model section is not the one {out / 'model.safetensors'} was exported " \
+           f"with" in one_line(capsys)
+    with pytest.raises(ValueError, match="config.json: its model section is not the one .* was exported with"):
+        transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+
+    with safe_open(str(out / "model.safetensors"), "pt") as f:  # an export without the hash: shapes still checked
+        metadata = {k: v for k, v in f.metadata().items() if k != "model_config_digest"}
+    save_file(load_file(out / "model.safetensors"), out / "model.safetensors", metadata=metadata)
+    config["model"]["n_heads"], config["model"]["memory"]["k_dim"] = 2, 32
+    (out / "config.json").write_text(json.dumps(config))
+    assert evaluate_main(["--checkpoint", str(out), "--max-batches", "1"]) == 2
+    assert "weights of another architecture than" in one_line(capsys)
+    with pytest.raises(ValueError, match="weights of another architecture than config.json"):
+        transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
