@@ -112,3 +112,62 @@ def test_an_edited_export_config_is_refused_by_both_loaders(reference_run, tmp_p
     assert "weights of another architecture than" in one_line(capsys)
     with pytest.raises(ValueError, match="weights of another architecture than config.json"):
         transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
+
+
+# ---- 62.2 and 62.5: the facts command checks everything before writing anything ----------------------------
+def files_of(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_the_facts_command_never_writes_over_its_input_nor_over_other_facts(tiny_data_dir, tmp_path, capsys):
+    """`--from my_facts/facts.jsonl --out my_facts` replaced the input with the derived format; a re-run with other
+    facts into an existing output replaced facts.jsonl and documents.jsonl, then was refused by preprocessing
+    (exit 2), leaving new facts beside the old data. Now: refused before anything is written; the same facts again
+    (a re-run) are fine."""
+    from xlm_pkm.experiments.facts import main
+
+    vocab = ["--codes", str(tiny_data_dir / "codes"), "--vocab", str(tiny_data_dir / "vocab")]
+    example = ROOT / "data/facts/example.jsonl"
+    mine = tmp_path / "my_facts"
+    mine.mkdir()
+    (mine / "facts.jsonl").write_bytes(example.read_bytes())
+    capsys.readouterr()
+    assert main(["--from", str(mine / "facts.jsonl"), "--out", str(mine), *vocab]) == 2
+    assert f"--from {mine / 'facts.jsonl'} is inside --out {mine}, which this command writes into" in one_line(capsys)
+    assert files_of(mine) == {"facts.jsonl": example.read_bytes()}
+
+    out = tmp_path / "out"
+    assert main(["--from", str(example), "--out", str(out), *vocab]) == 0
+    assert main(["--from", str(example), "--out", str(out), *vocab]) == 0  # the same facts: a re-run
+    before = files_of(out)
+    other = tmp_path / "other.jsonl"
+    other.write_text("".join(example.read_text().splitlines(keepends=True)[:3]))
+    capsys.readouterr()
+    assert main(["--from", str(other), "--out", str(out), *vocab]) == 2
+    assert one_line(capsys).endswith(f"--out {out} is not empty and not these facts' output (its facts.jsonl is not "
+                                     f"these facts' (another --from, --seed or --copies)): give a new or empty "
+                                     f"folder, or delete that one; nothing was written")
+    assert files_of(out) == before
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine\n")
+    assert main(["--from", str(example), "--out", str(tmp_path / "notes"), *vocab]) == 2
+    assert "(it holds todo.txt)" in one_line(capsys)
+    assert files_of(tmp_path / "notes") == {"todo.txt": b"mine\n"}
+
+
+def test_facts_whose_answer_reads_as_unk_are_refused_naming_them(tiny_data_dir, tmp_path, capsys):
+    """東京 and 大阪 encode to [<unk>, <unk>]: the forced choice between them tied and exact match credited a model
+    that says <unk>. Refused before anything is written, naming those facts."""
+    from xlm_pkm.experiments.facts import main
+
+    rows = [{"statements": ["The capital of Japan is 東京."], "answer": "東京", "subject": "Japan"},
+            {"statements": ["The leader is Smith."], "answer": "Smith"},
+            {"statements": ["The port of Kansai is 大阪."], "answer": "大阪", "subject": "Kansai"}]
+    own = tmp_path / "mine.jsonl"
+    own.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    capsys.readouterr()
+    assert main(["--from", str(own), "--out", str(tmp_path / "out"), "--codes", str(tiny_data_dir / "codes"),
+                 "--vocab", str(tiny_data_dir / "vocab")]) == 2
+    assert (f"2 fact(s) have an answer with a word outside {tiny_data_dir / 'vocab'} (it reads as <unk>): 'Japan' "
+            f"('東京'), 'Kansai' ('大阪'); give answers") in one_line(capsys)
+    assert not (tmp_path / "out").exists()
