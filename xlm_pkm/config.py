@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import re
 import typing
@@ -357,7 +358,7 @@ def _build(cls, raw: dict, prefix: str):
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = {}
     for key, value in raw.items():
         if key not in fields:
@@ -366,6 +367,12 @@ def _build(cls, raw: dict, prefix: str):
             raise ConfigError(f"unknown config key {prefix}{key}{hint}")
         kwargs[key] = _coerce(hints[key], value, prefix + key)
     return cls(**kwargs)
+
+
+@functools.cache
+def _type_hints(cls) -> dict:
+    """typing.get_type_hints of a settings dataclass, resolved once (every config load builds every section)."""
+    return typing.get_type_hints(cls)
 
 
 def _coerce(tp, value, key: str):
