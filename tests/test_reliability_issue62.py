@@ -171,3 +171,126 @@ def test_facts_whose_answer_reads_as_unk_are_refused_naming_them(tiny_data_dir, 
     assert (f"2 fact(s) have an answer with a word outside {tiny_data_dir / 'vocab'} (it reads as <unk>): 'Japan' "
             f"('東京'), 'Kansai' ('大阪'); give answers") in one_line(capsys)
     assert not (tmp_path / "out").exists()
+
+
+# ---- 62.7 and 62.18: overrides and YAML files read as written --------------------------------------------
+@pytest.mark.parametrize("given", ["0123", "12:30", "0x1F", "2024-01-05", "010", "8"])
+def test_a_run_id_is_the_text_given(given):
+    """train.exp_id was parsed as YAML: 0123 -> run 83, 12:30 -> 750, 0x1F -> 31 (010 and 8 one run), 2024-01-05 a
+    type error. A string setting takes the override's text; the other keys keep their YAML typing."""
+    from xlm_pkm.config import load_config
+
+    assert load_config(None, [f"train.exp_id={given}", f"train.exp_name={given}"]).train.exp_id == given
+    cfg = load_config(None, ["train.max_steps=0x1F", "optim.lr=1e-4", "model.mem_layers=[1, 2]",
+                             "train.exp_id='0123'", "train.compile=true"])
+    assert (cfg.train.max_steps, cfg.optim.lr, cfg.model.mem_layers, cfg.train.exp_id, cfg.train.compile) == (
+        31, 1e-4, [1, 2], "0123", True)
+
+
+def test_a_yaml_merge_key_is_read_and_a_file_not_utf8_is_named(tmp_path, capsys):
+    """`<<:` was refused as "not valid YAML" by the duplicate-key loader; a file that is not UTF-8 gave a decode
+    error naming no file."""
+    from xlm_pkm.config import ConfigError, load_config
+    from xlm_pkm.launch.cli import train_main
+
+    path = tmp_path / "merge.yaml"
+    path.write_text("model: &small\n  dim: 64\n  n_heads: 2\noptim:\n  <<: {lr: 0.002, warmup_steps: 7}\n  lr: 0.003\n")
+    cfg = load_config(path)
+    assert (cfg.model.dim, cfg.optim.lr, cfg.optim.warmup_steps) == (64, 0.003, 7)  # a key given here wins
+    path.write_text("optim:\n  <<: {lr: 0.002}\n  lr: 0.003\n  lr: 0.004\n")
+    with pytest.raises(ConfigError, match="key 'lr' given twice"):
+        load_config(path)
+    path.write_bytes("model:\n  dim: 64  # caf\u00e9\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=f"{path}: not UTF-8 text"):
+        load_config(path)
+    assert train_main(["--config", str(path), "--keys", "model"]) == 2
+    assert one_line(capsys) == (f"train.py: error: {path}: not UTF-8 text (byte b'\\xe9' at offset 23): save it "
+                                f"as UTF-8")
+
+
+# ---- 62.15, 62.4, 63.6: what a resume reads from the run directory -------------------------------------
+def resume_argv(dump, *extra):
+    """What a user types to resume the latest tiny run: its id (last) and the new budget, nothing else."""
+    return [f"train.dump_path={dump}", "train.exp_name=tiny", "train.exp_id=last", *extra]
+
+
+@pytest.mark.parametrize("text, why", [("model: [dim: 3\n", "not valid YAML"),
+                                       ("- a\n- b\n", "expected a mapping at the top level")])
+def test_a_damaged_config_yaml_on_resume_is_one_line(text, why, tiny_overrides, tmp_path, capsys):
+    from xlm_pkm.launch.cli import train_main
+
+    assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=r", "train.max_steps=4")]) == 0
+    (tmp_path / "tiny" / "r" / "config.yaml").write_text(text)
+    capsys.readouterr()
+    assert train_main(resume_argv(tmp_path, "train.max_steps=8")) == 2
+    line = one_line(capsys)
+    assert line.startswith(f"train.py: error: {tmp_path / 'tiny' / 'r' / 'config.yaml'}: {why}")
+    assert line.endswith("the run resumes from this file: fix it, or move it away to resume with the command "
+                         "line's config (checked against the checkpoint's)")
+
+
+def test_a_hand_edited_config_yaml_is_logged_on_resume_and_no_test_is_kept(tiny_overrides, tmp_path):
+    """config.yaml edited by hand (optim.lr 0.003 -> 0.5) applied on `exp_id=last` without a word: the 'resumed with
+    another config' line compared the resumed config with config.yaml, the file it starts from, so it listed only
+    the command line's train.max_steps. It compares with the checkpoint's config. And a run started with --no-test
+    resumed by `exp_id=last` ran the test evaluation; run again once finished, it said only 'resumed at step 8'."""
+    import yaml
+
+    from xlm_pkm.launch.cli import train_main
+
+    assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=r", "train.max_steps=4")]) == 0
+    run = tmp_path / "tiny" / "r"
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["optim"]["lr"] = 0.5
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    assert train_main(resume_argv(tmp_path, "train.max_steps=8")) == 0
+    log = (run / "train.log").read_text()
+    changed = next(line for line in log.splitlines() if "resumed with another config than the run's" in line)
+    assert changed.endswith("config.until-step4.yaml): optim.lr: 0.003 -> 0.5; train.max_steps: 4 -> 8")
+    events = [json.loads(line)["event"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "test" not in events  # --no-test kept
+    again = [f"train.dump_path={tmp_path}", "train.exp_name=tiny", "train.exp_id=r", "train.max_steps=8"]
+    assert train_main(again) == 0  # the same run again, once finished (make demo twice): it says so, does nothing
+    assert "the run is already finished (step 8 of train.max_steps=8): nothing to train; to train it further, give a " \
+           "larger train.max_steps" in (run / "train.log").read_text()
+    assert [json.loads(line)["event"] for line in (run / "metrics.jsonl").read_text().splitlines()] == events
+
+
+# ---- 62.8: a checkpoint is good when its validation is finite -------------------------------------------
+def test_a_diverged_run_saves_no_checkpoint_of_its_nan_validation(tiny_overrides, tmp_path, capsys):
+    """With lr 1e9 the valid perplexity was NaN at the evaluation, yet checkpoint.pt was written there and named the
+    last good one (its weights finite, about 1e9). A non-finite validation stops the run before that save."""
+    import torch as torch_
+
+    from xlm_pkm.launch.cli import train_main
+
+    argv = ["--no-test", *tiny_overrides(tmp_path, "train.exp_id=r", "train.eval_every=4", "optim.lr=1e9",
+                                          "optim.values_lr=1e9", "optim.warmup_steps=1")]
+    assert train_main(argv) == 2
+    line = one_line(capsys)
+    run = tmp_path / "tiny" / "r"
+    valid = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"valid"' in x]
+    assert valid and not torch_.isfinite(torch_.tensor(valid[-1]["ppl"]))
+    assert f"valid perplexity is nan at step {valid[-1]['step']}: the run diverged" in line
+    assert not (run / "checkpoint.pt").exists() and line.endswith("No checkpoint was written by this run")
+
+
+def test_evaluate_on_weights_whose_perplexity_is_nan_says_so_and_fails(reference_run, tmp_path, capsys):
+    """evaluate.py printed `valid ppl nan` and exited 0 on a diverged run's checkpoint (finite weights of about
+    1e9-1e38): the figure is printed, then one line and status 2; --json is not written."""
+    from xlm_pkm.checkpoint import files as checkpoint
+    from xlm_pkm.launch.cli import evaluate_main
+
+    state = checkpoint.load(reference_run().best_path)
+    state["model"]["tok_emb.weight"] = state["model"]["tok_emb.weight"] * 1e37  # finite; logits overflow
+    diverged = tmp_path / "diverged.pt"
+    checkpoint.save_atomic(state, diverged)
+    capsys.readouterr()
+    assert evaluate_main(["--checkpoint", str(diverged), "--split", "valid", "--max-batches", "1",
+                          "--json", str(tmp_path / "result.json")]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("valid ppl nan over ")
+    assert err == (f"evaluate.py: error: {diverged}: valid perplexity is nan: its weights give no finite prediction "
+                   f"(a diverged run's checkpoint); evaluate an earlier one (the run's best.pt), "
+                   f"{tmp_path / 'result.json'} not written\n")
+    assert not (tmp_path / "result.json").exists()
