@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from xlm_pkm.checkpoint.files import first_non_finite
 from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import Config, to_dict
@@ -482,10 +483,12 @@ class Trainer:
         except (ShardError, OSError) as e:  # the data moved, deleted or damaged since the start
             raise self._saved_before_stopping(e) from None
         self.log.event("valid", self.step, **result)
-        if not math.isfinite(result["ppl"]):  # diverged, its weights finite yet useless: checkpoint.pt is not replaced
-            raise NonFiniteLossError(f"valid perplexity is {result['ppl']} at step {self.step}: the run diverged "
-                                     f"(lower optim.lr, raise optim.warmup_steps or clip the gradients); not saved. "
-                                     f"{self.checkpoints.last_good()}")
+        if not math.isfinite(result["ppl"]):  # diverged (its weights may be finite, yet useless): not saved
+            bad = first_non_finite(self.model.state_dict())  # this rank's
+            raise NonFiniteLossError(f"valid perplexity is {result['ppl']} at step {self.step}: " +
+                                     (f"{bad} is not finite" if bad else "the run diverged (lower optim.lr, raise "
+                                      "optim.warmup_steps or clip the gradients)") +
+                                     f"; not saved. {self.checkpoints.last_good()}")
         for layer, memory in self.model.memories():
             self.log.histogram(f"memory/layer{layer}_slot_weight", memory.slot_weights(), self.step)
         if result["ppl"] < self.state.best_ppl:
