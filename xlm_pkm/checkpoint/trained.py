@@ -24,7 +24,7 @@ from xlm_pkm.config import Config, load_config_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.meta import file_digest
 from xlm_pkm.data.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model.transformer import TransformerLM, model_config_digest
 from xlm_pkm.runtime.distributed import DistEnv
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"  # an exported folder's weights and config
@@ -106,6 +106,7 @@ def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
             metadata = f.metadata() or {}
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
+    _check_model_config(raw.get("model"), metadata.get("model_config_digest"), out)
     data_dir, dictionary = _check_vocabulary(cfg, metadata.get("vocab_fingerprint"), data_dir, out / WEIGHTS)
     _check_codes(None, out, data_dir, out / WEIGHTS)
     model = _build(cfg, whole=True)  # an exported folder holds whole value tables
@@ -117,6 +118,15 @@ def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
     checkpoint.refuse_non_finite(model.state_dict(), out / WEIGHTS)
     return TrainedModel(model.eval(), cfg, dictionary, data_dir, int(metadata.get("step", 0)),
                         metadata.get("vocab_fingerprint"), out, metadata)
+
+
+def _check_model_config(model: dict, digest: str | None, out: Path) -> None:
+    """config.json's `model` section is the one the weights were exported with (the digest their metadata records;
+    none before it was recorded): an edited n_heads keeps every shape and would load and run cut another way."""
+    if digest is not None and model_config_digest(model) != digest:
+        raise ValueError(f"{out / CONFIG}: its model section is not the one {out / WEIGHTS} was exported with (hash "
+                         f"{model_config_digest(model)[:12]}, recorded {digest[:12]}): it was edited; export the run's "
+                         f"checkpoint again, or restore config.json")
 
 
 def _check_vocabulary(cfg: Config, fingerprint: str | None, data_dir: str | Path | None,

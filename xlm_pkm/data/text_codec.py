@@ -32,8 +32,8 @@ BPE_UNIT = "token"  # meta.json without "unit": BPE data (xlm_pkm.data.preproces
 class LineCodec(ABC):
     """The document layout shared by every codec; subclasses encode lines and join a line's tokens."""
 
-    def __init__(self, data_dir: str | Path):
-        self.vocab = Path(data_dir) / "vocab"
+    def __init__(self, data_dir: str | Path, vocab: str | Path | None = None):
+        self.vocab = Path(vocab or Path(data_dir) / "vocab")  # a vocab file elsewhere: data not made yet
         self.dictionary = Dictionary.load(self.vocab)
 
     @abstractmethod
@@ -70,9 +70,10 @@ class LineCodec(ABC):
 
 
 class TextCodec(LineCodec):
-    def __init__(self, data_dir: str | Path, lang: str = "en"):
-        super().__init__(data_dir)
-        self.codes, self.lang = Path(data_dir) / "codes", lang
+    def __init__(self, data_dir: str | Path, lang: str = "en", codes: str | Path | None = None,
+                 vocab: str | Path | None = None):
+        super().__init__(data_dir, vocab)
+        self.codes, self.lang = Path(codes or Path(data_dir) / "codes"), lang
 
     @cached_property
     def _bpe(self):

@@ -14,8 +14,9 @@ cut anywhere, and gives the files an uninterrupted one gives. Each run's small f
 results folder as it finishes (config.yaml and metrics.jsonl, then run.json with its commands, then
 test.json), ready to be committed; checkpoints stay in the dump directory. Each job's console goes to
 DUMP/<cell>/<run>.log. A run that fails is reported and the others go on; a run stopped by a signal
-(exit 75 or 130) stops the study (no new run starts; rerun to resume). Exit status: 0 when nothing is
-left to run, 1 when a run failed, 75 when stopped, 2 on a bad study file.
+(exit 75 or 130) stops the study (no new run starts; rerun to resume). A run trained before the study file
+changed is stale (study_plan.py): `plan` shows it, `run` and `report` refuse until it is moved away. Exit status:
+0 when nothing is left to run, 1 when a run failed, 75 when stopped, 2 on a bad study file or a stale run.
 """
 
 from __future__ import annotations
@@ -89,7 +90,11 @@ def collect(job: Job) -> None:
 
 
 def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = launch_process) -> int:
-    """Runs every pending job, `streams` at a time (one: here, in this thread); see the module docstring."""
+    """Runs every pending job, `streams` at a time (one: here, in this thread); see the module docstring. A stale
+    run (Study.stale_runs) is refused before any job starts."""
+    if streams < 1:
+        raise StudyError(f"--streams {streams}: the number of runs side by side, at least 1")
+    study.refuse_stale()
     failed, stopped, running = set(), False, {}
 
     def execute(job: Job) -> int:
@@ -135,7 +140,7 @@ def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = lau
 
 def describe(study: Study) -> list[str]:
     """One line per run known now (grids, then the chosen factors' seeds): cell, run, state, steps, command."""
-    lines = []
+    lines, stale = [], dict((r.results, changes) for r, changes in study.stale_runs())
     for cell in study.cells:
         runs = {r.id: r for r in [*study.grid_runs(cell), *study.chosen_runs(cell)]}
         choice = study.choice(cell)
@@ -143,10 +148,15 @@ def describe(study: Study) -> list[str]:
                                                                        if choice.edge else "")
                                     if choice else "lr not chosen yet (the first seed's grid is not trained)"))
         for r in runs.values():
-            state = "tested" if r.tested else "trained" if r.trained else \
+            state = "stale" if r.results in stale else "tested" if r.tested else "trained" if r.trained else \
                 "partial" if (r.run.run_dir / "checkpoint.pt").exists() else "new"
             lines.append(f"  {r.id} [{state}] {r.steps} steps × {r.tokens_per_step} tokens: "
                          f"{shlex.join(r.train_command())}")
+            if r.results in stale:
+                lines.append(f"    trained with another config than the study's now: {'; '.join(stale[r.results])}")
+    if stale:
+        lines.append(f"{len(stale)} stale run(s): move away their results and run directories (e.g. "
+                     f"{next(iter(stale))}) to train them again, or restore the study file")
     return lines
 
 
@@ -173,6 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(describe(study)))
             return 0
         if args.command == "report":
+            study.refuse_stale()
             benches = [read_bench(Path(b)) for b in args.bench]
             print(f"wrote {write_report(study, benches)}")
             return 0

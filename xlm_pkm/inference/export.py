@@ -21,13 +21,18 @@ tokenizer_config.json):
 The safetensors metadata records the training step, the vocabulary fingerprint, the data's unit
 (meta.json's: "byte", "word", or "token" for BPE) and the xlm_pkm version that wrote it.
 
-OUT_DIR is new, empty, or a previous export, which is replaced: it may hold only the files above, *.py
-files (code of an earlier export, removed) and temporary `*.tmp` ones left by a killed export, with a
-model.safetensors written by export (its metadata has a vocabulary fingerprint). Any other folder is
-refused before anything is written, so that export never overwrites a `vocab`, `codes` or `config.json`
-it did not write. Every file is first written (and flushed to disk) in a temporary folder inside
-OUT_DIR, then all are renamed into place: a failure (full disk) is one line naming the file, and leaves
-the previous export whole.
+The safetensors metadata also records a hash of config.json's `model` section (model_config_digest), which
+every loader checks (ours and the folder's own code): an edited architecture (n_heads 2 -> 4, the same shapes)
+would otherwise load and run with the weights cut another way.
+
+OUT_DIR is new, empty, or a previous export (its model.safetensors written by export: its metadata has a
+vocabulary fingerprint), which is replaced. Each export lists the files it wrote in export_manifest.json:
+only those are replaced or removed (a file of the previous export that this one does not write: a stale
+`codes`, code no longer needed); any other file in the folder (one's own notes.py) is kept, and one that this
+export would overwrite is refused. Any other non-empty folder is refused before anything is written, so that
+export never overwrites a `vocab`, `codes` or `config.json` it did not write. Every file is first written (and
+flushed to disk) in a temporary folder inside OUT_DIR, then all are renamed into place: a failure (full disk)
+is one line naming the file, and leaves the previous export whole.
 """
 
 from __future__ import annotations
@@ -48,11 +53,12 @@ from xlm_pkm.data.text_codec import BPE_UNIT
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.inference.hf_code import folder_code
 from xlm_pkm.inference.hf_config import TOKENIZER_CONFIG, carried_code, hf_keys, tokenizer_config
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model.transformer import TransformerLM, model_config_digest
 from xlm_pkm.utils.atomic import OutputError, is_temporary, temporary_name, write_error
 from xlm_pkm.utils.program import program_name
 
 EXPORTED = (WEIGHTS, CONFIG, "vocab", "codes", TOKENIZER_CONFIG)  # the data files of an exported folder
+MANIFEST = "export_manifest.json"  # {"files": [...]}: the files the export wrote, the only ones a new one replaces
 
 
 def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = None) -> Path:
@@ -70,47 +76,66 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     if cfg.plugins:
         raise ValueError(f"{path}: the model's config imports plugins ({', '.join(cfg.plugins)}), whose code an "
                          f"exported folder cannot carry")
-    metadata = {"step": str(trained.step), "vocab_fingerprint": dictionary.fingerprint(),
-                "unit": unit, "xlm_pkm_version": __version__, "source": str(path)}
     configs = {CONFIG: {**to_dict(cfg), **hf_keys(cfg, dictionary, unit)}}
     if unit == BPE_UNIT:
         configs[TOKENIZER_CONFIG] = tokenizer_config(dictionary, cfg.model.max_len)
+    metadata = {"step": str(trained.step), "vocab_fingerprint": dictionary.fingerprint(),
+                "unit": unit, "xlm_pkm_version": __version__, "source": str(path),
+                "model_config_digest": model_config_digest(json.loads(json.dumps(configs[CONFIG]["model"])))}
     texts = {**{name: (json.dumps(value, indent=2) + "\n").encode() for name, value in configs.items()},
              **{name: (data_dir / name).read_bytes() for name in text_files},
              **{name: code.encode() for name, code in folder_code(*carried_code(unit)).items()}}
+    written = [WEIGHTS, *texts]
+    if previous is not None:
+        _refuse_overwriting(out, written, previous)
+    texts[MANIFEST] = (json.dumps({"files": written}, indent=2) + "\n").encode()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(out, e) from None
-    _write_export(out, trained.model, metadata, texts, previous)
-    if previous:  # what the previous export had and this one has not: a BPE tokenizer, code no longer needed
-        for stale in [p for p in out.iterdir() if p.name not in texts and p.name != WEIGHTS and not is_temporary(p)]:
-            stale.unlink()
+    _write_export(out, trained.model, metadata, texts, previous is not None)
+    for stale in set(previous or ()) - set(written):  # of the previous export: a BPE tokenizer, code no longer needed
+        (out / stale).unlink(missing_ok=True)
     return out
 
 
-def _check_export_folder(out: Path) -> bool:
-    """Whether `out` holds a previous export (to be replaced); False when it is missing or empty. Any other
-    folder is refused (FileExistsError): export overwrites only files it wrote."""
+def _check_export_folder(out: Path) -> list[str] | None:
+    """The files in `out` that the previous export wrote (its manifest; for an export of an earlier version, the
+    names of its data files and code), which this one may replace or remove; None when `out` is missing or empty.
+    Any other folder is refused (FileExistsError): export overwrites only files it wrote."""
     if not out.exists():
-        return False
+        return None
     if not out.is_dir():
         raise FileExistsError(f"{out} is a file: export writes a folder (give a new or empty one)")
     names = sorted(p.name for p in out.iterdir() if not is_temporary(p))  # *.tmp: left by a killed export
     if not names:
-        return False
+        return None
+    if WEIGHTS in names and _written_by_export(out / WEIGHTS):
+        try:
+            files = json.loads((out / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):  # none: an earlier version's export
+            entries, modules = carried_code(BPE_UNIT)  # the most code an export carries
+            files = [*EXPORTED, *entries, *(f"{m.rpartition('.')[2]}.py" for m in modules)]
+        return [n for n in names if n in files]  # names in the folder only: never a path elsewhere
     others = [n for n in names if n not in EXPORTED and not n.endswith(".py")]
     if others:
         holds = f"it holds {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}"
     elif WEIGHTS not in names:
         holds = f"it holds {', '.join(names)} but no {WEIGHTS}"
-    elif not _written_by_export(out / WEIGHTS):
-        holds = f"its {WEIGHTS} was not written by export"
     else:
-        return True
+        holds = f"its {WEIGHTS} was not written by export"
     raise FileExistsError(f"{out} is not empty and not a previous export ({holds}): export into a new or empty "
-                          f"folder, or a previous export (only {', '.join(EXPORTED)} and *.py), so that no other file "
+                          f"folder, or a previous export (its {WEIGHTS} written by export), so that no other file "
                           f"is overwritten")
+
+
+def _refuse_overwriting(out: Path, names: list[str], previous: list[str]) -> None:
+    """FileExistsError if a file of `names` is in `out` but the previous export did not write it: a user's own."""
+    theirs = [n for n in names if n not in previous and (out / n).exists()]
+    if theirs:
+        raise FileExistsError(f"{out / theirs[0]} was not written by the previous export (it is not in its "
+                              f"{MANIFEST}), and this export writes a file of that name: move it away, or export "
+                              f"into another folder")
 
 
 def _written_by_export(weights: Path) -> bool:

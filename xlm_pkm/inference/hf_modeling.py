@@ -13,7 +13,9 @@ tensors: save_model / load_model). from_pretrained therefore loads them itself, 
 load_model, rather than through transformers' loader. Decoding keeps the model's KVCache (attention keys
 and values, Engram's N-gram windows) between steps: generate() feeds only the new tokens, as generate.py
 does. A batch must not be padded on the left (an attention mask with zeros is refused): every row is read
-from its first position, as in training.
+from its first position, as in training. Loaded in bf16 or fp16 (from_pretrained's dtype), the memory layers
+stay in float32, as under training's autocast: their input is cast to float32 and their output back. An edited
+config.json is refused: its `model` section must have the hash the weights' metadata records, and their shapes.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 
 from xlm_pkm.model.attention import KVCache
-from xlm_pkm.model.transformer import ModelConfig, TransformerLM
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM, model_config_digest
 
 MODEL_TYPE = "xlm_pkm"
 WEIGHTS = "model.safetensors"
@@ -43,6 +45,37 @@ def build_dataclass(cls, raw: dict):
     hints = typing.get_type_hints(cls)
     return cls(**{f.name: build_dataclass(hints[f.name], raw[f.name]) if dataclasses.is_dataclass(hints[f.name])
                   else raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+
+
+def check_model_config(model: dict, weights: str) -> None:
+    """ValueError unless the config's `model` section is the one the weights were exported with (the digest in
+    their metadata, when recorded): an edited n_heads keeps every shape, and would run the weights cut another way."""
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        digest = (f.metadata() or {}).get("model_config_digest")
+    if digest is not None and model_config_digest(model) != digest:
+        raise ValueError(f"config.json: its model section is not the one {weights} was exported with (it was edited); "
+                         f"restore it, or export the run's checkpoint again")
+
+
+class Float32Memory:
+    """Forward hooks that run one memory layer in its own dtype (float32) inside a model cast to a lower one: its
+    input cast to the layer's dtype, its output back to the input's (the layer's numeric rule: model/memory/dtypes.py).
+    In a float32 model they change nothing."""
+
+    def __init__(self, memory: torch.nn.Module):
+        self.dtype = None  # the input's dtype, that of the rest of the model
+        memory.register_forward_pre_hook(self.enter)
+        memory.register_forward_hook(self.leave)
+
+    def enter(self, memory: torch.nn.Module, args: tuple) -> tuple:
+        x, *rest = args  # (B, T, dim)
+        self.dtype = x.dtype
+        return (x.to(next(memory.parameters()).dtype), *rest)
+
+    def leave(self, memory: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.to(self.dtype)
 
 
 class XlmPkmConfig(PretrainedConfig):
@@ -64,6 +97,8 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: XlmPkmConfig):
         super().__init__(config)
         self.lm = TransformerLM(build_dataclass(ModelConfig, config.model))
+        for _, memory in self.lm.memories():
+            Float32Memory(memory)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -80,11 +115,19 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
                                       "subfolder") if k in kwargs}
         if config is None:
             config = XlmPkmConfig.from_pretrained(pretrained_model_name_or_path, **hub)
+        weights = cached_file(os.fspath(pretrained_model_name_or_path), WEIGHTS, **hub)
+        check_model_config(config.model, weights)
         model = cls(config)
-        load_model(model.lm, cached_file(os.fspath(pretrained_model_name_or_path), WEIGHTS, **hub))
+        try:
+            load_model(model.lm, weights)
+        except RuntimeError as e:  # a shape or a name that config.json's model does not have
+            raise ValueError(f"{weights}: weights of another architecture than config.json "
+                             f"({' '.join(str(e).split())[:300]})") from None
         dtype = dtype if dtype is not None else torch_dtype
         if dtype not in (None, "auto"):
             model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+            for _, memory in model.lm.memories():  # float32, as trained (Float32Memory)
+                memory.float()
         if isinstance(device_map, (str, torch.device)) and str(device_map) != "auto":
             model.to(device_map)
         elif device_map == "auto" and torch.cuda.is_available():

@@ -43,6 +43,8 @@ L=24,N=3 -> [6, 12, 18]. `python -m xlm_pkm.model.transformer` prints the rule f
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Literal
@@ -137,6 +139,12 @@ class ModelConfig:
             raise ConfigError(f"{prefix}engram needs {prefix}family=transformer: the all_attention family's streams "
                               f"continue from one batch to the next, and Engram's N-gram window starts afresh at "
                               f"every batch")
+
+
+def model_config_digest(model: dict) -> str:
+    """sha256 of a ModelConfig as a dict of JSON values (a stored config's `model` section): recorded with an
+    exported folder's weights, so that a loader tells an edited architecture from the one they were trained with."""
+    return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()
 
 
 def memory_layers(n_layers: int, n_memories: int) -> list[int]:
