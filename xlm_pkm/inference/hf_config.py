@@ -26,6 +26,8 @@ MODEL_MODULES = (  # for modeling_xlm_pkm.py (inference/hf_modeling.py): Transfo
     "xlm_pkm.registry",
     "xlm_pkm.settings",
     "xlm_pkm.model.transformer",
+    "xlm_pkm.model.memory_host",
+    "xlm_pkm.model.retrofit",
     "xlm_pkm.model.blocks",
     "xlm_pkm.model.attention",
     "xlm_pkm.model.adaptive_io",
