@@ -56,7 +56,7 @@ from xlm_pkm.data.tokenized import UNIT as TOKENIZER_UNIT
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.inference.hf_code import folder_code
 from xlm_pkm.inference.hf_config import TOKENIZER_CONFIG, carried_code, hf_keys, tokenizer_config
-from xlm_pkm.model.retrofit import RetrofitLM
+from xlm_pkm.model.retrofit import RetrofitLM, quiet_transformers
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.utils.atomic import OutputError, is_temporary, temporary_name, write_error
 from xlm_pkm.utils.program import program_name
@@ -169,7 +169,8 @@ def _write_export(out: Path, model: TransformerLM | RetrofitLM, metadata: dict, 
             (stage / name).write_bytes(data)
         if base is not None:
             name = BASE
-            base.save_pretrained(stage / BASE)
+            with quiet_transformers():
+                base.save_pretrained(stage / BASE)
             names += [f"{BASE}/{p.name}" for p in (stage / BASE).iterdir()]
         for name in names:
             fd = os.open(stage / name, os.O_RDONLY)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -60,7 +61,8 @@ class BaseConfig:
     # the base's folder (config.json and safetensors weights, or a GGUF file); empty: no base (TransformerLM)
     path: str = ""
     gguf_file: str = ""  # a GGUF file in `path` to load instead (dequantized to float32; needs pip install gguf)
-    # the 1-indexed decoder layers whose MLP gets a memory beside it
+    # the 1-indexed decoder layers whose MLP gets a memory beside it; empty: one, at layer L - L//4 of the base's L
+    # (the paper's top memory: model/transformer.memory_layers), set when the run starts
     layers: list[int] = field(default_factory=list, metadata=architecture(positive()))
     gate_init: float = 0.0  # every memory's output gate (one per channel) starts here; 0: the base's logits at step 0
     # blake2b of the base's files (base_files), recorded when the run starts; a base whose files differ is refused
@@ -72,9 +74,6 @@ class BaseConfig:
             if given:
                 raise ConfigError(f"{prefix}{given[0]}: set {prefix}path (the base model's folder) first")
             return
-        if not self.layers:
-            raise ConfigError(f"{prefix}layers: the decoder layers of the base that take a memory (1-indexed, "
-                              f"e.g. [15]), got []")
         if len(set(self.layers)) != len(self.layers):
             raise ConfigError(f"{prefix}layers: must be distinct, got {self.layers}")
 
@@ -138,13 +137,28 @@ def check_digest(cfg: BaseConfig, root: Path | None = None) -> str:
     return digest
 
 
+@contextmanager
+def quiet_transformers():
+    """transformers' progress bars (loading and saving weights) off inside, as they were after."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
 def _from_pretrained(cls, cfg: BaseConfig, root: Path | None, **kwargs):
     """cls.from_pretrained of the base's folder (its GGUF file with gguf_file), local files only."""
     folder = base_folder(cfg, root)
     if cfg.gguf_file:
         kwargs["gguf_file"] = cfg.gguf_file
     try:
-        return cls.from_pretrained(folder, local_files_only=True, **kwargs)
+        with quiet_transformers():
+            return cls.from_pretrained(folder, local_files_only=True, **kwargs)
     except ImportError as e:  # reading GGUF needs the gguf package (transformers says so at length)
         if cfg.gguf_file and "gguf" in str(e).lower():
             raise ConfigError("model.base.gguf_file: reading a GGUF file needs gguf: pip install "
@@ -173,15 +187,18 @@ def load_base(cfg: BaseConfig, root: Path | None = None) -> nn.Module:
 
 def sized(cfg: ModelConfig, base_config) -> ModelConfig:
     """`cfg` with the sizes of the base (its transformers config): model.dim, n_layers, n_heads, ffn_dim,
-    vocab_size (its embedding's rows), max_len (its positions), pre_norm; model.base.layers checked against them."""
+    vocab_size (its embedding's rows), max_len (its positions), pre_norm; model.base.layers checked against them,
+    or set (the layer L - L//4 of L)."""
     n_layers = base_config.num_hidden_layers
     bad = [layer for layer in cfg.base.layers if not 1 <= layer <= n_layers]
     if bad:
         raise ConfigError(f"model.base.layers: the base has decoder layers 1 to {n_layers}, got {cfg.base.layers}")
+    layers = cfg.base.layers or [n_layers - n_layers // 4]
     return dataclasses.replace(
-        cfg, dim=base_config.hidden_size, n_layers=n_layers, n_heads=base_config.num_attention_heads,
-        ffn_dim=base_config.intermediate_size, vocab_size=base_config.vocab_size,
-        max_len=getattr(base_config, "max_position_embeddings", cfg.max_len), pre_norm=True)
+        cfg, base=dataclasses.replace(cfg.base, layers=layers), dim=base_config.hidden_size, n_layers=n_layers,
+        n_heads=base_config.num_attention_heads, ffn_dim=base_config.intermediate_size,
+        vocab_size=base_config.vocab_size, max_len=getattr(base_config, "max_position_embeddings", cfg.max_len),
+        pre_norm=True)
 
 
 def resolved(cfg: ModelConfig) -> ModelConfig:
