@@ -6,6 +6,8 @@ beside the MLP of chosen decoder layers, the base frozen (or adapted by LoRA: op
     nll = model(x, targets=y)                          # (B, T): as TransformerLM's, for the trainer and evaluation
     logits = model(tokens, cache=model.new_cache())    # incremental decoding (transformers' DynamicCache)
 
+    python -m xlm_pkm.model.retrofit FILE.gguf models/NAME   # a GGUF file as a plain folder: loads in seconds
+
 In a decoder layer of the base, h = x + attention(norm1(x)), then, with u = norm2(h) (the MLP's input):
 
     out = h + mlp(u) + gate ⊙ memory(u)          gate: (dim,), model.base.gate_init on every channel (0)
@@ -178,11 +180,50 @@ def load_base_config(cfg: BaseConfig, root: Path | None = None):
 
 
 def load_base(cfg: BaseConfig, root: Path | None = None) -> nn.Module:
-    """The base (AutoModelForCausalLM) in float32, after checking its files against model.base.digest."""
-    from transformers import AutoModelForCausalLM
+    """The base (AutoModelForCausalLM) in float32, after checking its files against model.base.digest; a GGUF
+    file's weights dequantized (whatever GGUF kernels are installed), so that it is a plain model."""
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     check_digest(cfg, root)
-    return _from_pretrained(AutoModelForCausalLM, cfg, root, dtype=torch.float32)
+    dequantized = {"quantization_config": GgufConfig(dequantize=True)} if cfg.gguf_file else {}
+    return _from_pretrained(AutoModelForCausalLM, cfg, root, dtype=torch.float32, **dequantized)
+
+
+def save_gguf_as_folder(gguf: Path, out: Path) -> Path:
+    """A GGUF model file as a plain transformers folder `out` (new or empty): float32 safetensors weights, config
+    and tokenizer, which load in seconds where the GGUF file takes a minute or more."""
+    from transformers import AutoTokenizer
+
+    gguf, out = Path(gguf), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder: give a new one")
+    cfg = BaseConfig(path=str(gguf.parent), gguf_file=gguf.name)
+    base_files(cfg)  # the file is there
+    model = load_base(cfg)
+    tokenizer = _from_pretrained(AutoTokenizer, cfg, None)
+    with quiet_transformers():
+        model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from xlm_pkm.errors import USER_ERRORS, fail
+
+    prog = "python -m xlm_pkm.model.retrofit"
+    parser = argparse.ArgumentParser(prog=prog, description="A GGUF model file as a folder of float32 safetensors "
+                                                            "weights and its tokenizer, for model.base.path.")
+    parser.add_argument("gguf", help="the .gguf file (transformers reads it with gguf and accelerate installed)")
+    parser.add_argument("out", help="the folder to write (new or empty)")
+    args = parser.parse_args(argv)
+    try:
+        out = save_gguf_as_folder(args.gguf, args.out)
+    except USER_ERRORS as e:
+        return fail(prog, e)
+    print(f"{args.gguf} -> {out}: model.base.path={out}")
+    return 0
 
 
 def sized(cfg: ModelConfig, base_config) -> ModelConfig:
@@ -204,8 +245,9 @@ def sized(cfg: ModelConfig, base_config) -> ModelConfig:
 def resolved(cfg: ModelConfig) -> ModelConfig:
     """`cfg` as a run records it: the base's sizes (sized) and the digest of its files (model.base.digest; one
     already recorded is checked)."""
+    digest = check_digest(cfg.base)  # first: a missing file is named
     cfg = sized(cfg, load_base_config(cfg.base))
-    return dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, digest=check_digest(cfg.base)))
+    return dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, digest=digest))
 
 
 class MemoryBeside(nn.Module):
@@ -250,6 +292,10 @@ class RetrofitLM(MemoryHost, nn.Module):
         if targets is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
+
+    def hidden(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
+        """tokens (B, T) int64 -> the last hidden states (B, T, dim), before the base's output layer."""
+        return self.base.get_decoder()(input_ids=tokens, cache=cache, use_cache=cache is not None).last_hidden_state
 
     def new_cache(self):
         """An empty key/value cache of the base (transformers' DynamicCache) for forward(tokens, cache)."""
@@ -344,3 +390,9 @@ class RetrofitLM(MemoryHost, nn.Module):
         attention = 12.0 * seq_len * self.cfg.dim * self.cfg.n_layers
         return 6.0 * weights + attention + sum(6.0 * b.gate.numel() + b.memory.flops_per_token(seq_len)
                                                for b in self.beside.values())
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
