@@ -28,6 +28,8 @@ from functools import cached_property
 from pathlib import Path
 
 from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.data.tokenized import UNIT as TOKENIZER_UNIT
+from xlm_pkm.data.tokenized import load_tokenizer
 
 BPE_UNIT = "token"  # meta.json without "unit": BPE data (xlm_pkm.data.preprocess)
 
@@ -135,8 +137,6 @@ class TokenizerCodec(Codec):
 
     @cached_property
     def tokenizer(self):
-        from xlm_pkm.data.tokenized import load_tokenizer
-
         return load_tokenizer(self.folder)
 
     def encode(self, text: str) -> list[int]:
@@ -146,7 +146,7 @@ class TokenizerCodec(Codec):
         return self.tokenizer.decode(ids)
 
 
-CODECS = {BPE_UNIT: TextCodec, "byte": ByteCodec, "word": WordCodec, "tokenizer": TokenizerCodec}
+CODECS = {BPE_UNIT: TextCodec, "byte": ByteCodec, "word": WordCodec, TOKENIZER_UNIT: TokenizerCodec}
 
 
 def text_codec(data_dir: str | Path, unit: str = BPE_UNIT) -> Codec:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from xlm_pkm.config import Config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.text_codec import BPE_UNIT
+from xlm_pkm.data.tokenized import UNIT as TOKENIZER_UNIT
 
 MODEL_TYPE = "xlm_pkm"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -77,7 +78,7 @@ def hf_keys(cfg: Config, dictionary: Dictionary, unit: str) -> dict:
     keys = {"model_type": MODEL_TYPE, "architectures": ["XlmPkmForCausalLM"], "auto_map": auto_map,
             "vocab_size": cfg.model.vocab_size, "bos_token_id": dictionary.bos, "pad_token_id": dictionary.pad,
             "use_cache": True, "tie_word_embeddings": False}
-    if unit == "tokenizer":  # data/tokenized.py: its end of text ends a document
+    if unit == TOKENIZER_UNIT:  # data/tokenized.py: its end of text ends a document
         keys["eos_token_id"] = dictionary.eos
     if cfg.model.family == "transformer":  # learnt positions: the longest sequence the model reads
         keys["max_position_embeddings"] = cfg.model.max_len

@@ -322,11 +322,11 @@ class RetrofitLM(MemoryHost, nn.Module):
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
         """Loads state_dict()'s tensors; the base's own weights stay as loaded from its folder."""
-        missing, unexpected = super().load_state_dict(state_dict, strict=False, assign=assign)
-        missing = [k for k in missing if not self.is_base_key(k)]
-        if strict and (missing or unexpected):
-            raise RuntimeError(f"RetrofitLM: missing {missing[:5]}, unexpected {unexpected[:5]}")
-        return nn.modules.module._IncompatibleKeys(missing, unexpected)
+        keys = super().load_state_dict(state_dict, strict=False, assign=assign)
+        keys.missing_keys[:] = [k for k in keys.missing_keys if not self.is_base_key(k)]
+        if strict and (keys.missing_keys or keys.unexpected_keys):
+            raise RuntimeError(f"RetrofitLM: missing {keys.missing_keys[:5]}, unexpected {keys.unexpected_keys[:5]}")
+        return keys
 
     @torch.no_grad()
     def merge_adapters(self, state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:

@@ -21,7 +21,6 @@ from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.tokenized import load_tokenizer, tokenizer_dictionary
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model import retrofit
-from xlm_pkm.model.retrofit import RetrofitLM
 from xlm_pkm.model.transformer import TransformerLM
 from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
@@ -139,7 +138,7 @@ def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) ->
 
 
 def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None,
-                world_size: int = 1) -> TransformerLM | RetrofitLM:
+                world_size: int = 1) -> TransformerLM | retrofit.RetrofitLM:
     """The LM of cfg.model (vocab_size set), initialised from `weights` (by default its own stream from
     train.seed), value gradients as the values optimizer wants them; refused first if it cannot fit on one
     of `world_size` ranks (check_memory_fits). A retrofit (model.base, resolved) loads its base, then draws its
@@ -149,7 +148,7 @@ def build_model(cfg: Config, device: torch.device, weights: InitialWeights | Non
     if base is None:
         check_memory_fits(cfg, device, world_size)
     with (weights or InitialWeights(cfg.train.seed, device)).drawing():
-        model = (TransformerLM(cfg.model) if base is None else RetrofitLM(cfg.model, base)).to(device)
+        model = (TransformerLM(cfg.model) if base is None else retrofit.RetrofitLM(cfg.model, base)).to(device)
     model.set_sparse_values(value_optimizer(cfg.optim).sparse)
     return model
 
