@@ -162,8 +162,8 @@ def test_export_into_a_folder_that_is_not_an_export_is_refused(holds, reference_
                "foreign weights": "its model.safetensors was not written by export"}[holds]
         assert err == (f"{prefix}{out} is not empty and not a previous export ({why}): export into a new or empty "
                        f"folder, or a previous export (only model.safetensors, config.json, vocab, codes, "
-                       f"tokenizer_config.json and *.py), so that no "
-                       f"other file is overwritten\n")
+                       f"tokenizer_config.json, base, tokenizer.json, special_tokens_map.json, added_tokens.json, "
+                       f"chat_template.jinja and *.py), so that no other file is overwritten\n")
     assert (out.read_bytes() if out.is_file() else {p.name: p.read_bytes() for p in out.iterdir()}) == before
 
 
