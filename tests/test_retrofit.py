@@ -124,6 +124,8 @@ def test_with_lora_the_adapters_train_with_the_memory_and_the_base_stays(retrofi
     trainer.model.eval()
     with torch.no_grad():
         torch.testing.assert_close(loaded(x), trainer.model(x), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ConfigError, match="a retrofit trained with LoRA adapters"):  # a new run would lose them
+        retrofit_trainer("from_lora", f"train.init_from={trainer.run_dir / 'best.pt'}")
 
 
 def test_a_retrofit_resumes_exactly(retrofit_trainer):

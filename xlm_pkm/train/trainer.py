@@ -294,6 +294,10 @@ class Trainer:
     def initialise(self, path: str) -> None:
         """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""
         trained = load_trained(path, self.cfg.data.path)  # alone on each rank: whole value tables
+        if trained.cfg.model.base.path and trained.cfg.optim.lora.rank:
+            raise ConfigError(f"train.init_from={path}: a retrofit trained with LoRA adapters, which its checkpoint "
+                              f"keeps apart from the base (merged into it when loaded): a new run from it would "
+                              f"lose them; start from a retrofit trained without LoRA")
         self.initialised = load_weights(self.model, trained, self.cfg.train.init_strict)
 
     def _log_init(self) -> None:
