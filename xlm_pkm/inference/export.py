@@ -162,9 +162,6 @@ def _write_export(out: Path, model: TransformerLM | RetrofitLM, metadata: dict, 
     try:
         stage.mkdir()
         save_model(model, str(stage / WEIGHTS), metadata=metadata)  # drops the duplicate names of a shared value table
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(stage / WEIGHTS, 0o666 & ~umask)  # as the other files (safetensors creates it private)
         for name, data in texts.items():
             (stage / name).write_bytes(data)
         if base is not None:
@@ -172,6 +169,10 @@ def _write_export(out: Path, model: TransformerLM | RetrofitLM, metadata: dict, 
             with quiet_transformers():
                 base.save_pretrained(stage / BASE)
             names += [f"{BASE}/{p.name}" for p in (stage / BASE).iterdir()]
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in [n for n in names if n.endswith(".safetensors")]:
+            os.chmod(stage / name, 0o666 & ~umask)  # as the other files (safetensors creates it private)
         for name in names:
             fd = os.open(stage / name, os.O_RDONLY)
             try:
