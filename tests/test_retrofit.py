@@ -45,12 +45,16 @@ def model_overrides(base, *extra) -> list[str]:
     return [f"model.base.path={base}", "model.base.layers=[2]", *MEMORY, *extra]
 
 
+def make_trainer(base, data, dump, exp_id: str, *extra) -> Trainer:
+    """A Trainer of a retrofit of `base` on its tokenizer's `data`, its run under `dump`."""
+    return Trainer(load_config(None, [*model_overrides(base), f"data.path={data}", f"train.dump_path={dump}", *RUN,
+                                      f"train.exp_id={exp_id}", *extra]))
+
+
 @pytest.fixture
 def retrofit_trainer(tiny_base, tiny_base_data, tmp_path):
-    """trainer(exp_id, *extra): a Trainer of a retrofit of the tiny base on its tokenizer's data, under tmp_path."""
-    return lambda exp_id, *extra, base=tiny_base: Trainer(load_config(None, [
-        *model_overrides(base), f"data.path={tiny_base_data}", f"train.dump_path={tmp_path}", *RUN,
-        f"train.exp_id={exp_id}", *extra]))
+    """trainer(exp_id, *extra, base=tiny_base): make_trainer under tmp_path."""
+    return lambda exp_id, *extra, base=tiny_base: make_trainer(base, tiny_base_data, tmp_path, exp_id, *extra)
 
 
 def trained(trainer: Trainer) -> Trainer:
@@ -59,6 +63,14 @@ def trained(trainer: Trainer) -> Trainer:
     finally:
         trainer.close()
     return trainer
+
+
+@pytest.fixture(scope="module")
+def full_run(tiny_base, tiny_base_data, tmp_path_factory):
+    """(a retrofit trained 4 steps, its trained tensors before): shared by the tests that read a finished run."""
+    trainer = make_trainer(tiny_base, tiny_base_data, tmp_path_factory.mktemp("retro"), "full")
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    return trained(trainer), before
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -95,12 +107,10 @@ def test_the_data_holds_the_tokenizer_s_own_ids(tiny_base, tiny_base_data, tiny_
     assert words.any() and all(dictionary.words[i].startswith("\u0120") for i in words.nonzero()[0])
 
 
-def test_only_the_memory_trains_and_a_checkpoint_holds_only_it(retrofit_trainer):
-    trainer = retrofit_trainer("frozen")
-    base = {k: v.clone() for k, v in trainer.model.base.state_dict().items()}
-    own = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+def test_only_the_memory_trains_and_a_checkpoint_holds_only_it(full_run, tiny_base):
+    trainer, own = full_run
     assert set(own) == {k for k in own if k.startswith("beside.2.")}
-    trained(trainer)
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_base).state_dict()
     assert all(torch.equal(v, trainer.model.base.state_dict()[k]) for k, v in base.items())  # bit for bit
     assert all(not torch.equal(v, trainer.model.state_dict()[k]) for k, v in own.items() if v.is_floating_point()
                and "norm" not in k)  # every memory weight and the gate moved
@@ -128,8 +138,8 @@ def test_with_lora_the_adapters_train_with_the_memory_and_the_base_stays(retrofi
         retrofit_trainer("from_lora", f"train.init_from={trainer.run_dir / 'best.pt'}")
 
 
-def test_a_retrofit_resumes_exactly(retrofit_trainer):
-    full = trained(retrofit_trainer("full"))
+def test_a_retrofit_resumes_exactly(full_run, retrofit_trainer):
+    full, _ = full_run
     trained(retrofit_trainer("cut", "train.max_steps=2"))
     resumed = trained(retrofit_trainer("cut"))
     assert resumed.resumed and logged_losses(resumed.run_dir) == logged_losses(full.run_dir)
@@ -137,9 +147,8 @@ def test_a_retrofit_resumes_exactly(retrofit_trainer):
         assert torch.equal(p, resumed.model.state_dict()[name]), name
 
 
-def test_evaluate_generate_and_export_a_retrofit(retrofit_trainer, tmp_path, capsys):
-    run = trained(retrofit_trainer("cmds"))
-    best = str(run.run_dir / "best.pt")
+def test_evaluate_generate_and_export_a_retrofit(full_run, tmp_path, capsys):
+    best = str(full_run[0].run_dir / "best.pt")
     assert evaluate_main(["--checkpoint", best, "--split", "valid", "--json", str(tmp_path / "r.json")]) == 0
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["ppl"] > 1 and result["words"] > 0 and [m["layer"] for m in result["memories"]] == [2]
@@ -199,9 +208,8 @@ def test_layers_without_a_base_are_refused_and_a_base_without_layers_takes_the_p
 
 
 @pytest.mark.slow
-def test_an_exported_retrofit_loads_where_xlm_pkm_is_not_installed(retrofit_trainer, tmp_path):
-    run = trained(retrofit_trainer("blind"))
-    folder = export(run.run_dir / "best.pt", tmp_path / "exported")
+def test_an_exported_retrofit_loads_where_xlm_pkm_is_not_installed(full_run, tmp_path):
+    folder = export(full_run[0].run_dir / "best.pt", tmp_path / "exported")
     trained_model = load_trained(folder, folder)
     tokens = torch.tensor([trained_model.codec().encode("The module said that")])
     torch.save({"folders": {"retrofit": str(folder)}, "tokens": tokens, "prompt": tokens[:, :4], "new_tokens": 4,
@@ -217,10 +225,10 @@ def test_an_exported_retrofit_loads_where_xlm_pkm_is_not_installed(retrofit_trai
 
 
 @pytest.mark.slow
-def test_a_retrofit_trains_under_torchrun_as_on_one_process(retrofit_trainer, tiny_base, tiny_base_data, tmp_path):
+def test_a_retrofit_trains_under_torchrun_as_on_one_process(full_run, tiny_base, tiny_base_data, tmp_path):
     """train.py under torchrun, 2 processes of 2 streams each (DDP), against one process of the same 4 streams:
     the same losses and weights, to float rounding (gradients averaged over the ranks)."""
-    one = trained(retrofit_trainer("one"))
+    one, _ = full_run
     overrides = [*model_overrides(tiny_base), f"data.path={tiny_base_data}", f"train.dump_path={tmp_path}", *RUN,
                  "train.exp_id=two", "data.batch_size=2", "model.n_memories=0"]  # (configs/default.yaml's: 1)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
