@@ -88,6 +88,23 @@ def test_at_step_0_the_logits_are_the_base_s_and_the_gate_opens_first(tiny_base,
     assert (opened(x) - base(x).logits).abs().max() > 1e-3  # the memory is wired in
 
 
+def test_a_qwen2_base_takes_a_memory_as_well(tmp_path):
+    """Qwen2 (biases in attention, its own names) as a Llama: the base's logits at step 0, its cache in decoding."""
+    config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(config).save_pretrained(tmp_path / "qwen2")
+    cfg = load_config(None, [f"model.base.path={tmp_path / 'qwen2'}", *MEMORY]).model  # layers: L - L//4 = 3
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "qwen2")
+    model = RetrofitLM(resolved(cfg), load_base(cfg.base)).eval()
+    x = torch.randint(0, 64, (2, 10))
+    with torch.no_grad():
+        assert model.memories()[0][0] == 3 and (model(x) - base(x).logits).abs().max() <= 1e-5
+        cache = model.new_cache()
+        steps = torch.cat([model(x[:, :6], cache=cache), model(x[:, 6:], cache=cache)], dim=1)
+        torch.testing.assert_close(steps, model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_the_data_holds_the_tokenizer_s_own_ids(tiny_base, tiny_base_data, tiny_corpus):
     tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_base)
     dictionary = Dictionary.load(tiny_base_data / "vocab")
