@@ -21,7 +21,7 @@ from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.tokenized import load_tokenizer, tokenizer_dictionary
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model import retrofit
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.runtime.hardware import available_memory
@@ -56,7 +56,7 @@ def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str) -> C
     return dataclasses.replace(cfg, model=model, train=dataclasses.replace(cfg.train, exp_id=exp_id))
 
 
-def resolved_base(cfg: Config, dictionary: Dictionary | int):
+def resolved_base(cfg: Config, dictionary: Dictionary | int) -> ModelConfig:
     """The ModelConfig of a retrofit (retrofit.resolved), its data checked: the base's tokenizer's (when given the
     dictionary: the same fingerprint), at most as many tokens as the base's embedding has rows, data.bptt within
     its positions."""
