@@ -55,11 +55,12 @@ def test_the_retrofit_page_runs_as_written(tiny_base, tiny_corpus, tmp_path):
             words += TINY + STEPS[next(w.split("=")[1] for w in words if w.startswith("train.exp_id="))]
         done = subprocess.run(words, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, (command, done.stderr[-3000:])
-        outputs[" ".join(words[:3])] = done.stdout
-    assert "memory at layer 2: usage" in outputs["python evaluate.py --checkpoint"]
-    assert outputs["python generate.py --checkpoint"].startswith("The capital of France is")
-    scores = outputs["python -m xlm_pkm.experiments.continual"]
-    assert "em" in scores and "valid_ppl" in scores
+        outputs.setdefault(" ".join(words[:3]), []).append(done.stdout)
+    assert "memory at layer 2: usage" in outputs["python evaluate.py --checkpoint"][0]
+    prompts = ("The capital of France is", "The search service stores its data in")
+    assert all(out.startswith(p) for out, p in zip(outputs["python generate.py --checkpoint"], prompts, strict=True))
+    (scores,) = outputs["python -m xlm_pkm.experiments.continual"]
+    assert '"em": ' in scores and '"valid_ppl": ' in scores
     assert (tmp_path / "exported" / "smollm2-facts" / "base" / "model.safetensors").is_file()
     meta = json.loads((tmp_path / "data" / "processed" / "sample-smollm2" / "meta.json").read_text())
     assert meta["unit"] == "tokenizer"
