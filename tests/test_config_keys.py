@@ -39,7 +39,8 @@ def test_keys_of_one_section_and_a_wrong_section(capsys):
     assert any(line.startswith("model.memory.knn = 16 ") and "keys selected per head" in line  # configs/default.yaml's
                and line.endswith("(built-in default 32)") for line in out)
     with pytest.raises(ConfigError,
-                       match=r"--keys memory: no such section \(sections: data, model, model.engram, model.memory,"):
+                       match=r"--keys memory: no such section \(sections: data, model, model.base, model.engram, "
+                             r"model.memory,"):
         describe_keys("memory")
     assert train_main(["--keys", "memory"]) == 2
     assert capsys.readouterr().err.startswith("train.py: error: --keys memory: no such section")

@@ -5,6 +5,7 @@
 Each section is a dataclass beside the code it configures, and checks itself (settings.py):
 
     model          ModelConfig   model/transformer.py          model.span: SpanConfig, model/adaptive_span.py
+                                                               model.base: BaseConfig, model/retrofit.py
     model.memory   MemoryConfig  model/memory/pkm.py           .peer (peer.py), .tucker, .expanded (ultramem.py)
     model.engram   EngramConfig  model/memory/engram.py
     data           DataConfig    data/stream.py
@@ -133,6 +134,14 @@ class Config:
         if self.train.parallel == "fsdp" and self.optim.lora.rank:
             raise ConfigError("train.parallel=fsdp: LoRA's adapters (optim.lora) are not fully sharded here (best.pt "
                               "merges them from whole weights); use train.parallel=ddp")
+        base = self.model.base
+        if base.path and self.train.parallel == "fsdp":
+            raise ConfigError("train.parallel=fsdp: a retrofit (model.base.path) trains its memories beside a frozen "
+                              "base, which is not fully sharded here; use train.parallel=ddp")
+        if base.path and not base.gate_init and self.optim.trainable == ["memory_values"] and not self.train.init_from:
+            raise ConfigError("optim.trainable=memory_values: the memories' gates stay at model.base.gate_init=0, so "
+                              "no value ever reaches the output; train the gates too (optim.trainable=memory), or "
+                              "start from a trained retrofit (train.init_from)")
         if self.data.fact_batches:  # a fact batch is one optimizer step of a model without a stream cache
             if self.optim.accumulate > 1:
                 raise ConfigError(f"data.fact_batches: each step is one fact's batch; optim.accumulate="

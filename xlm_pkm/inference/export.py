@@ -19,7 +19,12 @@ tokenizer_config.json):
     tokenizer = AutoTokenizer.from_pretrained("exported/demo", trust_remote_code=True)   # BPE data
 
 The safetensors metadata records the training step, the vocabulary fingerprint, the data's unit
-(meta.json's: "byte", "word", or "token" for BPE) and the xlm_pkm version that wrote it.
+(meta.json's: "byte", "word", "tokenizer", or "token" for BPE) and the xlm_pkm version that wrote it.
+
+A retrofit (model.base: model/retrofit.py) is exported standalone: `base/` is a plain transformers folder of its
+base (save_pretrained, float32, the run's LoRA adapters merged in), model.safetensors holds the memories and
+gates, and config.json's model.base.path is "base" (relative to the folder); its data's tokenizer is the
+folder's own (tokenizer.json and its config, as the tokenizer saves them: AutoTokenizer needs no remote code).
 
 The safetensors metadata also records a hash of config.json's `model` section (model_config_digest), which
 every loader checks (ours and the folder's own code): an edited architecture (n_heads 2 -> 4, the same shapes)
@@ -38,11 +43,13 @@ is one line naming the file, and leaves the previous export whole.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from xlm_pkm import __version__
@@ -50,14 +57,19 @@ from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.trained import CONFIG, WEIGHTS, load_trained
 from xlm_pkm.config import to_dict
 from xlm_pkm.data.text_codec import BPE_UNIT
+from xlm_pkm.data.tokenized import UNIT as TOKENIZER_UNIT
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.inference.hf_code import folder_code
 from xlm_pkm.inference.hf_config import TOKENIZER_CONFIG, carried_code, hf_keys, tokenizer_config
+from xlm_pkm.model.retrofit import RetrofitLM, quiet_transformers
 from xlm_pkm.model.transformer import TransformerLM, model_config_digest
 from xlm_pkm.utils.atomic import OutputError, is_temporary, temporary_name, write_error
 from xlm_pkm.utils.program import program_name
 
-EXPORTED = (WEIGHTS, CONFIG, "vocab", "codes", TOKENIZER_CONFIG)  # the data files of an exported folder
+# the data files of an exported folder: ours, a retrofit's base/ and the files its tokenizer saves
+BASE = "base"  # a retrofit's base, a transformers folder inside the export
+EXPORTED = (WEIGHTS, CONFIG, "vocab", "codes", TOKENIZER_CONFIG, BASE, "tokenizer.json", "special_tokens_map.json",
+            "added_tokens.json", "chat_template.jinja")
 MANIFEST = "export_manifest.json"  # {"files": [...]}: the files the export wrote, the only ones a new one replaces
 
 
@@ -76,6 +88,10 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     if cfg.plugins:
         raise ValueError(f"{path}: the model's config imports plugins ({', '.join(cfg.plugins)}), whose code an "
                          f"exported folder cannot carry")
+    base = trained.model.base if cfg.model.base.path else None
+    if base is not None:  # standalone: the base in base/, its tokenizer's files beside ours
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=dataclasses.replace(
+            cfg.model.base, path=BASE, gguf_file="", digest="")))
     configs = {CONFIG: {**to_dict(cfg), **hf_keys(cfg, dictionary, unit)}}
     if unit == BPE_UNIT:
         configs[TOKENIZER_CONFIG] = tokenizer_config(dictionary, cfg.model.max_len)
@@ -84,8 +100,9 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
                 "model_config_digest": model_config_digest(json.loads(json.dumps(configs[CONFIG]["model"])))}
     texts = {**{name: (json.dumps(value, indent=2) + "\n").encode() for name, value in configs.items()},
              **{name: (data_dir / name).read_bytes() for name in text_files},
-             **{name: code.encode() for name, code in folder_code(*carried_code(unit)).items()}}
-    written = [WEIGHTS, *texts]
+             **{name: code.encode() for name, code in folder_code(*carried_code(unit)).items()},
+             **(_tokenizer_files(trained.codec()) if unit == TOKENIZER_UNIT else {})}
+    written = [WEIGHTS, *texts, *([BASE] if base is not None else [])]
     if previous is not None:
         _refuse_overwriting(out, written, previous)
     texts[MANIFEST] = (json.dumps({"files": written}, indent=2) + "\n").encode()
@@ -93,10 +110,17 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(out, e) from None
-    _write_export(out, trained.model, metadata, texts, previous is not None)
-    for stale in set(previous or ()) - set(written):  # of the previous export: a BPE tokenizer, code no longer needed
-        (out / stale).unlink(missing_ok=True)
+    _write_export(out, trained.model, metadata, texts, previous is not None, base)
+    for stale in set(previous or ()) - set(written):  # of the previous export: a BPE tokenizer, code, a base/
+        shutil.rmtree(out / stale) if (out / stale).is_dir() else (out / stale).unlink(missing_ok=True)
     return out
+
+
+def _tokenizer_files(codec) -> dict[str, bytes]:
+    """{name: bytes} of the files a tokenizer's data's tokenizer saves (save_pretrained), for the folder."""
+    with tempfile.TemporaryDirectory() as folder:
+        saved = [Path(p) for p in codec.tokenizer.save_pretrained(folder) if Path(p).is_file()]
+        return {p.name: p.read_bytes() for p in saved}
 
 
 def _check_export_folder(out: Path) -> list[str] | None:
@@ -148,9 +172,11 @@ def _written_by_export(weights: Path) -> bool:
         return False
 
 
-def _write_export(out: Path, model: TransformerLM, metadata: dict, texts: dict[str, bytes], previous: bool) -> None:
-    """Every file written and flushed to disk in a temporary folder inside `out`, then renamed into place:
-    an error (disk full) before the renames leaves the previous export whole; it is one line (OutputError)."""
+def _write_export(out: Path, model: TransformerLM | RetrofitLM, metadata: dict, texts: dict[str, bytes],
+                  previous: bool, base=None) -> None:
+    """Every file written and flushed to disk in a temporary folder inside `out`, then renamed into place (a
+    retrofit's `base`, saved by transformers, as the folder base/): an error (disk full) before the renames leaves
+    the previous export whole; it is one line (OutputError)."""
     from safetensors import SafetensorError
     from safetensors.torch import save_model
 
@@ -160,11 +186,17 @@ def _write_export(out: Path, model: TransformerLM, metadata: dict, texts: dict[s
     try:
         stage.mkdir()
         save_model(model, str(stage / WEIGHTS), metadata=metadata)  # drops the duplicate names of a shared value table
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(stage / WEIGHTS, 0o666 & ~umask)  # as the other files (safetensors creates it private)
         for name, data in texts.items():
             (stage / name).write_bytes(data)
+        if base is not None:
+            name = BASE
+            with quiet_transformers():
+                base.save_pretrained(stage / BASE)
+            names += [f"{BASE}/{p.name}" for p in (stage / BASE).iterdir()]
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in [n for n in names if n.endswith(".safetensors")]:
+            os.chmod(stage / name, 0o666 & ~umask)  # as the other files (safetensors creates it private)
         for name in names:
             fd = os.open(stage / name, os.O_RDONLY)
             try:
@@ -172,7 +204,10 @@ def _write_export(out: Path, model: TransformerLM, metadata: dict, texts: dict[s
             finally:
                 os.close(fd)
         renaming = True
-        for name in names:
+        if base is not None:  # the previous base/ goes once this one is whole
+            shutil.rmtree(out / BASE, ignore_errors=True)
+            os.replace(stage / BASE, out / BASE)
+        for name in [n for n in names if not n.startswith(f"{BASE}/")]:
             os.replace(stage / name, out / name)
     except OSError as e:
         raise _export_error(out, name, e, previous, renaming) from None

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.data.dictionary import Dictionary
-from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, UserError, fail
+from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, ConfigError, UserError, fail
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.launch.config_keys import describe_keys
@@ -77,6 +77,9 @@ def _dry_run(args) -> None:
     """train.py --dry-run: the run's config resolved as training would (its vocabulary size from the data's
     vocab file unless model.vocab_size sets it), its memory estimate per rank printed on rank 0."""
     cfg = launch_config(args.config, args.overrides)
+    if cfg.model.base.path:
+        raise ConfigError("--dry-run counts the parts of xlm_pkm's own transformer: a retrofit (model.base.path) is "
+                          "not estimated")
     if not cfg.model.vocab_size:
         cfg = resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), cfg.train.exp_id)
     env = read_env()

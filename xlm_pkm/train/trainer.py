@@ -82,7 +82,8 @@ class Trainer:
         unless `test` is False) before the first step. `cfg` is left as given; self.cfg is the run's, resolved
         (resolved_config: the data's vocabulary size, the run's id)."""
         self.cfg, self.test = cfg, test  # test: evaluate best.pt on test at the end (a resume keeps it off: resume())
-        if cfg.model.family == "transformer" and cfg.data.bptt > cfg.model.max_len:  # (evaluation reads its own)
+        # (evaluation reads its own; a retrofit's are its base's: build.resolved_base)
+        if cfg.model.family == "transformer" and not cfg.model.base.path and cfg.data.bptt > cfg.model.max_len:
             raise ConfigError(f"data.bptt={cfg.data.bptt} is longer than model.max_len={cfg.model.max_len}, the "
                               f"positions the model learns: lower data.bptt or raise model.max_len")
         if cfg.train.wandb.project:
@@ -99,7 +100,7 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         train = cfg.train  # the run directory is created below, once every input is checked
         self.run_dir, exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env, train.max_steps)
-        self.cfg = cfg = resolved_config(cfg, len(self.dictionary), exp_id)
+        self.cfg = cfg = resolved_config(cfg, self.dictionary, exp_id)
         self.initial_weights = InitialWeights(cfg.train.seed, self.device)  # the model's, then LoRA adapters'
         self.model = build_model(cfg, self.device, self.initial_weights, self.env.world_size)
         if cfg.model.engram.layers:  # the vocabulary's canonical ids, saved with the model
@@ -282,8 +283,8 @@ class Trainer:
 
     def save_best(self) -> None:
         """best.pt: the model only (for evaluation), whole (FSDP's shards gathered), LoRA adapters merged into
-        plain weights."""
-        if self.lora:
+        plain weights (a retrofit's kept apart: its checkpoints hold no base weight to merge them into)."""
+        if self.lora and not self.cfg.model.base.path:
             weights = lora.merged_state_dict(self.model)
         elif self.fsdp:
             from xlm_pkm.runtime.fsdp import full_state_dict
@@ -313,6 +314,10 @@ class Trainer:
     def initialise(self, path: str) -> None:
         """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""
         trained = load_trained(path, self.cfg.data.path)  # alone on each rank: whole value tables
+        if trained.cfg.model.base.path and trained.cfg.optim.lora.rank:
+            raise ConfigError(f"train.init_from={path}: a retrofit trained with LoRA adapters, which its checkpoint "
+                              f"keeps apart from the base (merged into it when loaded): a new run from it would "
+                              f"lose them; start from a retrofit trained without LoRA")
         self.initialised = load_weights(self.model, trained, self.cfg.train.init_strict)
 
     def _log_init(self) -> None:
