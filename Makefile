@@ -12,13 +12,14 @@ install: $(VENV)/.installed $(FASTBPE)
 
 # The virtual environment: torch 2.13.0 unless a torch is already importable there, then the rest, then
 # this checkout itself (editable: `import xlm_pkm` and the xlm-pkm-* commands work from any directory)
-# with its optional extras (pyproject.toml), so that the tests of LoRA, datasets, transformers, lm-eval and W&B run too.
+# with its optional extras (pyproject.toml), so that the tests of LoRA, datasets, transformers, lm-eval, W&B and
+# retrofits (gguf) run too.
 $(VENV)/.installed: requirements.txt requirements-test.txt pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PIP) install torch==2.13.0
 	$(PIP) install -r requirements.txt -r requirements-test.txt cython setuptools wheel
 	$(PIP) install --no-build-isolation fastBPE==0.1.0
-	$(PIP) install --no-build-isolation -e ".[lora,hf,eval,wandb]"
+	$(PIP) install --no-build-isolation -e ".[lora,hf,eval,wandb,retrofit]"
 	touch $@
 
 # fastBPE's command-line tool (learnbpe, applybpe, getvocab), compiled from its PyPI source release.

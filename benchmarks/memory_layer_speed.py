@@ -11,6 +11,9 @@ interleaved rounds (median kept), tokens/s of:
   - train_step: the same plus the optimizer step: ours sparse with LazyAdam on the values and Adam on
     the rest, the package and the FFN with torch.optim.Adam;
   - inference: forward without gradients.
+With --settings KEY=VALUE... (model.memory fields, e.g. pair_candidates=winnable) our layer is measured a second
+time with them, "pkm_settings", in the same interleaved rounds; with --fused-values its step's values optimizer
+is FusedLazyAdam (optim.fused_values) instead of LazyAdam.
 The run also measures the machine: its copy bandwidth (a 512 MB tensor copied) and its matmul rate at
 the query network's shape. The floor of our sparse training step is its bytes moved at that bandwidth
 plus its matmul FLOPs at that rate (`traffic_model`), and each size reports the fraction of it reached.
@@ -33,27 +36,39 @@ from machine import machine_info, write_result
 from timing import interleaved_rounds, synchronizer
 
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.optim.fused_rows import FusedLazyAdam
 from xlm_pkm.optim.lazy_adam import LazyAdam
 
 DIM, HEADS, KNN, K_DIM = 512, 4, 32, 512
 PEER = "lucidrains_pkm_0.3.0"
 
 
-def build(name: str, n_keys: int):
+def build(name: str, n_keys: int, settings: dict | None = None):
     if name == "dense_ffn":
         return nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
     if name == PEER:
         from product_key_memory import PKM
         return PKM(DIM, heads=HEADS, num_keys=n_keys, topk=KNN, dim_head=K_DIM // 2)
-    return ProductKeyMemory(DIM, DIM, n_keys=n_keys, k_dim=K_DIM, heads=HEADS, knn=KNN)
+    return ProductKeyMemory(DIM, DIM, n_keys=n_keys, k_dim=K_DIM, heads=HEADS, knn=KNN, **(settings or {}))
 
 
-def optimizers_of(module) -> list:
-    """LazyAdam on our values and Adam on the rest (the trainer's split); Adam on everything otherwise."""
+def optimizers_of(module, fused_values: bool = False) -> list:
+    """LazyAdam (or FusedLazyAdam) on our values and Adam on the rest (the trainer's split); Adam on everything
+    otherwise."""
     if isinstance(module, ProductKeyMemory):
         values = module.values.weight
-        return [LazyAdam([values], lr=1e-3), torch.optim.Adam([p for p in module.parameters() if p is not values])]
+        values_optimizer = (FusedLazyAdam if fused_values else LazyAdam)([values], lr=1e-3)
+        return [values_optimizer, torch.optim.Adam([p for p in module.parameters() if p is not values])]
     return [torch.optim.Adam(module.parameters())]
+
+
+def parse_settings(items: list[str]) -> dict:
+    """KEY=VALUE strings -> the model.memory fields they set, values read as YAML (winnable, 1e-3, true)."""
+    import yaml
+
+    if any("=" not in item for item in items):
+        raise SystemExit(f"--settings takes KEY=VALUE, got {items}")
+    return {key: yaml.safe_load(value) for key, value in (item.split("=", 1) for item in items)}
 
 
 def train_step(module, x, grad_out, sparse: bool | None = None, optimizers: list | None = None):
@@ -143,9 +158,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=5, help="interleaved measurements per entry; median kept")
     parser.add_argument("--train-keys", type=int, nargs="+", default=[128, 256, 512, 1024])
     parser.add_argument("--no-peer", action="store_true", help=f"leave out {PEER} (requirements-bench.txt)")
+    parser.add_argument("--settings", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="model.memory fields of a second measurement of our layer (pkm_settings)")
+    parser.add_argument("--fused-values", action="store_true", help="pkm_settings' step with FusedLazyAdam")
     parser.add_argument("--out", help="default: dumped/bench/memory_layer_speed_<cpu|cuda>.json")
     args = parser.parse_args()
     device, n_tokens = args.device, args.batch * args.seq
+    settings = parse_settings(args.settings)
     names = ["dense_ffn", "product"] + ([] if args.no_peer else [PEER])
     torch.manual_seed(0)
     x = torch.randn(args.batch, args.seq, DIM, device=device, requires_grad=True)
@@ -164,6 +183,13 @@ def main():
                  ("train_step", "pkm_sparse"): train_step(ours, x, grad_out, True, optimizers_of(ours)),
                  ("inference", "dense_ffn"): inference_step(ffn, x),
                  ("inference", "pkm"): inference_step(ours, x)}
+        if settings or args.fused_values:
+            torch.manual_seed(0)
+            tuned = build("product", n_keys, settings).to(device).train()
+            steps |= {("train", "pkm_sparse_settings"): train_step(tuned, x, grad_out, sparse=True),
+                      ("train_step", "pkm_sparse_settings"): train_step(tuned, x, grad_out, True,
+                                                                        optimizers_of(tuned, args.fused_values)),
+                      ("inference", "pkm_settings"): inference_step(tuned, x)}
         if PEER in modules:
             peer = modules[PEER]
             steps |= {("train", PEER): train_step(peer, x, grad_out),
@@ -188,6 +214,7 @@ def main():
     result = {
         "benchmark": "memory_layer_speed",
         "settings": {"dim": DIM, "heads": HEADS, "knn": KNN, "k_dim": K_DIM, "batch": args.batch, "seq": args.seq,
+                     "pkm_settings": settings, "pkm_settings_fused_values": args.fused_values,
                      "tokens_per_step": n_tokens, "dtype": "float32", "min_time_s": args.min_time,
                      "rounds": args.rounds, "statistic": "median of interleaved rounds"},
         "machine": machine_info(device) | {"copy_bandwidth_gb_s": round(bandwidth, 2),
@@ -200,6 +227,7 @@ def main():
 
 
 OURS = {"train": "pkm_sparse", "train_step": "pkm_sparse", "inference": "pkm"}
+SETTINGS = {"train": "pkm_sparse_settings", "train_step": "pkm_sparse_settings", "inference": "pkm_settings"}
 
 
 def ratios(rows: list[dict]) -> list[dict]:
@@ -213,6 +241,10 @@ def ratios(rows: list[dict]) -> list[dict]:
             for other in ("dense_ffn", PEER):
                 if (mode, other, n) in speed:
                     row[f"{mode}_over_{other}"] = round(speed[mode, ours, n] / speed[mode, other, n], 3)
+            tuned = speed.get((mode, SETTINGS[mode], n))
+            if tuned:
+                row[f"{mode}_settings_over_dense_ffn"] = round(tuned / speed[mode, "dense_ffn", n], 3)
+                row[f"{mode}_settings_over_default"] = round(tuned / speed[mode, ours, n], 3)
         if ("train_step", "pkm_sparse", n // 2) in speed:
             row["train_step_time_over_half_n_keys"] = round(speed["train_step", "pkm_sparse", n // 2]
                                                             / speed["train_step", "pkm_sparse", n], 3)

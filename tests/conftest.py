@@ -74,6 +74,42 @@ def tiny_data_dir(tiny_corpus, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def tiny_base(tiny_corpus, tmp_path_factory) -> Path:
+    """A pretrained model's folder as transformers writes it, made here: a random Llama (2 layers of width 32,
+    64 positions, 20 embedding rows more than the tokenizer's tokens) and its tokenizer, a byte-level BPE of 300
+    tokens learnt on the tiny corpus, <|endoftext|> its end of text (as GPT-2's, SmolLM2's)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("base") / "tiny-llama"
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    texts = [json.loads(line)["text"] for line in tiny_corpus.read_text().splitlines()]
+    bpe.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=300, special_tokens=["<|endoftext|>"],
+                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, eos_token="<|endoftext|>")
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer) + 20, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_base_data(tiny_corpus, tiny_base, tmp_path_factory) -> Path:
+    """The tiny corpus preprocessed with the tiny base's tokenizer (python -m xlm_pkm.data.preprocess --tokenizer):
+    4 valid and 4 test documents, two train shards."""
+    out = tmp_path_factory.mktemp("data") / "tiny-base"
+    preprocess([str(tiny_corpus)], out, valid_docs=4, test_docs=4, seed=1, chunk_mb=0.25, tokenizer=str(tiny_base))
+    return out
+
+
 @pytest.fixture
 def small_filesystem(tmp_path):
     """mount(size_kb, name="small") -> Path: a real filesystem of `size_kb` KB (a tmpfs mounted at

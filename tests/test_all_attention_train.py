@@ -112,7 +112,7 @@ def test_a_byte_level_model_is_sampled_and_exported(tiny_run, char_overrides, ch
     run = tiny_run(tmp_path, "train.exp_id=gen", "train.max_steps=2", *char_overrides)
     exported = export(run.best_path, tmp_path / "exported")
     names = sorted(p.name for p in exported.iterdir() if p.suffix != ".py")
-    assert names == ["config.json", "model.safetensors", "vocab"]
+    assert names == ["config.json", "export_manifest.json", "model.safetensors", "vocab"]
     assert not (exported / "tokenization_xlm_pkm.py").exists()  # byte data: no transformers tokenizer
     capsys.readouterr()
     args = ["--max-tokens", "12", "--seed", "1", "--device", "cpu", "the function"]

@@ -159,11 +159,13 @@ def test_results_go_beside_the_committed_ones_unless_asked(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_step_breakdown(tiny_data_dir, tmp_path):
     """Every variant a row after the memoryless one, with its phases (the probed runs) and share (recomputed)."""
-    variants = ["off", "on"]
+    variants = ["off", "on"]  # on: the Triton kernels too, under the interpreter (conftest's TRITON_INTERPRET=1)
     result = run_benchmark("step_breakdown", tmp_path / "breakdown.json", "--device", "cpu", "--data",
                            str(tiny_data_dir), "--steps", "2", "--warmup", "1", "--variants", *variants,
-                           "--override", "model.n_layers=9", "model.memory.n_keys=16", *TINY_MODEL)
+                           "--override", "model.n_layers=9", "model.memory.n_keys=16", "model.memory.value_read=triton",
+                           *TINY_MODEL)
     rows = result["rows"]
+    assert not [r["error"] for r in rows if "error" in r]
     assert [r["variant"] for r in rows] == ["no memory", *variants] and [r["memories"] for r in rows] == [0, 1, 1]
     assert result["settings"]["variants"]["off"] == [] and result["settings"]["variants"]["on"]
     for row in rows[1:]:

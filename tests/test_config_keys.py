@@ -36,12 +36,32 @@ def test_keys_of_one_section_and_a_wrong_section(capsys):
     assert train_main(["--keys", "model.memory"]) == 0
     out = capsys.readouterr().out.splitlines()
     assert out and all(line.startswith("model.memory.") for line in out)
-    assert any(line.startswith("model.memory.knn = 32 ") and "keys selected per head" in line for line in out)
+    assert any(line.startswith("model.memory.knn = 16 ") and "keys selected per head" in line  # configs/default.yaml's
+               and line.endswith("(built-in default 32)") for line in out)
     with pytest.raises(ConfigError,
-                       match=r"--keys memory: no such section \(sections: data, model, model.engram, model.memory,"):
+                       match=r"--keys memory: no such section \(sections: data, model, model.base, model.engram, "
+                             r"model.memory,"):
         describe_keys("memory")
     assert train_main(["--keys", "memory"]) == 2
     assert capsys.readouterr().err.startswith("train.py: error: --keys memory: no such section")
+
+
+def test_keys_shows_the_values_the_command_would_train_with_the_built_in_default_beside(capsys):
+    """Issue 63: --keys model showed the built-in defaults (dim 1024, 12 layers), not what `python train.py` trains
+    (configs/default.yaml: 256, 4): it shows the values of the config given (by default configs/default.yaml) and
+    its overrides, the built-in default beside where they differ."""
+    default = load_config(REPO / "configs/default.yaml")
+    assert (default.model.dim, Config().model.dim) == (256, 1024)  # the case of the issue
+    assert train_main(["--keys", "model"]) == 0
+    lines = {line.split(" = ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["model.dim"].startswith("model.dim = 256 ") and lines["model.dim"].endswith("(built-in default 1024)")
+    assert lines["model.n_layers"].startswith(f"model.n_layers = {default.model.n_layers} ")
+    assert "built-in default" not in lines["model.vocab_size"]  # the same in both
+    small = str(REPO / "configs/small.yaml")
+    assert train_main(["--keys", "model.memory", "--config", small, "model.memory.knn=3"]) == 0
+    lines = {line.split(" = ")[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert lines["model.memory.knn"].startswith("model.memory.knn = 3 ") and "(built-in default 32)" in lines[
+        "model.memory.knn"]
 
 
 def test_help_points_to_the_keys(capsys):

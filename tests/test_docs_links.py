@@ -55,3 +55,17 @@ def test_the_slugs_follow_githubs_rule(tmp_path):
     page.write_text("# Stop, resume and exit statuses\n## `train.py --dry-run`\n## Notes\n## Notes\n"
                     "```\n# not a heading\n```\n")
     assert list(anchors(page)) == ["stop-resume-and-exit-statuses", "trainpy---dry-run", "notes", "notes-1"]
+
+
+def test_no_table_is_cut_by_a_blank_line():
+    """A blank line inside a markdown table ends it: the rows after it render as text (the exit-status row for 130
+    in docs/training.md, the Engram row in docs/variants.md: issue 63). A table row after a blank line that follows
+    a table row must start a new table (its separator line next)."""
+    cut = []
+    for page in markdown_files():
+        lines = FENCE.sub("", page.read_text()).splitlines()
+        for i in range(1, len(lines) - 1):
+            if not lines[i].strip() and lines[i - 1].startswith("|") and lines[i + 1].startswith("|") and not (
+                    i + 2 < len(lines) and re.match(r"\|\s*:?-", lines[i + 2])):
+                cut.append(f"{page.relative_to(REPO)}: {lines[i + 1][:60]}")
+    assert not cut, cut

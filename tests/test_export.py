@@ -54,7 +54,7 @@ def test_export_round_trips_with_the_same_logits(kind, reference_run, tiny_data_
         path = tmp_path / "random.pt"
         original = random_checkpoint(tiny_data_dir, path, VARIANTS[kind]).eval()
     out = export(path, tmp_path / "exported")
-    data_files = ["codes", "config.json", "model.safetensors", "tokenizer_config.json", "vocab"]
+    data_files = ["codes", "config.json", "export_manifest.json", "model.safetensors", "tokenizer_config.json", "vocab"]
     assert sorted(p.name for p in out.iterdir() if p.suffix != ".py") == data_files
     for name in ("codes", "vocab"):
         assert (out / name).read_bytes() == (tiny_data_dir / name).read_bytes()
@@ -161,8 +161,7 @@ def test_export_into_a_folder_that_is_not_an_export_is_refused(holds, reference_
         why = {"notes.txt": "it holds notes.txt", "vocab only": "it holds vocab but no model.safetensors",
                "foreign weights": "its model.safetensors was not written by export"}[holds]
         assert err == (f"{prefix}{out} is not empty and not a previous export ({why}): export into a new or empty "
-                       f"folder, or a previous export (only model.safetensors, config.json, vocab, codes, "
-                       f"tokenizer_config.json and *.py), so that no "
+                       f"folder, or a previous export (its model.safetensors written by export), so that no "
                        f"other file is overwritten\n")
     assert (out.read_bytes() if out.is_file() else {p.name: p.read_bytes() for p in out.iterdir()}) == before
 
@@ -173,11 +172,12 @@ def test_export_replaces_a_previous_export_and_an_empty_folder_is_fine(reference
     out.mkdir()
     export(reference.best_path, out)
     (out / "export.1234.0123abcd.tmp").mkdir()  # left by a killed export: not in the way
-    (out / "removed_module.py").write_text("")  # code of an earlier version's export: removed
+    (out / "own_module.py").write_text("")  # not written by export: kept (issue 62)
     export(reference.ckpt_path, out)
     assert sorted(p.name for p in out.iterdir() if p.suffix != ".py") == [
-        "codes", "config.json", "export.1234.0123abcd.tmp", "model.safetensors", "tokenizer_config.json", "vocab"]
-    assert not (out / "removed_module.py").exists() and (out / "modeling_xlm_pkm.py").is_file()
+        "codes", "config.json", "export.1234.0123abcd.tmp", "export_manifest.json", "model.safetensors",
+        "tokenizer_config.json", "vocab"]
+    assert (out / "own_module.py").exists() and (out / "modeling_xlm_pkm.py").is_file()
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.metadata()["source"] == str(reference.ckpt_path)
     load_trained(out, out)

@@ -142,7 +142,7 @@ def test_export_on_a_full_disk_is_one_line_and_keeps_the_previous_export(referen
     previous = {p.name: p.read_bytes() for p in out.iterdir()}
     assert main([str(reference.ckpt_path), str(tmp_path / "elsewhere")]) == 0  # what the new export holds
     weights = (tmp_path / "elsewhere" / "model.safetensors").stat().st_size
-    assert weights != len(previous["model.safetensors"])  # another source: another file
+    assert (tmp_path / "elsewhere" / "model.safetensors").read_bytes() != previous["model.safetensors"]  # another
     capsys.readouterr()
     fill(fs, leave=0 if room == "none" else weights)
     assert main([str(reference.ckpt_path), str(out)]) == 2

@@ -1,9 +1,10 @@
 """docs/own-corpus.md, run as a user would: every command of its bash blocks in order, from a directory
-outside the checkout holding the user's corpus (300 documents) and links to the three scripts, with the
+outside the checkout holding the user's corpus (300 documents) and links to the three scripts and configs/, with the
 venv's `python` on PATH; then its Python block as a script of the user's. Each `train.py` command gets
 the tests' tiny-model overrides appended (TINY, 100 steps); the first one is stopped with a real SIGINT
 after its second step, as the page says to."""
 
+import math
 import os
 import re
 import shlex
@@ -40,7 +41,7 @@ def test_the_own_corpus_page_runs_as_written(tiny_corpus, tmp_path):
     import json
 
     _corpus(tmp_path / "my_corpus", [json.loads(line)["text"] for line in tiny_corpus.read_text().splitlines()])
-    for script in ("train.py", "evaluate.py", "generate.py"):
+    for script in ("train.py", "evaluate.py", "generate.py", "configs"):  # as in a checkout
         (tmp_path / script).symlink_to(ROOT / script)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}", "PYTHONUNBUFFERED": "1"}
@@ -87,3 +88,23 @@ def test_the_own_corpus_page_runs_as_written(tiny_corpus, tmp_path):
     mine = subprocess.run(["python", "my_script.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=300)
     assert mine.returncode == 0 and mine.stdout.startswith("The"), mine.stderr[-2000:]
+
+
+def test_the_small_preset_trains_on_a_small_corpus(tiny_data_dir, tmp_path):
+    """configs/small.yaml, the page's preset for a corpus of a few MB (issue 63), as it is (its model, batch and
+    schedule), a few steps on the tests' tiny corpus: it builds, trains, validates and saves."""
+    from xlm_pkm.config import load_config
+    from xlm_pkm.train.trainer import Trainer
+
+    cfg = load_config(ROOT / "configs" / "small.yaml", [f"data.path={tiny_data_dir}", f"train.dump_path={tmp_path}",
+                                                        "train.max_steps=3", "train.eval_every=3",
+                                                        "train.eval_max_batches=2", "train.num_threads=1",
+                                                        "train.device=cpu", "train.exp_id=small"])
+    assert (cfg.model.dim, cfg.model.n_layers, cfg.data.batch_size * cfg.data.bptt) == (128, 4, 2048)
+    trainer = Trainer(cfg, test=False)
+    try:
+        valid = trainer.train()
+    finally:
+        trainer.close()
+    assert trainer.step == 3 and math.isfinite(valid["ppl"])
+    assert (tmp_path / "small" / "small" / "checkpoint.pt").is_file()

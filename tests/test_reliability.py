@@ -33,7 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # ---- non-finite weights never overwrite the good checkpoint ----------------------------------------
 @pytest.mark.parametrize("extra, error", [
-    (("train.eval_every=4",), NonFiniteError),  # a checkpoint is due while the weights are not finite
+    # an evaluation and its checkpoint are due while the weights are not finite: the perplexity stops the run (issue 62)
+    (("train.eval_every=4",), NonFiniteLossError),
+    (("train.eval_every=5", "train.save_every_steps=4"), NonFiniteError),  # a checkpoint is due before any evaluation
     (("train.max_nonfinite=2",), NonFiniteLossError),  # the run gives up first
 ])
 def test_non_finite_weights_never_overwrite_the_good_checkpoint(tiny_run, tiny_trainer, tmp_path, extra, error):
@@ -47,6 +49,8 @@ def test_non_finite_weights_never_overwrite_the_good_checkpoint(tiny_run, tiny_t
     trainer.close()
     assert trainer.ckpt_path.read_bytes() == good
     assert f"Last good checkpoint: {trainer.ckpt_path} (step 3)" in str(raised.value)
+    if extra != ("train.max_nonfinite=2",):  # a check of the weights names the tensor at fault
+        assert "blocks.1.sublayers.1.values.weight is not finite" in str(raised.value)
     assert checkpoint.first_non_finite(whole_checkpoint(trainer.ckpt_path)["model"]) is None
 
 

@@ -4,6 +4,8 @@ stopped before its end), checked against the runs' own metrics.jsonl and test re
 import csv
 import io
 import json
+import re
+import shutil
 import statistics
 
 import pytest
@@ -129,3 +131,57 @@ def test_a_path_that_is_not_a_run_or_a_key_that_is_not_a_key_is_one_line(dump, t
                                             "holding runs\n")
     assert runs_main(["compare", str(dump / "two"), "--by", "model.dimm"]) == 2
     assert "--by model.dimm: not a config key of these runs" in capsys.readouterr().err
+
+
+def test_compare_counts_the_model_as_trained(dump, capsys):
+    """Issue 62/63: the parameters were counted with a 1,000-word vocabulary (53.0k shown for a model of 281,248);
+    the run's resolved config has its data's vocabulary size: the count is the one train.log printed."""
+    rows = table(capsys, "compare", str(dump / "two"))
+    for row in rows:
+        log = (dump / row["runs"].split()[0] / "train.log").read_text()
+        total = int(re.search(r"parameters: total ([\d,]+)", log).group(1).replace(",", ""))
+        assert int(row["params"]) == total
+
+
+def test_a_valid_result_written_as_test_json_is_not_shown_as_test_perplexity(dump, tmp_path, capsys):
+    """`evaluate.py --split valid --json RUN/test.json` put a valid-split figure in the test ppl column."""
+    run = tmp_path / "copy" / "dense-seed0"
+    shutil.copytree(dump / "two" / "dense-seed0", run)
+    assert evaluate_main(["--checkpoint", str(run / "best.pt"), "--split", "valid", "--json", str(run / "test.json"),
+                          "--max-batches", "1"]) == 0
+    capsys.readouterr()
+    (row,) = table(capsys, "list", str(run))
+    valid = json.loads((run / "test.json").read_text())["ppl"]
+    assert float(row["test ppl"]) == events(run, "test")[-1]["ppl"] != valid
+
+
+def test_an_unreadable_run_is_listed_as_such_and_the_others_go_on(dump, tmp_path, capsys):
+    """One bad run aborted the listing: a truncated metrics.jsonl gave 'Expecting value: line 1 column 505' with no
+    file name, a config.yaml that is not YAML a traceback. The listing shows that run as unreadable, naming the file;
+    compare leaves it out, saying so."""
+    for name in ("pkm-seed0", "pkm-seed1", "dense-seed0"):
+        shutil.copytree(dump / "two" / name, tmp_path / "two" / name)
+    metrics = tmp_path / "two" / "pkm-seed0" / "metrics.jsonl"
+    metrics.write_text(metrics.read_text()[:-30])
+    config = tmp_path / "two" / "pkm-seed1" / "config.yaml"
+    config.write_text("model: [dim: 3\n")
+    rows = {row["id"]: row for row in table(capsys, "list", str(tmp_path))}
+    assert [rows[f"two/{n}"]["status"] for n in ("pkm-seed0", "pkm-seed1", "dense-seed0")] == [
+        "unreadable", "unreadable", "finished"]
+    why = "launched with (keys that differ from default)"
+    assert rows["two/pkm-seed0"][why].startswith(f"{metrics}:") and "not a JSON line" in rows["two/pkm-seed0"][why]
+    assert rows["two/pkm-seed1"][why].startswith(f"{config}: not valid YAML")
+    assert runs_main(["compare", str(tmp_path), "--format", "csv"]) == 0
+    out, err = capsys.readouterr()
+    assert [row["runs"] for row in csv.DictReader(io.StringIO(out))] == ["two/dense-seed0"]
+    assert err.splitlines()[0].startswith(f"python -m xlm_pkm.runs: two/pkm-seed0 left out: {metrics}:")
+    assert len(err.splitlines()) == 2
+
+
+def test_runs_below_a_folder_are_named_by_their_path_below_it(dump, tmp_path, capsys):
+    """`runs list dumped` showed a study's runs (dumped/study/<study>/<cell>/<run>) as <cell>/<run>."""
+    shutil.copytree(dump / "two" / "pkm-seed0", tmp_path / "study" / "mine" / "pkm" / "lr1-seed0")
+    shutil.copytree(dump / "two" / "dense-seed0", tmp_path / "two" / "dense-seed0")
+    assert [row["id"] for row in table(capsys, "list", str(tmp_path))] == ["study/mine/pkm/lr1-seed0",
+                                                                           "two/dense-seed0"]
+    assert [row["id"] for row in table(capsys, "list", str(tmp_path / "study" / "mine"))] == ["pkm/lr1-seed0"]

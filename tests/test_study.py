@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from tests.conftest import TINY
-from xlm_pkm.config import Config
+from xlm_pkm.config import Config, to_dict
 from xlm_pkm.experiments import study as study_cli
 from xlm_pkm.experiments.reproduce import MATCHED, REPO, SCALES, plan
 from xlm_pkm.experiments.study import TEST, TRAIN, pending, run_study
@@ -129,14 +129,16 @@ def load(run):
     return load_config(REPO / run.run.config, run.run.overrides)
 
 
-def fake_trained(run, valid: list[float], test: float | None = None) -> None:
-    """A run's small files as the harness leaves them, without training it."""
+def fake_trained(run, valid: list[float], test: float | None = None, vocab_size: int = 0) -> None:
+    """A run's small files as the harness leaves them, without training it (its data's vocabulary: vocab_size)."""
     run.results.mkdir(parents=True, exist_ok=True)
     step = run.steps // len(valid)
     lines = [{"event": "train", "step": 1, "loss": 9.0, "tokens_per_sec": 1000.0}]
     lines += [{"event": "valid", "step": step * (i + 1), "ppl": p} for i, p in enumerate(valid)]
     (run.results / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in lines))
-    shutil.copyfile(REPO / "configs/default.yaml", run.results / "config.yaml")
+    cfg = load(run)  # the plan's: the run is current
+    cfg.model.vocab_size = vocab_size
+    (run.results / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
     (run.results / "run.json").write_text(json.dumps({"lr": {"lr": run.factor, "values_lr": run.factor}}))
     if test is not None:
         (run.results / "test.json").write_text(json.dumps({"ppl": test}))
@@ -182,7 +184,8 @@ def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids
     # the last quarter: (p(6) − p(8)) / p(6) = (40 − 38) / 40 on seed 4; seed 3 has no evaluation by step 6
     assert rows["| `dense`"].endswith("| 512 | 5.0 | 2 |") and rows["| `pkm`"].endswith("| 512 | · | 2 |")
     assert "| `pkm` | 30.0 | 20.0 | 25.0 | ×1 | lr 1, values_lr 1 |  |" in choices
-    assert "| `dense` | 50.0 | 40.0 | 39.0 | ×2 | lr 2, values_lr 2 | **at the highest end of the grid** |" in choices
+    # values_lr only for a cell with memory values (issue 63)
+    assert "| `dense` | 50.0 | 40.0 | 39.0 | ×2 | lr 2 | **at the highest end of the grid** |" in choices
     assert "| 3: -20.00, 4: -11.00 | −− | -15.50 |" in report  # pkm − dense per seed
     # sd 6.364: 3 seeds 4.303 · 6.364 / √3 = 15.8 > 15.5, 4 seeds 3.182 · 6.364 / 2 = 10.1 < 15.5 (one claim: m = 1)
     assert "| **inconclusive** | 4 / 4 |" in report
@@ -359,6 +362,68 @@ def test_a_comparison_of_usage_pairs_the_first_memory_layers_test_usage(tmp_path
     report = write_report(study).read_text()
     assert "| the first uses less | `dense` − `pkm` (usage %) | · | · | · |" in report  # dense has no memory
     assert "| itself | `pkm` − `pkm` (usage %) | 3: +0.00, 4: +0.00 | 00 |" in report
+
+
+def test_a_run_trained_before_the_study_file_changed_is_stale_not_reused(tmp_path, capsys):
+    """Issue 62: after `tokens: 512 -> 1024` (or a key of `set:`) the plan showed every run done and the report
+    printed the new token count beside runs of the old. A trained run counts only while its config is the plan's:
+    `plan` shows it stale with what differs, `run` and `report` refuse in one line saying how to train it again."""
+    study = load_study(write_study(tmp_path, lr_grid=[1], seeds=[0]))
+    for cell in study.cells:
+        fake_trained(study.run(cell, 1, 0), [30.0], test=100.0)
+    assert not pending(study) and not study.stale_runs()
+    assert study_cli.main(["plan", str(study.path)]) == 0
+    assert "[stale]" not in capsys.readouterr().out
+
+    for change, differs in (({"tokens": 1024}, "train.max_steps: 8 -> 16"),
+                            ({"set": [*TINY, "model.dim=48"]}, "model.dim: 32 -> 48")):
+        path = write_study(tmp_path, lr_grid=[1], seeds=[0], **change)
+        assert [(r.id, c) for r, c in load_study(path).stale_runs()][0][0] == "lr1-seed0"
+        assert study_cli.main(["plan", str(path)]) == 0
+        out = capsys.readouterr().out
+        assert "  lr1-seed0 [stale] " in out and f"trained with another config than the study's now: {differs}" in out
+        assert "2 stale run(s): move away their results and run directories" in out
+        for command in ("run", "report"):
+            assert study_cli.main([command, str(path)]) == 2
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and f"{path}: 2 trained run(s) are not the runs this study file asks for now" in err[0]
+            assert differs in err[0] and "move away their results and run directories" in err[0]
+    assert not (tmp_path / "out").exists()  # no report written
+
+
+def test_the_report_counts_the_model_as_trained(tmp_path):
+    """Issue 62/63: the report counted parameters and FLOPs with a 1,000-word vocabulary (217k shown, train.log
+    said 2,345,344): it counts the model of the run's resolved config, its data's vocabulary size."""
+    from xlm_pkm.model.transformer import TransformerLM
+    from xlm_pkm.runs.sizes import count_text
+
+    study = load_study(write_study(tmp_path, lr_grid=[1], seeds=[0]))
+    for cell in study.cells:
+        fake_trained(study.run(cell, 1, 0), [30.0], test=100.0, vocab_size=2345)
+    cells = write_report(study).read_text().split("## Cells")[1]
+    for cell in study.cells:
+        model = TransformerLM(dataclasses.replace(load(study.run(cell, 1, 0)).model, vocab_size=2345))
+        total = sum(p.numel() for p in model.parameters())
+        assert f"| {count_text(total)} |" in next(line for line in cells.splitlines() if line.startswith(f"| `{cell}`"))
+
+
+@pytest.mark.parametrize("streams", ["0", "-3"])
+def test_no_stream_is_one_line_not_every_run_done(tmp_path, capsys, streams):
+    path = write_study(tmp_path)
+    assert study_cli.main(["run", str(path), "--streams", streams]) == 2
+    err = capsys.readouterr().err
+    assert err == f"study: error: --streams {streams}: the number of runs side by side, at least 1\n"
+
+
+def test_a_truncated_metrics_file_is_one_line_naming_it(tmp_path, capsys):
+    """The plan read a truncated metrics.jsonl as 'Expecting value: line 1 column 505', naming no file."""
+    study = load_study(write_study(tmp_path, lr_grid=[1], seeds=[0]))
+    fake_trained(study.run("pkm", 1, 0), [30.0, 20.0])
+    metrics = study.run("pkm", 1, 0).results / "metrics.jsonl"
+    metrics.write_text(metrics.read_text()[:-20])
+    assert study_cli.main(["plan", str(study.path)]) == 2
+    assert capsys.readouterr().err == f"study: error: {metrics}:3: not a JSON line (Unterminated string starting " \
+                                      f"at, column 20): truncated or damaged\n"
 
 
 def trained_in_process(job) -> int:

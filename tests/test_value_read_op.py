@@ -131,10 +131,15 @@ def test_settings_are_checked():
         ProductKeyMemory(16, 12, n_keys=8, k_dim=8, heads=2, knn=4, read_backward="three_pass")
 
 
-def test_a_sharded_table_keeps_the_default_read(monkeypatch):
+def test_a_sharded_table_keeps_its_own_read(monkeypatch):
+    """A table sharded over processes is read by its exchanging read (sharded_read.py), eager and in two passes: with
+    the defaults (read_op=custom_op, read_backward=auto) it is built as before; one_pass is refused in one line."""
+    from xlm_pkm.model.memory.sharded_read import sharded_read
+
     monkeypatch.setattr(value_stores, "current_shard", lambda dim: value_shards.ValueShard(0, 2))
-    with pytest.raises(ValueError, match="model.memory.shard_values: .* read_op=eager .*got two_pass, custom_op"):
-        value_stores.TableValues(MemoryConfig(shard_values=True, read_op="custom_op"), 8, 8, 16)
+    assert value_stores.TableValues(MemoryConfig(shard_values=True), 8, 8, 16).read is sharded_read
+    with pytest.raises(ValueError, match="model.memory.shard_values: .* got read_backward=one_pass"):
+        value_stores.TableValues(MemoryConfig(shard_values=True, read_backward="one_pass"), 8, 8, 16)
 
 
 @pytest.mark.slow  # torch.compile's tracing of a whole model, four times

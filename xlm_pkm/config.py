@@ -5,6 +5,7 @@
 Each section is a dataclass beside the code it configures, and checks itself (settings.py):
 
     model          ModelConfig   model/transformer.py          model.span: SpanConfig, model/adaptive_span.py
+                                                               model.base: BaseConfig, model/retrofit.py
     model.memory   MemoryConfig  model/memory/pkm.py           .peer (peer.py), .tucker, .expanded (ultramem.py)
     model.engram   EngramConfig  model/memory/engram.py
     data           DataConfig    data/stream.py
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import importlib
 import re
 import typing
@@ -132,6 +134,14 @@ class Config:
         if self.train.parallel == "fsdp" and self.optim.lora.rank:
             raise ConfigError("train.parallel=fsdp: LoRA's adapters (optim.lora) are not fully sharded here (best.pt "
                               "merges them from whole weights); use train.parallel=ddp")
+        base = self.model.base
+        if base.path and self.train.parallel == "fsdp":
+            raise ConfigError("train.parallel=fsdp: a retrofit (model.base.path) trains its memories beside a frozen "
+                              "base, which is not fully sharded here; use train.parallel=ddp")
+        if base.path and not base.gate_init and self.optim.trainable == ["memory_values"] and not self.train.init_from:
+            raise ConfigError("optim.trainable=memory_values: the memories' gates stay at model.base.gate_init=0, so "
+                              "no value ever reaches the output; train the gates too (optim.trainable=memory), or "
+                              "start from a trained retrofit (train.init_from)")
         if self.data.fact_batches:  # a fact batch is one optimizer step of a model without a stream cache
             if self.optim.accumulate > 1:
                 raise ConfigError(f"data.fact_batches: each step is one fact's batch; optim.accumulate="
@@ -159,7 +169,8 @@ REPLACED = {"model.memory.sparse": ("optim.values_optimizer", {True: "lazy_adam"
 
 def load_config(path: str | Path | None = None, overrides: list[str] = (), start: dict | None = None) -> Config:
     """Defaults (or `start`: a stored config, as a run's config.yaml, migrated first), then the YAML file at
-    `path` (and its `base:` chain), then `key.sub=value` overrides (values parsed as YAML)."""
+    `path` (and its `base:` chain), then `key.sub=value` overrides (values parsed as YAML, but those of a string
+    setting, taken as written: train.exp_id=0123 is '0123', not 83)."""
     import yaml
 
     raw = migrate(start or {})
@@ -170,7 +181,7 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), start
         if not sep or not key:
             raise ConfigError(f"override {item!r} is not of the form key.sub=value")
         try:
-            parsed = yaml.safe_load(value) if value else ""
+            parsed = value if _is_text(key, value) else yaml.safe_load(value) if value else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"override {item!r}: not a valid YAML value ({getattr(e, 'problem', None) or e}); "
                               f"e.g. {key}=[1, 2] for a list, {key}=\"text\" for a string") from None
@@ -186,6 +197,17 @@ def load_config(path: str | Path | None = None, overrides: list[str] = (), start
     return validate(_build(Config, raw, ""))
 
 
+def _is_text(key: str, value: str) -> bool:
+    """Whether an override's value is taken as written: its setting is a string (train.exp_id, train.exp_name, a
+    path...), and it is not quoted (a YAML string, '...' or "...", is unquoted as before)."""
+    tp = Config
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(tp) or part not in _type_hints(tp):
+            return False  # not a key: the loader names it
+        tp = _type_hints(tp)[part]
+    return tp is str and not (len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"")
+
+
 def _unique_keys_loader():
     """yaml.SafeLoader refusing a key given twice in one mapping (PyYAML keeps the last one without a word)."""
     import yaml
@@ -194,6 +216,8 @@ def _unique_keys_loader():
         def construct_mapping(self, node, deep=False):
             keys = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be given again here
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if key in keys:
                     raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice",
@@ -215,6 +239,9 @@ def read_yaml(path: Path, seen: tuple[Path, ...] = ()) -> dict:
             raw = yaml.load(f, Loader=_unique_keys_loader()) or {}
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: not valid YAML: {' '.join(str(e).split())}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {e.object[e.start:e.start + 1]!r} at offset {e.start}): "
+                          f"save it as UTF-8") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
     if "base" not in raw:
@@ -357,7 +384,7 @@ def _build(cls, raw: dict, prefix: str):
     if not isinstance(raw, dict):
         raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
     fields = {f.name: f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
+    hints = _type_hints(cls)
     kwargs = {}
     for key, value in raw.items():
         if key not in fields:
@@ -366,6 +393,12 @@ def _build(cls, raw: dict, prefix: str):
             raise ConfigError(f"unknown config key {prefix}{key}{hint}")
         kwargs[key] = _coerce(hints[key], value, prefix + key)
     return cls(**kwargs)
+
+
+@functools.cache
+def _type_hints(cls) -> dict:
+    """typing.get_type_hints of a settings dataclass, resolved once (every config load builds every section)."""
+    return typing.get_type_hints(cls)
 
 
 def _coerce(tp, value, key: str):

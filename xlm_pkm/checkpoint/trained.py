@@ -9,6 +9,10 @@ The vocabulary the model was trained with (the fingerprint recorded with its wei
 that of `data_dir`: by default the run's data (data.path of its config), for a checkpoint and an exported
 folder alike. An exported folder carries its own vocab and codes, so it can be its own data_dir (generate.py,
 --import): it then needs no processed data at all.
+
+A retrofit (model.base: model/retrofit.py) is its base, loaded from model.base.path (an exported folder's base/)
+and checked against the digest its config records, with the checkpoint's trained tensors; a run's LoRA adapters
+are merged into the base's weights (RetrofitLM.merge_adapters).
 """
 
 from __future__ import annotations
@@ -23,8 +27,9 @@ from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.config import Config, load_config_dict
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.meta import file_digest
-from xlm_pkm.data.text_codec import BPE_UNIT, LineCodec, data_unit, text_codec
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.data.text_codec import BPE_UNIT, Codec, data_unit, text_codec
+from xlm_pkm.model.retrofit import RetrofitLM, load_base
+from xlm_pkm.model.transformer import TransformerLM, model_config_digest
 from xlm_pkm.runtime.distributed import DistEnv
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"  # an exported folder's weights and config
@@ -34,7 +39,7 @@ WEIGHTS, CONFIG = "model.safetensors", "config.json"  # an exported folder's wei
 class TrainedModel:
     """A trained model and what the commands need of its run."""
 
-    model: TransformerLM  # eval mode, on the CPU
+    model: TransformerLM | RetrofitLM  # eval mode, on the CPU
     cfg: Config  # the run's resolved config
     dictionary: Dictionary  # the vocabulary of data_dir, the model's (fingerprints checked)
     data_dir: Path  # whose vocabulary was checked: the run's data, another data dir, or the exported folder itself
@@ -48,7 +53,7 @@ class TrainedModel:
         one its weights' metadata records (BPE for a folder exported before units were recorded)."""
         return self.extra.get("unit", BPE_UNIT) if self.source.is_dir() else data_unit(self.data_dir)
 
-    def codec(self) -> LineCodec:
+    def codec(self) -> Codec:
         """Text <-> token ids with the run's own preprocessing (data_dir's vocab, and codes for BPE data)."""
         return text_codec(self.data_dir, self.unit())
 
@@ -81,6 +86,8 @@ def _load(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedMode
                           for k, t in dcp_tensors.read_whole(state, path, optimizers=False)["model"].items()}
     else:
         state = sharded_values.attach(state, path, shard)
+    if cfg.model.base.path and cfg.optim.lora.rank:
+        state["model"] = model.merge_adapters(state["model"], cfg.optim.lora.alpha / cfg.optim.lora.rank)
     checkpoint.load_model_state(model, state.pop("model"), path)
     return TrainedModel(model.eval(), cfg, dictionary, data_dir, state["step"], state.get("vocab_fingerprint"),
                         path, state)
@@ -106,9 +113,10 @@ def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
             metadata = f.metadata() or {}
     except Exception as e:  # a truncated or foreign file
         raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
+    _check_model_config(raw.get("model"), metadata.get("model_config_digest"), out)
     data_dir, dictionary = _check_vocabulary(cfg, metadata.get("vocab_fingerprint"), data_dir, out / WEIGHTS)
     _check_codes(None, out, data_dir, out / WEIGHTS)
-    model = _build(cfg, whole=True)  # an exported folder holds whole value tables
+    model = _build(cfg, whole=True, root=out)  # an exported folder holds whole value tables (and a retrofit's base)
     try:
         load_weights(model, str(out / WEIGHTS))
     except RuntimeError as e:
@@ -119,12 +127,22 @@ def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
                         metadata.get("vocab_fingerprint"), out, metadata)
 
 
+def _check_model_config(model: dict, digest: str | None, out: Path) -> None:
+    """config.json's `model` section is the one the weights were exported with (the digest their metadata records;
+    none before it was recorded): an edited n_heads keeps every shape and would load and run cut another way."""
+    if digest is not None and model_config_digest(model) != digest:
+        raise ValueError(f"{out / CONFIG}: its model section is not the one {out / WEIGHTS} was exported with (hash "
+                         f"{model_config_digest(model)[:12]}, recorded {digest[:12]}): it was edited; export the run's "
+                         f"checkpoint again, or restore config.json")
+
+
 def _check_vocabulary(cfg: Config, fingerprint: str | None, data_dir: str | Path | None,
                       source: Path) -> tuple[Path, Dictionary]:
-    """(data dir, its dictionary): default the run's data; its vocabulary is the model's (size and fingerprint)."""
+    """(data dir, its dictionary): default the run's data; its vocabulary is the model's (size and fingerprint; a
+    retrofit's base may have more embedding rows than its tokenizer has tokens)."""
     data_dir = Path(data_dir or cfg.data.path)
     dictionary = Dictionary.load(data_dir / "vocab")
-    if len(dictionary) != cfg.model.vocab_size:
+    if len(dictionary) > cfg.model.vocab_size or len(dictionary) < cfg.model.vocab_size and not cfg.model.base.path:
         raise ValueError(f"{source}: model has a vocabulary of {cfg.model.vocab_size} tokens, "
                          f"{data_dir}/vocab has {len(dictionary)}")
     checkpoint.check_vocabulary({"vocab_fingerprint": fingerprint}, dictionary.fingerprint(), data_dir / "vocab",
@@ -147,9 +165,12 @@ def _check_codes(digest: str | None, own_data: Path, data_dir: Path, source: Pat
                          f"into other tokens; give a data dir with the model's codes (its run's data.path)")
 
 
-def _build(cfg: Config, whole: bool) -> TransformerLM:
-    """The run's model; with `whole`, sharded value tables (model.memory.shard_values) hold every column."""
+def _build(cfg: Config, whole: bool, root: Path | None = None) -> TransformerLM | RetrofitLM:
+    """The run's model; with `whole`, sharded value tables (model.memory.shard_values) hold every column. A
+    retrofit's base is read from model.base.path (relative to `root` when given: an exported folder)."""
+    model_cfg = cfg.model
     if whole and cfg.model.memory.shard_values:
-        memory = dataclasses.replace(cfg.model.memory, shard_values=False)
-        return TransformerLM(dataclasses.replace(cfg.model, memory=memory))
-    return TransformerLM(cfg.model)
+        model_cfg = dataclasses.replace(cfg.model, memory=dataclasses.replace(cfg.model.memory, shard_values=False))
+    if model_cfg.base.path:
+        return RetrofitLM(model_cfg, load_base(model_cfg.base, root))
+    return TransformerLM(model_cfg)

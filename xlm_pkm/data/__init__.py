@@ -16,6 +16,7 @@
     stats.py       corpus statistics (python -m xlm_pkm.data.stats DIR)
     bytes.py       character-level data (enwik8, text8): one token per byte
     words.py       word-level data as the all-attention authors read WikiText-103
+    tokenized.py   documents -> shards with a Hugging Face tokenizer (preprocess --tokenizer: a pretrained model's)
     text_codec.py  text <-> token ids with a run's own preprocessing (generation, export, facts)
 
 May import: errors, utils, settings.

@@ -2,10 +2,13 @@
 
     python -m xlm_pkm.data.preprocess (--input PATH [PATH ...] | --hf-dataset NAME [--hf-data-files PATTERN ...]
         [--hf-config C] [--hf-split S] [--text-field F]) --output DIR
-        [--bpe-codes N | --codes FILE [--vocab FILE]] [--workers N] [--valid-docs N] [--test-docs N]
-        [--seed S] [--chunk-mb MB] [--keep-intermediate] [--slurm-partition P]
+        [--bpe-codes N | --codes FILE [--vocab FILE] | --tokenizer FOLDER [--gguf-file FILE]] [--workers N]
+        [--valid-docs N] [--test-docs N] [--seed S] [--chunk-mb MB] [--keep-intermediate] [--slurm-partition P]
 
 A Hugging Face dataset (--hf-dataset, streamed: hf_source.py) gives the shards the same documents give as JSONL.
+With --tokenizer (a pretrained model's folder, for a model retrofitted with memories: model/retrofit.py), its
+Hugging Face tokenizer makes the token ids instead of steps 2 to 5 (tokenized.py: the tokenizer's own ids, its
+files and DIR/vocab of its tokens); the plan, held-out documents, shards and meta.json are the same.
 
 Steps (see plan.py for the held-out split and the chunks):
   1. scan the inputs (one pass, parallel over files) and write DIR/plan.json; held-out sizes not given
@@ -68,6 +71,16 @@ from .plan import (
     scan_file,
 )
 from .shard import ShardWriter, is_complete, token_dtype
+from .tokenized import (
+    UNIT,
+    binarize_documents,
+    load_tokenizer,
+    merge_shards,
+    save_tokenizer,
+    tokenizer_dictionary,
+    tokenizer_digest,
+    write_vocab,
+)
 
 HELD_OUT = ("valid", "test")
 BPE_BATCH_LINES = 10_000
@@ -217,23 +230,29 @@ def _is_complete(out: Path, plan: Plan) -> bool:
 def preprocess(inputs: list[str | DatasetInput], output: str | Path, n_codes: int = 60000, codes: str | None = None,
                valid_docs: int | None = None, test_docs: int | None = None, seed: int = 0,
                chunk_mb: float | None = None, keep_intermediate: bool = False, executor: Executor | None = None,
-               vocab: str | None = None, notice: Callable[[str], None] | None = None) -> dict:
+               vocab: str | None = None, notice: Callable[[str], None] | None = None, tokenizer: str | None = None,
+               gguf_file: str | None = None) -> dict:
     """Run the pipeline; return {step: seconds} (steps skipped on a re-run take ~0 s). `vocab` (with
-    `codes`): reuse that vocabulary (e.g. a pretraining corpus's), words outside it become <unk>.
+    `codes`): reuse that vocabulary (e.g. a pretraining corpus's), words outside it become <unk>. `tokenizer`: a
+    Hugging Face model's folder (`gguf_file`: its GGUF file) whose tokenizer makes the ids (tokenized.py).
     valid_docs / test_docs None: `plan.default_held_out` of the number of documents; when that is not
     the paper's 5,000, `notice` (default: a logged warning) gets a line saying so. `inputs` are file paths, or
     a dataset's inputs (`hf_source.dataset_inputs`)."""
     out, work = Path(output), Path(output) / "work"
-    options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab)
+    if tokenizer and (codes or vocab or keep_intermediate):
+        raise PlanError("--tokenizer makes the ids itself: no --codes, --vocab or --keep-intermediate")
+    tokenizer = load_tokenizer(tokenizer, gguf_file) if tokenizer else None
+    options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab, tokenizer)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
     with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it", remove=True), executor:
         _remove_temporary_files(out)
-        return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice or log.warning)
+        return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice or log.warning,
+                    tokenizer)
 
 
-def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab) -> dict:
-    """The options that must match on a re-run, after checking the inputs and the codes."""
+def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab, tokenizer=None) -> dict:
+    """The options that must match on a re-run, after checking the inputs and the codes (or the tokenizer)."""
     for p in inputs:
         if isinstance(p, DatasetInput):
             continue
@@ -241,6 +260,13 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
             raise CorpusError(_directory_input(Path(p)))
         if not Path(p).is_file():
             raise CorpusError(missing_input(Path(p)))
+    for name, n in (("--valid-docs", valid_docs), ("--test-docs", test_docs)):
+        if n is not None and n < 0:
+            raise PlanError(f"{name} must be >= 0, got {n} (or leave it out: 5% of the documents, at most 5,000)")
+    held_out = {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb}
+    if tokenizer is not None:
+        return {**held_out, "tokenizer_sha256": tokenizer_digest(tokenizer),
+                **({"hf_dataset": dataset_options(inputs)} if dataset_options(inputs) else {})}
     find_fastbpe()
     codes_digest = None
     if codes:
@@ -248,11 +274,7 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
         codes_digest = hashlib.sha256(Path(codes).read_bytes()).hexdigest()
     elif n_codes < 1:
         raise PlanError(f"--bpe-codes must be positive, got {n_codes}")
-    for name, n in (("--valid-docs", valid_docs), ("--test-docs", test_docs)):
-        if n is not None and n < 0:
-            raise PlanError(f"{name} must be >= 0, got {n} (or leave it out: 5% of the documents, at most 5,000)")
-    options = {"valid_docs": valid_docs, "test_docs": test_docs, "seed": seed, "chunk_mb": chunk_mb,
-               "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
+    options = {**held_out, "n_codes": None if codes else n_codes, "codes_sha256": codes_digest}
     if vocab:  # a key only then: data dirs made without --vocab stay complete
         if not codes:
             raise PlanError("--vocab needs --codes (the codes that vocabulary was made with)")
@@ -292,7 +314,7 @@ def _check_distinct(inputs: list[str | DatasetInput], identities: list[list]) ->
         seen[digest] = path
 
 
-def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice) -> dict:
+def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice, tokenizer=None) -> dict:
     """The body of `preprocess`, run while holding the output lock and the executor's worker pool."""
     times: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -323,6 +345,11 @@ def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, 
     held_out = {"valid": plan.valid_docs, "test": plan.test_docs}
     source_of = {scan.path: source for scan, source in zip(plan.scans, inputs)}
     tasks = [(work, _held_out_slice(held_out, c), c, source_of[c.path]) for c in chunks]
+    if tokenizer is not None:
+        names, dictionary = step("tokenize", _tokenize_ids, out, work, tasks, tokenizer, executor, sizes)
+        _write_meta(out, plan, chunks, dictionary, names, times, {"unit": UNIT})
+        shutil.rmtree(work)
+        return times
     step("tokenize", executor.map, _call_tokenize, tasks, "tokenize", sizes)
     train_tok = [work_file(work, c.index, "train", "tok") for c in chunks]
     train_bpe = [work_file(work, c.index, "train", "bpe") for c in chunks]
@@ -340,11 +367,13 @@ def _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, 
         step("getvocab", get_vocab, train_bpe, out / "vocab")
     dictionary = Dictionary.load(out / "vocab")
     step("binarize", _binarize_all, out, work, chunks, executor, sizes, dictionary)
+    names = ["plan.json", "codes", "vocab"]
     if keep_intermediate:
         for split in SPLITS:
             for kind in ("tok", "bpe"):
                 _concatenate([work_file(work, c.index, split, kind) for c in chunks], out / f"{split}.{kind}")
-    _write_meta(out, plan, chunks, dictionary, keep_intermediate, times)
+                names.append(f"{split}.{kind}")
+    _write_meta(out, plan, chunks, dictionary, names, times)
     shutil.rmtree(work)
     return times
 
@@ -362,6 +391,47 @@ def _call_apply_bpe(args: tuple) -> None:
     apply_bpe(*args)
 
 
+def _tokenize_ids(out: Path, work: Path, tasks: list[tuple], tokenizer, executor: Executor,
+                  sizes: list[float]) -> tuple[list[str], Dictionary]:
+    """--tokenizer's steps (tokenized.py): its files copied into `out` (the workers load it there), each chunk's
+    train shard and held-out documents (in work/), the held-out shards, DIR/vocab with the train counts.
+    Returns the files written besides the shards, and the vocabulary."""
+    dictionary = tokenizer_dictionary(tokenizer)
+    names = ["plan.json", "vocab"]
+    for path in save_tokenizer(tokenizer, work):
+        _concatenate([path], out / path.name)
+        names.append(path.name)
+    token_type = token_dtype(len(dictionary))
+    jobs = [(out, work, held_out, chunk, source, dictionary.fingerprint(), token_type)
+            for _, held_out, chunk, source in tasks]
+    executor.map(_call_binarize_documents, jobs, "tokenize", sizes)
+    chunks = [chunk.index for _, _, chunk, _ in tasks]
+    for split in HELD_OUT:
+        merge_shards([work_file(work, c, split, "bin") for c in chunks], out / f"{split}.000.bin",
+                     dictionary.fingerprint(), token_type)
+    write_vocab(out, dictionary, [out / f"train.{c:03d}.bin" for c in chunks])
+    return names, dictionary
+
+
+def _call_binarize_documents(args: tuple) -> None:
+    """One chunk's documents, tokenized: train into DIR/train.NNN.bin, held-out ones into work/NNNNN.SPLIT.bin."""
+    out, work, held_out, chunk, source, fingerprint, token_type = args
+    split_of = {g: split for split in HELD_OUT for g in held_out[split]}
+    shards = {"train": out / f"train.{chunk.index:03d}.bin",
+              **{split: work_file(work, chunk.index, split, "bin") for split in HELD_OUT}}
+    binarize_documents(out, _chunk_documents(chunk, source), shards, lambda g: split_of.get(g, "train"), fingerprint,
+                       token_type)
+
+
+def _chunk_documents(chunk: Chunk, source: str | DatasetInput):
+    """(global index, text) of each document of a chunk."""
+    for index, text in enumerate(open_input(source)):
+        if index >= chunk.doc_stop:
+            break
+        if index >= chunk.doc_start:
+            yield chunk.global_start + index - chunk.doc_start, text
+
+
 def _binarize_all(out: Path, work: Path, chunks: list[Chunk], executor: Executor, sizes: list[float],
                   dictionary: Dictionary) -> None:
     executor.map(partial(binarize_chunk, out, work), [c.index for c in chunks], "binarize", sizes)
@@ -369,14 +439,13 @@ def _binarize_all(out: Path, work: Path, chunks: list[Chunk], executor: Executor
         binarize([work_file(work, c.index, split, "bpe") for c in chunks], out / f"{split}.000.bin", dictionary)
 
 
-def _write_meta(out: Path, plan: Plan, chunks: list[Chunk], dictionary: Dictionary, keep_intermediate: bool,
-                times: dict) -> None:
-    """meta.json, written last: statistics, the plan, each split's shards and a record of every output."""
+def _write_meta(out: Path, plan: Plan, chunks: list[Chunk], dictionary: Dictionary, names: list[str],
+                times: dict, unit: dict | None = None) -> None:
+    """meta.json, written last: statistics, the plan, each split's shards and a record of every output (the
+    files `names` and the shards); `unit`: {"unit": UNIT} for a tokenizer's data."""
     shards = {"train": [f"train.{c.index:03d}.bin" for c in chunks], **{s: [f"{s}.000.bin"] for s in HELD_OUT}}
-    names = ["plan.json", "codes", "vocab"]
-    if keep_intermediate:
-        names += [f"{split}.{kind}" for split in SPLITS for kind in ("tok", "bpe")]
-    meta = {"inputs": [i[0] for i in plan.inputs], "documents": plan.n_docs, "text_mb": round(plan.n_bytes / MB, 3),
+    meta = {**(unit or {}), "inputs": [i[0] for i in plan.inputs], "documents": plan.n_docs,
+            "text_mb": round(plan.n_bytes / MB, 3),
             "replaced_utf8_sequences": sum(s.replaced for s in plan.scans), "chunks": len(chunks),
             "chunk_mb": plan.chunk_mb, "options": plan.options, "vocab_size": len(dictionary),
             "fingerprint": dictionary.fingerprint(), "seconds": {k: round(v, 3) for k, v in times.items()},
@@ -402,6 +471,11 @@ def main(argv: list[str] | None = None) -> int:
     bpe.add_argument("--bpe-codes", type=int, default=60000,
                      help="BPE merges to learn on train (default 60000, the paper's)")
     bpe.add_argument("--codes", help="use this fastBPE codes file instead of learning one")
+    bpe.add_argument("--tokenizer", metavar="FOLDER",
+                     help="a Hugging Face model's folder: its tokenizer makes the ids, in place of Moses and BPE (for "
+                          "a model retrofitted with memories, model.base.path)")
+    parser.add_argument("--gguf-file", metavar="FILE", help="with --tokenizer: the tokenizer of this GGUF file of the "
+                                                           "folder")
     parser.add_argument("--vocab", help="with --codes: use this vocab file (e.g. the pretraining corpus's, so that "
                                         "its models read this data) instead of making one; other words become <unk>")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
@@ -421,6 +495,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     given = [f"--{k.replace('_', '-')}" for k in ("hf_data_files", "hf_config", "hf_split", "text_field")
              if getattr(args, k) is not None]
+    if args.gguf_file and not args.tokenizer:
+        parser.error("--gguf-file needs --tokenizer FOLDER (the folder holding it)")
     if given and not args.hf_dataset:
         parser.error(f"{', '.join(given)} need{'s' * (len(given) == 1)} --hf-dataset NAME (the dataset to read)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
@@ -431,7 +507,8 @@ def main(argv: list[str] | None = None) -> int:
                                               args.text_field or "text", args.hf_config)
         times = preprocess(inputs, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
                            args.seed, args.chunk_mb, args.keep_intermediate, executor, args.vocab,
-                           notice=lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True))
+                           notice=lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True),
+                           tokenizer=args.tokenizer, gguf_file=args.gguf_file)
     except USER_ERRORS as e:
         return fail(prog, e)
     log.info("done in %.1f s: %s", sum(times.values()), args.output)

@@ -12,10 +12,13 @@
                 UTF-8 byte; decoding joins the bytes (an <unk> or a cut character becomes U+FFFD).
     WordCodec   word-level data (xlm_pkm.data.words, unit "word"; `vocab` only): whitespace tokens,
                 decoded joined by spaces (WikiText text is already tokenised).
+    TokenizerCodec  a Hugging Face tokenizer's data (preprocess --tokenizer: tokenized.py, unit "tokenizer"; the
+                tokenizer's files saved in the folder): the tokenizer's own encode and decode.
 
-All follow the preprocessing's document layout: the text is one document, so it starts with <s>;
-every line ends with </s> except the last, which is left open for the model to continue. Decoding
-reverses it: </s> ends a line, <s> (a new document) gives a blank line, <pad> is dropped.
+The first three are LineCodecs, and follow the preprocessing's document layout: the text is one document, so it
+starts with <s>; every line ends with </s> except the last, which is left open for the model to continue.
+Decoding reverses it: </s> ends a line, <s> (a new document) gives a blank line, <pad> is dropped. A tokenizer's
+text is a document as tokenized.document_ids starts one (the special tokens the tokenizer adds), left open.
 """
 
 from __future__ import annotations
@@ -25,16 +28,31 @@ from functools import cached_property
 from pathlib import Path
 
 from xlm_pkm.data.dictionary import Dictionary
+from xlm_pkm.data.tokenized import UNIT as TOKENIZER_UNIT
+from xlm_pkm.data.tokenized import load_tokenizer
 
 BPE_UNIT = "token"  # meta.json without "unit": BPE data (xlm_pkm.data.preprocess)
 
 
-class LineCodec(ABC):
-    """The document layout shared by every codec; subclasses encode lines and join a line's tokens."""
+class Codec(ABC):
+    """Text <-> the token ids of one kind of data, whose vocabulary is `dictionary` (data_dir's)."""
 
-    def __init__(self, data_dir: str | Path):
-        self.vocab = Path(data_dir) / "vocab"
+    def __init__(self, data_dir: str | Path, vocab: str | Path | None = None):
+        self.vocab = Path(vocab or Path(data_dir) / "vocab")  # a vocab file elsewhere: data not made yet
         self.dictionary = Dictionary.load(self.vocab)
+
+    @abstractmethod
+    def encode(self, text: str) -> list[int]:
+        """The ids of `text` as one document, left open for the model to continue."""
+
+    @abstractmethod
+    def decode(self, ids: list[int]) -> str:
+        """The text of `ids`."""
+
+
+class LineCodec(Codec):
+    """The document layout shared by the codecs of our own preprocessing; subclasses encode lines and join a
+    line's tokens."""
 
     @abstractmethod
     def encode_lines(self, text: str) -> list[list[int]]:
@@ -70,9 +88,10 @@ class LineCodec(ABC):
 
 
 class TextCodec(LineCodec):
-    def __init__(self, data_dir: str | Path, lang: str = "en"):
-        super().__init__(data_dir)
-        self.codes, self.lang = Path(data_dir) / "codes", lang
+    def __init__(self, data_dir: str | Path, lang: str = "en", codes: str | Path | None = None,
+                 vocab: str | Path | None = None):
+        super().__init__(data_dir, vocab)
+        self.codes, self.lang = Path(codes or Path(data_dir) / "codes"), lang
 
     @cached_property
     def _bpe(self):
@@ -112,10 +131,26 @@ class WordCodec(LineCodec):
         return " ".join(tokens)
 
 
-CODECS = {BPE_UNIT: TextCodec, "byte": ByteCodec, "word": WordCodec}
+class TokenizerCodec(Codec):
+    def __init__(self, data_dir: str | Path):
+        super().__init__(data_dir)
+        self.folder = Path(data_dir)
+
+    @cached_property
+    def tokenizer(self):
+        return load_tokenizer(self.folder)
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+
+    def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
 
 
-def text_codec(data_dir: str | Path, unit: str = BPE_UNIT) -> LineCodec:
+CODECS = {BPE_UNIT: TextCodec, "byte": ByteCodec, "word": WordCodec, TOKENIZER_UNIT: TokenizerCodec}
+
+
+def text_codec(data_dir: str | Path, unit: str = BPE_UNIT) -> Codec:
     """The codec of data of this unit (meta.json's "unit") whose vocabulary (and BPE codes) are in data_dir."""
     if unit not in CODECS:
         raise ValueError(f"{data_dir}: no text codec for data of unit {unit!r} (known: {', '.join(CODECS)})")

@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from xlm_pkm.data.text_codec import TextCodec
+from xlm_pkm.data.text_codec import data_unit, text_codec
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.experiments.continual_report import PRETRAINED, SELECT_SEED, best_settings, load_rows, write_report
 from xlm_pkm.experiments.fact_scores import fact_scores
@@ -74,7 +74,8 @@ def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Pa
     from xlm_pkm.train.build import build_stream
 
     trained = load_trained(path, data_dir or facts_dir)  # a facts dir has the pretraining vocabulary
-    codec, facts = TextCodec(data_dir or facts_dir), load_facts(Path(facts_dir) / "facts.jsonl")
+    text = data_dir or facts_dir  # its codec: BPE, or a retrofit's tokenizer
+    codec, facts = text_codec(text, data_unit(text)), load_facts(Path(facts_dir) / "facts.jsonl")
     row = {"checkpoint": str(path), "step": trained.step, **fact_scores(trained.model, codec, facts)}
     if data_dir is not None:
         streams = (build_stream(trained.cfg, split, DistEnv(), str(data_dir), batch_size=CORPUS_ROWS)

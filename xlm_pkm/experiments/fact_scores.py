@@ -35,13 +35,13 @@ from collections import Counter
 
 import torch
 
-from xlm_pkm.data.text_codec import TextCodec
+from xlm_pkm.data.text_codec import Codec
 from xlm_pkm.experiments.facts import Fact
 
 THIRDS = ("first", "middle", "last")
 
 
-def prompt_and_object(codec: TextCodec, prompt: str, obj: str) -> tuple[list[int], list[int]]:
+def prompt_and_object(codec: Codec, prompt: str, obj: str) -> tuple[list[int], list[int]]:
     """(ids of <s> + the prompt, ids of the object that follows it), tokenised as in training."""
     prompt_ids, full = codec.encode(prompt), codec.encode(f"{prompt} {obj}")
     if full[:len(prompt_ids)] != prompt_ids:
@@ -88,7 +88,7 @@ def continuation_logliks(model, pairs: list[tuple[list[int], list[int]]], pad: i
     return out
 
 
-def exact_match(model, codec: TextCodec, facts: list[Fact], question: bool = False) -> float:
+def exact_match(model, codec: Codec, facts: list[Fact], question: bool = False) -> float:
     """Fraction of facts whose object greedy decoding completes after the trained prompt (or the question)."""
     pairs = [prompt_and_object(codec, f.question if question else f.prompt, f.object) for f in facts]
     return sum(greedy_matches(model, pairs, codec.dictionary.pad)) / len(pairs)
@@ -107,7 +107,7 @@ def choice_credits(gold: float, others: list[float]) -> float:
     return 0.0 if any(o > gold for o in others) else 1 / (1 + sum(o == gold for o in others))
 
 
-def forced_choice(model, codec: TextCodec, facts: list[Fact], prompts: list[str]) -> list[float]:
+def forced_choice(model, codec: Codec, facts: list[Fact], prompts: list[str]) -> list[float]:
     """Per fact, its credit (choice_credits) when its relation's objects are ranked by their log-likelihood
     after prompts[i] (the fact's own prompt, or another's for the shuffled control)."""
     choices = candidates(facts)
@@ -160,7 +160,7 @@ def _mean(values: list) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def fact_scores(model, codec: TextCodec, facts: list[Fact], shuffle_seed: int = 0) -> dict:
+def fact_scores(model, codec: Codec, facts: list[Fact], shuffle_seed: int = 0) -> dict:
     """Every score of the module docstring, each a fraction of the facts it covers (None: no fact, e.g. no
     question given); em_question and fc_question over the facts with a question; per_fact."""
     pad = codec.dictionary.pad

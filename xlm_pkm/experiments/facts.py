@@ -6,7 +6,8 @@ or one's own (a JSON-lines file, below).
     python -m xlm_pkm.experiments.facts --from my_facts.jsonl --out DIR --codes ... --vocab ...   # one's own
 
 writes DIR as a processed data dir with the PRETRAINING vocabulary (xlm_pkm.data.preprocess --codes --vocab:
-same fingerprint, so a model trained on the sample corpus finetunes on it), plus
+same fingerprint, so a model trained on the sample corpus finetunes on it; for a model retrofitted into a
+pretrained one, --tokenizer FOLDER [--gguf-file FILE] instead: its base's tokenizer), plus
   DIR/facts.jsonl         one fact a line: subject, relation, object, prompt (the trained form), sentence,
                           question (a question form, never trained on) and its paraphrases
   DIR/fact_batches.json   each fact's paraphrases as token ids (data/fact_batches.py): with data.fact_batches=N
@@ -32,6 +33,9 @@ One's own facts (--from FILE; data/facts/example.jsonl is one): JSON lines, one 
 Every statement is a paraphrase of the fact and holds the answer; the first one is the trained form, and
 its prompt is its text before the answer's first occurrence after a space ("The launch code of Apollo is").
 A finetuning step with data.fact_batches=N takes a fact's first N statements, so every fact needs N.
+
+Before anything is written, the command checks its output: DIR is new, empty, or holds these same facts (a
+re-run); no input (--from, --codes, --vocab) lies inside it; no answer reads as <unk> in the vocabulary.
 """
 
 from __future__ import annotations
@@ -145,37 +149,79 @@ def documents(facts: list[Fact], copies: int, seed: int) -> list[str]:
     return docs
 
 
-def write_facts_data(out: str | Path, n: int, seed: int, codes: str, vocab: str, copies: int = 5,
-                     held_out_docs: int = 2) -> Path:
-    """DIR of `n` made-up facts (generate_facts, subjects none of the vocabulary's words): write_facts_dir."""
+def write_facts_data(out: str | Path, n: int, seed: int, codes: str | None, vocab: str | None, copies: int = 5,
+                     held_out_docs: int = 2, tokenizer: str | None = None, gguf_file: str | None = None) -> Path:
+    """DIR of `n` made-up facts (generate_facts, subjects none of the vocabulary's words; with a `tokenizer`,
+    whose tokens are not words, any syllable names): write_facts_dir."""
     from xlm_pkm.data.dictionary import BPE_CONTINUATION, Dictionary
 
-    words = {w for w in Dictionary.load(vocab).words if not w.endswith(BPE_CONTINUATION)}
-    return write_facts_dir(out, generate_facts(n, seed, exclude=words), seed, codes, vocab, copies, held_out_docs)
+    words = set() if tokenizer else {w for w in Dictionary.load(vocab).words if not w.endswith(BPE_CONTINUATION)}
+    return write_facts_dir(out, generate_facts(n, seed, exclude=words), seed, codes, vocab, copies, held_out_docs,
+                           tokenizer, gguf_file)
 
 
-def write_facts_dir(out: str | Path, facts: list[Fact], seed: int, codes: str, vocab: str, copies: int = 5,
-                    held_out_docs: int = 2) -> Path:
+def write_facts_dir(out: str | Path, facts: list[Fact], seed: int, codes: str | None, vocab: str | None,
+                    copies: int = 5, held_out_docs: int = 2, tokenizer: str | None = None,
+                    gguf_file: str | None = None, source: str | Path | None = None) -> Path:
     """DIR: facts.jsonl, documents.jsonl, the processed data (train/valid/test, codes, vocab, meta.json) and
-    fact_batches.json (every paraphrase of every fact, tokenised with DIR's codes and vocabulary)."""
+    fact_batches.json (every paraphrase of every fact, tokenised with DIR's codes and vocabulary, or with the
+    Hugging Face `tokenizer` of a model's folder, its `gguf_file`'s with one). Everything is checked before
+    anything is written: no input (codes, vocab, the facts file `source`) inside DIR, DIR new, empty or holding
+    these same facts (a re-run), no answer that the vocabulary reads as <unk> (a tokenizer's byte-level
+    vocabulary has none)."""
     from xlm_pkm.data.fact_batches import write_fact_batches
     from xlm_pkm.data.preprocess import preprocess
-    from xlm_pkm.data.text_codec import TextCodec
+    from xlm_pkm.data.text_codec import TextCodec, TokenizerCodec
 
     if 2 * held_out_docs >= copies:
         raise ValueError(f"copies={copies} must exceed the {2 * held_out_docs} held-out documents, so that "
                          f"every fact stays in train")
     out = Path(out)
+    texts = {"facts.jsonl": "".join(json.dumps(asdict(f)) + "\n" for f in facts),
+             "documents.jsonl": "".join(json.dumps({"text": d}) + "\n" for d in documents(facts, copies, seed))}
+    _check_output(out, texts, {"--codes": codes, "--vocab": vocab, "--from": source})
+    if not tokenizer:
+        _refuse_unknown_answers(facts, TextCodec(out, codes=codes, vocab=vocab), vocab)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "facts.jsonl").write_text("".join(json.dumps(asdict(f)) + "\n" for f in facts), encoding="utf-8")
-    source = out / "documents.jsonl"
-    source.write_text("".join(json.dumps({"text": d}) + "\n" for d in documents(facts, copies, seed)),
-                      encoding="utf-8")
-    preprocess([str(source)], out, codes=codes, vocab=vocab, valid_docs=held_out_docs, test_docs=held_out_docs,
-               seed=seed)
-    codec = TextCodec(out)
+    for name, text in texts.items():
+        (out / name).write_text(text, encoding="utf-8")
+    preprocess([str(out / "documents.jsonl")], out, codes=codes, vocab=vocab, valid_docs=held_out_docs,
+               test_docs=held_out_docs, seed=seed, tokenizer=tokenizer, gguf_file=gguf_file)
+    codec = TokenizerCodec(out) if tokenizer else TextCodec(out)
     write_fact_batches(out, [[codec.encode(p) for p in f.paraphrases] for f in facts], codec.dictionary)
     return out
+
+
+def _check_output(out: Path, texts: dict[str, str], inputs: dict[str, str | Path | None]) -> None:
+    """A one-line error unless `out` can take these facts without losing a file: no input inside it (it would be
+    overwritten), and it is new, empty, or holds the same facts.jsonl and documents.jsonl (a re-run: preprocessing
+    then finds its outputs done; its other outputs belong to those facts)."""
+    for flag, path in inputs.items():
+        if path is not None and out.resolve() in Path(path).resolve().parents:
+            raise ValueError(f"{flag} {path} is inside --out {out}, which this command writes into (facts.jsonl, "
+                             f"documents.jsonl, codes, vocab, the splits): give another --out")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise FileExistsError(f"--out {out} is a file: give a new or empty folder")
+    names = sorted(p.name for p in out.iterdir())
+    differ = next((n for n, text in texts.items()
+                   if not (out / n).is_file() or (out / n).read_bytes() != text.encode("utf-8")), None)
+    if names and differ is not None:
+        what = (f"its {differ} is not these facts' (another --from, --seed or --copies)" if (out / differ).is_file()
+                else f"it holds {', '.join(names[:4])}{' ...' if len(names) > 4 else ''}")
+        raise FileExistsError(f"--out {out} is not empty and not these facts' output ({what}): give a new or empty "
+                              f"folder, or delete that one; nothing was written")
+
+
+def _refuse_unknown_answers(facts: list[Fact], codec, vocab: str) -> None:
+    """ValueError naming the facts whose answer has a token outside the vocabulary (<unk>): a model could not say
+    it, every forced choice among such answers would tie, and exact match would credit <unk>."""
+    unknown = [f for f in facts if codec.dictionary.unk in codec.encode(f.object)]
+    if unknown:
+        named = ", ".join(f"{f.subject!r} ({f.object!r})" for f in unknown[:4]) + (" ..." if len(unknown) > 4 else "")
+        raise ValueError(f"{len(unknown)} fact(s) have an answer with a word outside {vocab} (it reads as <unk>): "
+                         f"{named}; give answers in the pretraining vocabulary, or leave those facts out")
 
 
 def load_facts(path: str | Path) -> list[Fact]:
@@ -237,17 +283,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="one's own facts, a JSON-lines file (this module's docstring), instead of made-up ones")
     parser.add_argument("--n", type=int, default=300, help="number of made-up facts (default 300)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--codes", required=True, help="the pretraining data's BPE codes")
-    parser.add_argument("--vocab", required=True, help="the pretraining data's vocab")
+    parser.add_argument("--codes", help="the pretraining data's BPE codes")
+    parser.add_argument("--vocab", help="the pretraining data's vocab")
+    parser.add_argument("--tokenizer", metavar="FOLDER", help="instead of --codes and --vocab: the Hugging Face "
+                                                              "tokenizer of a model's folder (a retrofit's base)")
+    parser.add_argument("--gguf-file", metavar="FILE", help="with --tokenizer: the tokenizer of this GGUF file")
     parser.add_argument("--copies", type=int, default=5, help="times each subject's document is written (default 5)")
     args = parser.parse_args(argv)
+    if bool(args.tokenizer) == bool(args.codes and args.vocab) or (args.tokenizer and (args.codes or args.vocab)):
+        parser.error("give the pretraining data's --codes and --vocab, or a model's --tokenizer FOLDER")
+    if args.gguf_file and not args.tokenizer:
+        parser.error("--gguf-file needs --tokenizer FOLDER (the folder holding it)")
+    tokenizer = (args.tokenizer, args.gguf_file)
     try:
         if args.own:
             facts = read_own_facts(args.own)
-            out = write_facts_dir(args.out, facts, args.seed, args.codes, args.vocab, args.copies)
+            out = write_facts_dir(args.out, facts, args.seed, args.codes, args.vocab, args.copies, 2, *tokenizer,
+                                  source=args.own)
         else:
             facts = None
-            out = write_facts_data(args.out, args.n, args.seed, args.codes, args.vocab, args.copies)
+            out = write_facts_data(args.out, args.n, args.seed, args.codes, args.vocab, args.copies, 2, *tokenizer)
     except (*USER_ERRORS, OSError) as e:
         return fail(parser.prog, e)
     print(f"{args.n if facts is None else len(facts)} facts: {out}/facts.jsonl, data in {out}")

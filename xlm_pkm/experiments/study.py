@@ -17,8 +17,9 @@ cut anywhere, and gives the files an uninterrupted one gives. Each run's small f
 results folder as it finishes (config.yaml and metrics.jsonl, then run.json with its commands, then
 test.json), ready to be committed; checkpoints stay in the dump directory. Each job's console goes to
 DUMP/<cell>/<run>.log. A run that fails is reported and the others go on; a run stopped by a signal
-(exit 75 or 130) stops the study (no new run starts; rerun to resume). Exit status: 0 when nothing is
-left to run, 1 when a run failed, 75 when stopped, 2 on a bad study file.
+(exit 75 or 130) stops the study (no new run starts; rerun to resume). A run trained before the study file
+changed is stale (study_plan.py): `plan` shows it, `run` and `report` refuse until it is moved away. Exit status:
+0 when nothing is left to run, 1 when a run failed, 75 when stopped, 2 on a bad study file or a stale run.
 """
 
 from __future__ import annotations
@@ -104,7 +105,11 @@ def collect(job: Job) -> None:
 def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = launch_process,
               whole: Study | None = None) -> int:
     """Runs every pending job, `streams` at a time (one: here, in this thread); see the module docstring. `whole`:
-    the study `study` is a part of (`--only`), whose open cells withhold the tests."""
+    the study `study` is a part of (`--only`), whose open cells withhold the tests. A stale run (Study.stale_runs)
+    is refused before any job starts."""
+    if streams < 1:
+        raise StudyError(f"--streams {streams}: the number of runs side by side, at least 1")
+    study.refuse_stale()
     failed, stopped, running = set(), False, {}
     whole = whole or study
 
@@ -159,9 +164,9 @@ def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = lau
 
 def describe(study: Study, whole: Study | None = None) -> list[str]:
     """One line per run known now (grids, the chosen factors' seeds and their divergence re-runs, the robustness
-    runs): cell, run, state, steps, command; last, whether the test split may be read (for `whole`, the study
-    `study` is a part of: itself by default)."""
-    lines = []
+    runs): cell, run, state, steps, command, and for a stale run what differs; last, whether the test split may be
+    read (for `whole`, the study `study` is a part of: itself by default)."""
+    lines, stale = [], dict((r.results, changes) for r, changes in study.stale_runs())
     for cell in study.cells:
         runs = {r.id: r for r in [*study.grid_runs(cell), *(r for rs in study.seed_runs(cell).values() for r in rs),
                                   *study.robustness_runs(cell)]}
@@ -172,10 +177,15 @@ def describe(study: Study, whole: Study | None = None) -> list[str]:
         rerun = {r.id: f"; diverged ({study.diverged(r)}): re-run at ×{later.factor:g}"
                  for chain in study.seed_runs(cell).values() for r, later in zip(chain, chain[1:])}
         for r in runs.values():
-            state = "tested" if r.tested else "trained" if r.trained else \
+            state = "stale" if r.results in stale else "tested" if r.tested else "trained" if r.trained else \
                 "partial" if (r.run.run_dir / "checkpoint.pt").exists() else "new"
             lines.append(f"  {r.id} [{state}{rerun.get(r.id, '')}] {r.steps} steps × {r.tokens_per_step} tokens: "
                          f"{shlex.join(r.train_command())}")
+            if r.results in stale:
+                lines.append(f"    trained with another config than the study's now: {'; '.join(stale[r.results])}")
+    if stale:
+        lines.append(f"{len(stale)} stale run(s): move away their results and run directories (e.g. "
+                     f"{next(iter(stale))}) to train them again, or restore the study file")
     still = (whole or study).open_cells()
     lines.append("test split: " + ("may be read (every cell's settings are final)" if not still else
                                    "not before every cell's settings are final; still open: "
@@ -206,6 +216,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(describe(study, whole)))
             return 0
         if args.command == "report":
+            study.refuse_stale()
             benches = [read_bench(Path(b)) for b in args.bench]
             print(f"wrote {write_report(study, benches)}")
             return 0

@@ -61,24 +61,33 @@ Run `<cell>`, factor f, seed s is the run directory DUMP/<cell>/lr<f>-seed<s> (t
 exp_id, so that the same command resumes it) and the results folder RESULTS/<cell>/lr<f>-seed<s>:
 config.yaml, metrics.jsonl and run.json (the exact commands; written last: the run is trained) once
 trained, test.json once evaluated.
+
+A trained run counts for the study only while its resolved config (its config.yaml) is the one the study
+asks of it now: after the study file changes (tokens, `set:`, a cell's config), a run trained before is
+stale (Study.changes): `plan` shows it with the settings that differ, and `run` and `report` refuse
+until it is moved away (its results and run directory) to be trained again, or the file is restored.
 """
 
 from __future__ import annotations
 
-import json
 import math
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import yaml
 
-from xlm_pkm.config import Config
+from xlm_pkm.config import Config, load_config, load_config_dict, to_dict
 from xlm_pkm.errors import UserError
 from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scale_overrides
+from xlm_pkm.runs.run_record import read_json_lines, read_yaml
+from xlm_pkm.train.run_dir import config_changes
 
 # The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to them follow them).
 LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
 LR_RATIOS = ("engram_lr_scale", "values_lr_start_factor")
+# What a run's config.yaml holds beyond the plan's config: where the run is, and the vocabulary size read from its data
+RESOLVED = (("train", "exp_id"), ("train", "exp_name"), ("train", "dump_path"), ("model", "vocab_size"))
 KEYS = {"name", "scale", "tokens", "eval_every_tokens", "seeds", "lr_grid", "lr_extend", "lr_refine", "set",
         "world_size", "test_max_batches", "dump", "results", "report", "cells", "comparisons", "diverge_ratio",
         "robustness"}
@@ -144,8 +153,11 @@ class StudyRun:
 
     def valid_curve(self) -> list[float]:
         """The valid perplexity of each evaluation of the trained run, in order, from its metrics.jsonl."""
-        events = [json.loads(line) for line in (self.results / "metrics.jsonl").read_text().splitlines() if line]
-        ppl = [e["ppl"] for e in events if e["event"] == "valid"]
+        try:
+            events = read_json_lines(self.results / "metrics.jsonl")
+        except (OSError, ValueError) as e:
+            raise StudyError(str(e)) from None
+        ppl = [e["ppl"] for e in events if e.get("event") == "valid"]
         if not ppl:
             raise StudyError(f"{self.results / 'metrics.jsonl'}: no valid evaluation to choose a learning rate on")
         return ppl
@@ -257,6 +269,48 @@ class Study:
         best = _best(valid)
         edge = "" if len(grid) < 2 else "lowest" if best == grid[0] else "highest" if best == grid[-1] else ""
         return Choice(cell, valid, best, edge)
+
+    def changes(self, run: StudyRun) -> list[str]:
+        """'key: trained -> planned' for each setting where the trained run's config (config.yaml in its results)
+        differs from the one the study asks of it now; [] when it is the plan's run."""
+        path = run.results / "config.yaml"
+        try:
+            trained = to_dict(load_config_dict(read_yaml(path), source=str(path)))
+        except (OSError, ValueError) as e:
+            raise StudyError(str(e) if str(path) in str(e) else f"{path}: {e}") from None
+        base = self.base_overrides(run.cell)  # the cell's config, resolved once; then the run's own overrides
+        planned = to_dict(load_config(None, run.run.overrides[len(base):], start=to_dict(self.base_config(run.cell))))
+        for section, key in RESOLVED:
+            if key != "vocab_size" or not planned[section][key]:  # a vocabulary size given in the plan counts
+                trained[section][key] = planned[section][key]
+        return config_changes(trained, planned)
+
+    def stale_runs(self) -> list[tuple[StudyRun, list[str]]]:
+        """(run, its changes) of every trained run in the results whose config is not the one the study asks of it
+        now (StudyRun.changes): the study file changed since it trained."""
+        stale = []
+        for cell in self.cells:
+            for info in sorted((self.results / cell).glob("*/run.json")):
+                found = re.fullmatch(r"lr(.+)-seed(\d+)", info.parent.name)
+                if found:
+                    run = self.run(cell, float(found.group(1)), int(found.group(2)))
+                    changes = self.changes(run)
+                    if changes:
+                        stale.append((run, changes))
+        return stale
+
+    def refuse_stale(self) -> None:
+        """A one-line StudyError naming the stale runs (stale_runs) and how to train them again."""
+        stale = self.stale_runs()
+        if stale:
+            (first, changes), more = stale[0], len(stale) - 1
+            differ = "; ".join(changes[:3]) + (" ..." if len(changes) > 3 else "")
+            raise StudyError(
+                f"{self.path}: {len(stale)} trained run(s) are not the runs this study file asks for now (it changed "
+                f"since they trained): {first.cell}/{first.id} ({differ}){f' and {more} more' if more else ''}; "
+                f"`study plan` lists them. To train them again, move away "
+                f"their results and run directories ({first.results} and {first.run.run_dir}, or give the study "
+                f"new `results` and `dump` folders); or restore the study file")
 
     def chosen_runs(self, cell: str) -> list[StudyRun]:
         """Every seed's run at the chosen factor ([] before the choice), or, where the divergence rule re-ran it,

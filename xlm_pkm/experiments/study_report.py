@@ -25,8 +25,11 @@ from pathlib import Path
 from xlm_pkm.config import load_config
 from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, Paired, holm, paired
 from xlm_pkm.experiments.report import Measure, _md_table, _pyplot, _save
-from xlm_pkm.experiments.reproduce import _shown, model_size
+from xlm_pkm.experiments.reproduce import _shown
 from xlm_pkm.experiments.study_plan import LR_KEYS, METRICS, Comparison, Study, StudyError, StudyRun
+from xlm_pkm.model.transformer import resolve_memory_layers
+from xlm_pkm.runs.run_record import read_json_lines
+from xlm_pkm.runs.sizes import count_text, model_size
 from xlm_pkm.utils.atomic import write_text
 
 
@@ -36,13 +39,11 @@ def bench_rows(benches: list[dict]) -> dict[str, float]:
             for name in row.get("cells", [row["cell"]])}
 
 
-def _count(n: float) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.0f}k"
-
-
 def events(run: StudyRun, kind: str) -> list[dict]:
-    lines = (run.results / "metrics.jsonl").read_text().splitlines()
-    return [e for e in map(json.loads, filter(None, lines)) if e["event"] == kind]
+    try:
+        return [e for e in read_json_lines(run.results / "metrics.jsonl") if e.get("event") == kind]
+    except (OSError, ValueError) as e:
+        raise StudyError(str(e)) from None
 
 
 def curve(run: StudyRun) -> list[tuple[int, float]]:
@@ -152,7 +153,8 @@ def choice_table(study: Study) -> str:
             rows.append([f"`{cell}`", *valid, "·", "·", ""])
             continue
         lrs = json.loads((study.run(cell, choice.factor, study.seeds[0]).results / "run.json").read_text())["lr"]
-        chosen = ", ".join(f"{k} {lrs[k]:.3g}" for k in LR_KEYS[:2])
+        own = LR_KEYS[:2] if resolve_memory_layers(study.base_config(cell).model) else LR_KEYS[:1]  # values_lr: memory
+        chosen = ", ".join(f"{k} {lrs[k]:.3g}" for k in own)
         flag = f"**at the {choice.edge} end of the grid**" if choice.edge else ""
         rows.append([f"`{cell}`", *valid, f"×{choice.factor:.3g}", chosen, flag])
     return _md_table(["cell", *(f"valid ppl ×{f:.3g}" for f in factors), "chosen", "learning rates", "flag"], rows)
@@ -172,8 +174,8 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
         diverged = [diverged_text(study, cell)] if study.diverge_ratio else []
         speed = [e["tokens_per_sec"] for r in runs for e in events(r, "train") if e["step"] > 1]
         rows.append([f"`{cell}`", f"`{config}`", Measure(tuple(test.values())).text() if test else "·",
-                     f"{len(test)}/{len(study.seeds)}", memory_use(study, cell), _count(size["total"]),
-                     _count(size["active"]),
+                     f"{len(test)}/{len(study.seeds)}", memory_use(study, cell), count_text(size["total"]),
+                     count_text(size["active"]),
                      f"{size['flops'] / 1e6:.2f}M", f"{statistics.median(speed):,.0f}" if speed else "·",
                      f"{speeds[cell]:,.0f}" if cell in speeds else "·",
                      f"{runs[0].steps * runs[0].tokens_per_step:,}",

@@ -5,7 +5,10 @@
 
 Each targeted `nn.Linear` W becomes W + (alpha / rank) · B A with A (rank, in) and B (out, rank); B starts at
 zero, so the adapted model starts as the base model. LoRA replaces `optim.trainable`: it must be `all`,
-read as "every adapter", and every other parameter is frozen (memory values included).
+read as "every adapter", and every other parameter is frozen (memory values included). In a retrofit
+(model/retrofit.py) the adapters go on the base's linears and train with the memories and their gates (the base's
+own weights stay frozen), and both checkpoints keep the adapters apart (they hold no base weight to merge them into:
+checkpoint/trained.py merges them when it loads the run's model).
 
 Checkpoints: checkpoint.pt holds the adapted model's state dict (base weights under `….base_layer.…`, the
 adapters under `….lora_A/lora_B.…`) and the adapters' optimizer state, so a run resumes exactly; best.pt holds
@@ -22,23 +25,32 @@ from torch import nn
 
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.finetune.trainable import freeze
+from xlm_pkm.model.retrofit import is_base_weight
 from xlm_pkm.optim.optimizers import LoraConfig, OptimConfig
 
 ADAPTER = "default"  # peft's adapter name
-TARGET_PRESETS = {"attention_ffn": ("*.qkv", "*.out", "*.fc1", "*.fc2")}  # names in model/attention.py, blocks.py
+# each attention and FFN linear: our names (model/attention.py, blocks.py), then the Llama family's (a retrofit's base)
+TARGET_PRESETS = {"attention_ffn": ("*.qkv", "*.out", "*.fc1", "*.fc2", "base.*.q_proj", "base.*.k_proj",
+                                    "base.*.v_proj", "base.*.o_proj", "base.*.gate_proj", "base.*.up_proj",
+                                    "base.*.down_proj")}
 MISSING_PEFT = "optim.lora needs peft: pip install 'xlm-pkm[lora]' (or pip install peft)"
 
 
 def target_modules(model: nn.Module, targets: list[str]) -> list[str]:
-    """Names of the linears `targets` (globs over module names, or a preset) selects; a glob matching no
+    """Names of the linears `targets` (globs over module names, or a preset) selects; a glob (a preset) matching no
     linear is a ConfigError."""
-    globs = TARGET_PRESETS[targets[0]] if len(targets) == 1 and targets[0] in TARGET_PRESETS else targets
+    preset = len(targets) == 1 and targets[0] in TARGET_PRESETS
+    globs = TARGET_PRESETS[targets[0]] if preset else targets
     linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-    for pattern in globs:
-        if not fnmatch.filter(linears, pattern):
-            raise ConfigError(f"optim.lora.targets: {pattern!r} matches no linear layer of the model "
-                              f"(presets: {', '.join(TARGET_PRESETS)})")
-    return [name for name in linears if any(fnmatch.fnmatchcase(name, pattern) for pattern in globs)]
+    chosen = [name for name in linears if any(fnmatch.fnmatchcase(name, pattern) for pattern in globs)]
+    if preset:  # a preset names every model's linears: some of them match
+        unmatched = [] if chosen else targets
+    else:
+        unmatched = [pattern for pattern in globs if not fnmatch.filter(linears, pattern)]
+    if unmatched:
+        raise ConfigError(f"optim.lora.targets: {unmatched[0]!r} matches no linear layer of the model "
+                          f"(presets: {', '.join(TARGET_PRESETS)})")
+    return chosen
 
 
 def add_adapters(model: nn.Module, optim: OptimConfig) -> int:
@@ -55,7 +67,8 @@ def add_adapters(model: nn.Module, optim: OptimConfig) -> int:
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
                              target_modules=target_modules(model, lora.targets))
     peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
-    return freeze(model, ["*.lora_A.*", "*.lora_B.*"], optim.freeze_norm_stats)
+    retrofit = any(is_base_weight(p) for p in model.parameters())  # its memories train too, never its base
+    return freeze(model, ["all"] if retrofit else ["*.lora_A.*", "*.lora_B.*"], optim.freeze_norm_stats)
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

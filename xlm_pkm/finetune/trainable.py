@@ -1,5 +1,6 @@
 """Which parameters a run trains (`optim.trainable`): all of them, the memories, the value tables only,
-or those whose names match glob patterns.
+or those whose names match glob patterns. A retrofit's base weights (model/retrofit.py) never train: `all` is
+then every memory, its gate, and LoRA's adapters; `memory` a memory and its gate (MemoryBeside).
 
 Frozen parameters get requires_grad=False, so no gradient and no optimizer state. A module none of whose
 parameters train (a frozen query network's BatchNorm, say) stays in eval mode whatever model.train()
@@ -19,12 +20,15 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_stores import is_memory_value
+from xlm_pkm.model.retrofit import MemoryBeside, is_base_weight
 
 PRESETS = ("all", "memory", "memory_values")
 
 
 def trains(name: str, param: nn.Parameter, memory_names: set[str], spec: list[str]) -> bool:
     """Whether parameter `name` trains under `spec` (one preset, or glob patterns over parameter names)."""
+    if is_base_weight(param):
+        return False
     if spec == ["all"]:
         return True
     if spec == ["memory_values"]:
@@ -43,7 +47,7 @@ def freeze(model: nn.Module, spec: list[str], freeze_norm_stats: bool = False) -
         for pattern in spec:
             if not fnmatch.filter(names, pattern):
                 raise ConfigError(f"optim.trainable: pattern {pattern!r} matches no parameter of the model")
-    memory_names = {name for name, m in model.named_modules() if isinstance(m, ProductKeyMemory)}
+    memory_names = {name for name, m in model.named_modules() if isinstance(m, (ProductKeyMemory, MemoryBeside))}
     chosen = {name: trains(name, p, memory_names, spec) for name, p in model.named_parameters()}
     if not any(chosen.values()):
         why = "the model has no memory" if spec in (["memory"], ["memory_values"]) else "it selects no parameter"

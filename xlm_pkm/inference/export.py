@@ -19,25 +19,37 @@ tokenizer_config.json):
     tokenizer = AutoTokenizer.from_pretrained("exported/demo", trust_remote_code=True)   # BPE data
 
 The safetensors metadata records the training step, the vocabulary fingerprint, the data's unit
-(meta.json's: "byte", "word", or "token" for BPE) and the xlm_pkm version that wrote it.
+(meta.json's: "byte", "word", "tokenizer", or "token" for BPE) and the xlm_pkm version that wrote it.
 
-OUT_DIR is new, empty, or a previous export, which is replaced: it may hold only the files above, *.py
-files (code of an earlier export, removed) and temporary `*.tmp` ones left by a killed export, with a
-model.safetensors written by export (its metadata has a vocabulary fingerprint). Any other folder is
-refused before anything is written, so that export never overwrites a `vocab`, `codes` or `config.json`
-it did not write. Every file is first written (and flushed to disk) in a temporary folder inside
-OUT_DIR, then all are renamed into place: a failure (full disk) is one line naming the file, and leaves
-the previous export whole.
+A retrofit (model.base: model/retrofit.py) is exported standalone: `base/` is a plain transformers folder of its
+base (save_pretrained, float32, the run's LoRA adapters merged in), model.safetensors holds the memories and
+gates, and config.json's model.base.path is "base" (relative to the folder); its data's tokenizer is the
+folder's own (tokenizer.json and its config, as the tokenizer saves them: AutoTokenizer needs no remote code).
+
+The safetensors metadata also records a hash of config.json's `model` section (model_config_digest), which
+every loader checks (ours and the folder's own code): an edited architecture (n_heads 2 -> 4, the same shapes)
+would otherwise load and run with the weights cut another way.
+
+OUT_DIR is new, empty, or a previous export (its model.safetensors written by export: its metadata has a
+vocabulary fingerprint), which is replaced. Each export lists the files it wrote in export_manifest.json:
+only those are replaced or removed (a file of the previous export that this one does not write: a stale
+`codes`, code no longer needed); any other file in the folder (one's own notes.py) is kept, and one that this
+export would overwrite is refused. Any other non-empty folder is refused before anything is written, so that
+export never overwrites a `vocab`, `codes` or `config.json` it did not write. Every file is first written (and
+flushed to disk) in a temporary folder inside OUT_DIR, then all are renamed into place: a failure (full disk)
+is one line naming the file, and leaves the previous export whole.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 from xlm_pkm import __version__
@@ -45,14 +57,20 @@ from xlm_pkm.checkpoint import files as checkpoint
 from xlm_pkm.checkpoint.trained import CONFIG, WEIGHTS, load_trained
 from xlm_pkm.config import to_dict
 from xlm_pkm.data.text_codec import BPE_UNIT
+from xlm_pkm.data.tokenized import UNIT as TOKENIZER_UNIT
 from xlm_pkm.errors import USER_ERRORS, fail
 from xlm_pkm.inference.hf_code import folder_code
 from xlm_pkm.inference.hf_config import TOKENIZER_CONFIG, carried_code, hf_keys, tokenizer_config
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model.retrofit import RetrofitLM, quiet_transformers
+from xlm_pkm.model.transformer import TransformerLM, model_config_digest
 from xlm_pkm.utils.atomic import OutputError, is_temporary, temporary_name, write_error
 from xlm_pkm.utils.program import program_name
 
-EXPORTED = (WEIGHTS, CONFIG, "vocab", "codes", TOKENIZER_CONFIG)  # the data files of an exported folder
+# the data files of an exported folder: ours, a retrofit's base/ and the files its tokenizer saves
+BASE = "base"  # a retrofit's base, a transformers folder inside the export
+EXPORTED = (WEIGHTS, CONFIG, "vocab", "codes", TOKENIZER_CONFIG, BASE, "tokenizer.json", "special_tokens_map.json",
+            "added_tokens.json", "chat_template.jinja")
+MANIFEST = "export_manifest.json"  # {"files": [...]}: the files the export wrote, the only ones a new one replaces
 
 
 def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = None) -> Path:
@@ -70,47 +88,78 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
     if cfg.plugins:
         raise ValueError(f"{path}: the model's config imports plugins ({', '.join(cfg.plugins)}), whose code an "
                          f"exported folder cannot carry")
-    metadata = {"step": str(trained.step), "vocab_fingerprint": dictionary.fingerprint(),
-                "unit": unit, "xlm_pkm_version": __version__, "source": str(path)}
+    base = trained.model.base if cfg.model.base.path else None
+    if base is not None:  # standalone: the base in base/, its tokenizer's files beside ours
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=dataclasses.replace(
+            cfg.model.base, path=BASE, gguf_file="", digest="")))
     configs = {CONFIG: {**to_dict(cfg), **hf_keys(cfg, dictionary, unit)}}
     if unit == BPE_UNIT:
         configs[TOKENIZER_CONFIG] = tokenizer_config(dictionary, cfg.model.max_len)
+    metadata = {"step": str(trained.step), "vocab_fingerprint": dictionary.fingerprint(),
+                "unit": unit, "xlm_pkm_version": __version__, "source": str(path),
+                "model_config_digest": model_config_digest(json.loads(json.dumps(configs[CONFIG]["model"])))}
     texts = {**{name: (json.dumps(value, indent=2) + "\n").encode() for name, value in configs.items()},
              **{name: (data_dir / name).read_bytes() for name in text_files},
-             **{name: code.encode() for name, code in folder_code(*carried_code(unit)).items()}}
+             **{name: code.encode() for name, code in folder_code(*carried_code(unit)).items()},
+             **(_tokenizer_files(trained.codec()) if unit == TOKENIZER_UNIT else {})}
+    written = [WEIGHTS, *texts, *([BASE] if base is not None else [])]
+    if previous is not None:
+        _refuse_overwriting(out, written, previous)
+    texts[MANIFEST] = (json.dumps({"files": written}, indent=2) + "\n").encode()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise write_error(out, e) from None
-    _write_export(out, trained.model, metadata, texts, previous)
-    if previous:  # what the previous export had and this one has not: a BPE tokenizer, code no longer needed
-        for stale in [p for p in out.iterdir() if p.name not in texts and p.name != WEIGHTS and not is_temporary(p)]:
-            stale.unlink()
+    _write_export(out, trained.model, metadata, texts, previous is not None, base)
+    for stale in set(previous or ()) - set(written):  # of the previous export: a BPE tokenizer, code, a base/
+        shutil.rmtree(out / stale) if (out / stale).is_dir() else (out / stale).unlink(missing_ok=True)
     return out
 
 
-def _check_export_folder(out: Path) -> bool:
-    """Whether `out` holds a previous export (to be replaced); False when it is missing or empty. Any other
-    folder is refused (FileExistsError): export overwrites only files it wrote."""
+def _tokenizer_files(codec) -> dict[str, bytes]:
+    """{name: bytes} of the files a tokenizer's data's tokenizer saves (save_pretrained), for the folder."""
+    with tempfile.TemporaryDirectory() as folder:
+        saved = [Path(p) for p in codec.tokenizer.save_pretrained(folder) if Path(p).is_file()]
+        return {p.name: p.read_bytes() for p in saved}
+
+
+def _check_export_folder(out: Path) -> list[str] | None:
+    """The files in `out` that the previous export wrote (its manifest; for an export of an earlier version, the
+    names of its data files and code), which this one may replace or remove; None when `out` is missing or empty.
+    Any other folder is refused (FileExistsError): export overwrites only files it wrote."""
     if not out.exists():
-        return False
+        return None
     if not out.is_dir():
         raise FileExistsError(f"{out} is a file: export writes a folder (give a new or empty one)")
     names = sorted(p.name for p in out.iterdir() if not is_temporary(p))  # *.tmp: left by a killed export
     if not names:
-        return False
+        return None
+    if WEIGHTS in names and _written_by_export(out / WEIGHTS):
+        try:
+            files = json.loads((out / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):  # none: an earlier version's export
+            entries, modules = carried_code(BPE_UNIT)  # the most code an export carries
+            files = [*EXPORTED, *entries, *(f"{m.rpartition('.')[2]}.py" for m in modules)]
+        return [n for n in names if n in files]  # names in the folder only: never a path elsewhere
     others = [n for n in names if n not in EXPORTED and not n.endswith(".py")]
     if others:
         holds = f"it holds {', '.join(others[:4])}{' ...' if len(others) > 4 else ''}"
     elif WEIGHTS not in names:
         holds = f"it holds {', '.join(names)} but no {WEIGHTS}"
-    elif not _written_by_export(out / WEIGHTS):
-        holds = f"its {WEIGHTS} was not written by export"
     else:
-        return True
+        holds = f"its {WEIGHTS} was not written by export"
     raise FileExistsError(f"{out} is not empty and not a previous export ({holds}): export into a new or empty "
-                          f"folder, or a previous export (only {', '.join(EXPORTED)} and *.py), so that no other file "
+                          f"folder, or a previous export (its {WEIGHTS} written by export), so that no other file "
                           f"is overwritten")
+
+
+def _refuse_overwriting(out: Path, names: list[str], previous: list[str]) -> None:
+    """FileExistsError if a file of `names` is in `out` but the previous export did not write it: a user's own."""
+    theirs = [n for n in names if n not in previous and (out / n).exists()]
+    if theirs:
+        raise FileExistsError(f"{out / theirs[0]} was not written by the previous export (it is not in its "
+                              f"{MANIFEST}), and this export writes a file of that name: move it away, or export "
+                              f"into another folder")
 
 
 def _written_by_export(weights: Path) -> bool:
@@ -123,9 +172,11 @@ def _written_by_export(weights: Path) -> bool:
         return False
 
 
-def _write_export(out: Path, model: TransformerLM, metadata: dict, texts: dict[str, bytes], previous: bool) -> None:
-    """Every file written and flushed to disk in a temporary folder inside `out`, then renamed into place:
-    an error (disk full) before the renames leaves the previous export whole; it is one line (OutputError)."""
+def _write_export(out: Path, model: TransformerLM | RetrofitLM, metadata: dict, texts: dict[str, bytes],
+                  previous: bool, base=None) -> None:
+    """Every file written and flushed to disk in a temporary folder inside `out`, then renamed into place (a
+    retrofit's `base`, saved by transformers, as the folder base/): an error (disk full) before the renames leaves
+    the previous export whole; it is one line (OutputError)."""
     from safetensors import SafetensorError
     from safetensors.torch import save_model
 
@@ -135,11 +186,17 @@ def _write_export(out: Path, model: TransformerLM, metadata: dict, texts: dict[s
     try:
         stage.mkdir()
         save_model(model, str(stage / WEIGHTS), metadata=metadata)  # drops the duplicate names of a shared value table
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(stage / WEIGHTS, 0o666 & ~umask)  # as the other files (safetensors creates it private)
         for name, data in texts.items():
             (stage / name).write_bytes(data)
+        if base is not None:
+            name = BASE
+            with quiet_transformers():
+                base.save_pretrained(stage / BASE)
+            names += [f"{BASE}/{p.name}" for p in (stage / BASE).iterdir()]
+        umask = os.umask(0)
+        os.umask(umask)
+        for name in [n for n in names if n.endswith(".safetensors")]:
+            os.chmod(stage / name, 0o666 & ~umask)  # as the other files (safetensors creates it private)
         for name in names:
             fd = os.open(stage / name, os.O_RDONLY)
             try:
@@ -147,7 +204,10 @@ def _write_export(out: Path, model: TransformerLM, metadata: dict, texts: dict[s
             finally:
                 os.close(fd)
         renaming = True
-        for name in names:
+        if base is not None:  # the previous base/ goes once this one is whole
+            shutil.rmtree(out / BASE, ignore_errors=True)
+            os.replace(stage / BASE, out / BASE)
+        for name in [n for n in names if not n.startswith(f"{BASE}/")]:
             os.replace(stage / name, out / name)
     except OSError as e:
         raise _export_error(out, name, e, previous, renaming) from None

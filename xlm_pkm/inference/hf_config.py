@@ -4,8 +4,9 @@ tokenizer's config, and the declared list of the modules whose code it carries (
 config.json is the run's resolved config (model, data, optim, train, plugins) plus `hf_keys`: the model
 type and auto_map that send AutoConfig / AutoModelForCausalLM / AutoTokenizer to the folder's code
 (trust_remote_code=True), and the numbers transformers' generate() and lm-evaluation-harness read. No
-eos_token_id: `</s>` ends a line of a document, not the text, so generate() runs to its max_new_tokens as
-generate.py does.
+eos_token_id for our own data: `</s>` ends a line of a document, not the text, so generate() runs to its
+max_new_tokens as generate.py does; a tokenizer's data (a retrofit's) has its end-of-text token, where generate()
+stops.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from xlm_pkm.config import Config
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.text_codec import BPE_UNIT
+from xlm_pkm.data.tokenized import UNIT as TOKENIZER_UNIT
 
 MODEL_TYPE = "xlm_pkm"
 TOKENIZER_CONFIG = "tokenizer_config.json"
@@ -26,6 +28,8 @@ MODEL_MODULES = (  # for modeling_xlm_pkm.py (inference/hf_modeling.py): Transfo
     "xlm_pkm.registry",
     "xlm_pkm.settings",
     "xlm_pkm.model.transformer",
+    "xlm_pkm.model.memory_host",
+    "xlm_pkm.model.retrofit",
     "xlm_pkm.model.blocks",
     "xlm_pkm.model.attention",
     "xlm_pkm.model.adaptive_io",
@@ -75,6 +79,8 @@ def hf_keys(cfg: Config, dictionary: Dictionary, unit: str) -> dict:
     keys = {"model_type": MODEL_TYPE, "architectures": ["XlmPkmForCausalLM"], "auto_map": auto_map,
             "vocab_size": cfg.model.vocab_size, "bos_token_id": dictionary.bos, "pad_token_id": dictionary.pad,
             "use_cache": True, "tie_word_embeddings": False}
+    if unit == TOKENIZER_UNIT:  # data/tokenized.py: its end of text ends a document
+        keys["eos_token_id"] = dictionary.eos
     if cfg.model.family == "transformer":  # learnt positions: the longest sequence the model reads
         keys["max_position_embeddings"] = cfg.model.max_len
     return keys

@@ -13,7 +13,13 @@ tensors: save_model / load_model). from_pretrained therefore loads them itself, 
 load_model, rather than through transformers' loader. Decoding keeps the model's KVCache (attention keys
 and values, Engram's N-gram windows) between steps: generate() feeds only the new tokens, as generate.py
 does. A batch must not be padded on the left (an attention mask with zeros is refused): every row is read
-from its first position, as in training.
+from its first position, as in training. Loaded in bf16 or fp16 (from_pretrained's dtype), the memory layers
+stay in float32, as under training's autocast: their input is cast to float32 and their output back. An edited
+config.json is refused: its `model` section must have the hash the weights' metadata records, and their shapes.
+
+A retrofit (model.base: model/retrofit.py) is RetrofitLM: its base is the folder's base/ (a plain transformers
+folder, loaded by AutoModelForCausalLM), its memories and gates model.safetensors; its cache is the base's own
+(transformers' DynamicCache).
 """
 
 from __future__ import annotations
@@ -24,12 +30,13 @@ import typing
 
 import torch
 import torch.nn.functional as F
-from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
+from transformers import AutoModelForCausalLM, DynamicCache, GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 
 from xlm_pkm.model.attention import KVCache
-from xlm_pkm.model.transformer import ModelConfig, TransformerLM
+from xlm_pkm.model.retrofit import RetrofitLM
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM, model_config_digest
 
 MODEL_TYPE = "xlm_pkm"
 WEIGHTS = "model.safetensors"
@@ -43,6 +50,37 @@ def build_dataclass(cls, raw: dict):
     hints = typing.get_type_hints(cls)
     return cls(**{f.name: build_dataclass(hints[f.name], raw[f.name]) if dataclasses.is_dataclass(hints[f.name])
                   else raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+
+
+def check_model_config(model: dict, weights: str) -> None:
+    """ValueError unless the config's `model` section is the one the weights were exported with (the digest in
+    their metadata, when recorded): an edited n_heads keeps every shape, and would run the weights cut another way."""
+    from safetensors import safe_open
+
+    with safe_open(weights, "pt") as f:
+        digest = (f.metadata() or {}).get("model_config_digest")
+    if digest is not None and model_config_digest(model) != digest:
+        raise ValueError(f"config.json: its model section is not the one {weights} was exported with (it was edited); "
+                         f"restore it, or export the run's checkpoint again")
+
+
+class Float32Memory:
+    """Forward hooks that run one memory layer in its own dtype (float32) inside a model cast to a lower one: its
+    input cast to the layer's dtype, its output back to the input's (the layer's numeric rule: model/memory/dtypes.py).
+    In a float32 model they change nothing."""
+
+    def __init__(self, memory: torch.nn.Module):
+        self.dtype = None  # the input's dtype, that of the rest of the model
+        memory.register_forward_pre_hook(self.enter)
+        memory.register_forward_hook(self.leave)
+
+    def enter(self, memory: torch.nn.Module, args: tuple) -> tuple:
+        x, *rest = args  # (B, T, dim)
+        self.dtype = x.dtype
+        return (x.to(next(memory.parameters()).dtype), *rest)
+
+    def leave(self, memory: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
+        return output.to(self.dtype)
 
 
 class XlmPkmConfig(PretrainedConfig):
@@ -61,9 +99,11 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
     base_model_prefix = "lm"
     main_input_name = "input_ids"
 
-    def __init__(self, config: XlmPkmConfig):
+    def __init__(self, config: XlmPkmConfig, lm: TransformerLM | RetrofitLM | None = None):
         super().__init__(config)
-        self.lm = TransformerLM(build_dataclass(ModelConfig, config.model))
+        self.lm = lm if lm is not None else TransformerLM(build_dataclass(ModelConfig, config.model))
+        for _, memory in self.lm.memories():
+            Float32Memory(memory)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -80,11 +120,25 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
                                       "subfolder") if k in kwargs}
         if config is None:
             config = XlmPkmConfig.from_pretrained(pretrained_model_name_or_path, **hub)
-        model = cls(config)
-        load_model(model.lm, cached_file(os.fspath(pretrained_model_name_or_path), WEIGHTS, **hub))
+        weights = cached_file(os.fspath(pretrained_model_name_or_path), WEIGHTS, **hub)
+        check_model_config(config.model, weights)
+        model_cfg = build_dataclass(ModelConfig, config.model)
+        if model_cfg.base.path:  # a retrofit: its base is the folder's base/
+            base = AutoModelForCausalLM.from_pretrained(pretrained_model_name_or_path, dtype=torch.float32,
+                                                        **{**hub, "subfolder": model_cfg.base.path})
+            model = cls(config, RetrofitLM(model_cfg, base))
+        else:
+            model = cls(config)
+        try:
+            load_model(model.lm, weights)
+        except RuntimeError as e:  # a shape or a name that config.json's model does not have
+            raise ValueError(f"{weights}: weights of another architecture than config.json "
+                             f"({' '.join(str(e).split())[:300]})") from None
         dtype = dtype if dtype is not None else torch_dtype
         if dtype not in (None, "auto"):
             model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
+            for _, memory in model.lm.memories():  # float32, as trained (Float32Memory)
+                memory.float()
         if isinstance(device_map, (str, torch.device)) and str(device_map) != "auto":
             model.to(device_map)
         elif device_map == "auto" and torch.cuda.is_available():
@@ -99,9 +153,9 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
         if attention_mask is not None and not bool(attention_mask.all()):
             raise ValueError("xlm_pkm models read every row from its first position: pad batches on the right "
                              "and leave the padding out of the loss (an attention mask with zeros is not supported)")
-        if not isinstance(cache, KVCache) or cache.offset == 0:  # a new sequence
+        if not self._owns(cache) or _cached(cache) == 0:  # a new sequence
             self.lm.reset_stream_state(training=False)  # all-attention layers: no stream carried from another
-        if not isinstance(cache, KVCache):  # a cache only when asked (generate() asks)
+        if not self._owns(cache):  # a cache only when asked (generate() asks)
             cache = self.lm.new_cache() if use_cache else None
         logits = self.lm(input_ids, cache)  # (B, T, vocab)
         loss = None
@@ -113,6 +167,15 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
                                       use_cache: bool | None = None, **kwargs) -> dict:
         """The tokens the cache has not seen yet (all of them on the first step, or without a cache)."""
         cache = cache if cache is not None else kwargs.get("past_key_values")
-        if isinstance(cache, KVCache) and cache.offset:
-            input_ids = input_ids[:, cache.offset:]
+        if self._owns(cache) and _cached(cache):
+            input_ids = input_ids[:, _cached(cache):]
         return {"input_ids": input_ids, "cache": cache, "use_cache": use_cache}
+
+    def _owns(self, cache) -> bool:
+        """Whether `cache` is of the model's own kind (a KVCache; a retrofit's, transformers' DynamicCache)."""
+        return isinstance(cache, DynamicCache if isinstance(self.lm, RetrofitLM) else KVCache)
+
+
+def _cached(cache: KVCache | DynamicCache) -> int:
+    """The positions a cache holds."""
+    return cache.offset if isinstance(cache, KVCache) else cache.get_seq_length()

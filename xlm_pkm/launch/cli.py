@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
 
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.data.dictionary import Dictionary
-from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, UserError, fail
+from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, ConfigError, UserError, fail
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.launch.config_keys import describe_keys
@@ -76,6 +77,9 @@ def _dry_run(args) -> None:
     """train.py --dry-run: the run's config resolved as training would (its vocabulary size from the data's
     vocab file unless model.vocab_size sets it), its memory estimate per rank printed on rank 0."""
     cfg = launch_config(args.config, args.overrides)
+    if cfg.model.base.path:
+        raise ConfigError("--dry-run counts the parts of xlm_pkm's own transformer: a retrofit (model.base.path) is "
+                          "not estimated")
     if not cfg.model.vocab_size:
         cfg = resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), cfg.train.exp_id)
     env = read_env()
@@ -93,9 +97,13 @@ def train_main(argv: list[str] | None = None) -> int:
                "train.exp_name) resumes that run from its own config.yaml, the overrides on top.")
     parser.add_argument("--config", help="YAML config (default: configs/default.yaml; a resumed run starts from its "
                                          "own config.yaml, this file's keys and the overrides on top)")
-    parser.add_argument("--no-test", action="store_true", help="skip the test-set evaluation of best.pt at the end")
+    parser.add_argument("--no-test", action="store_true",
+                        help="skip the test-set evaluation of best.pt at the end (a run started with it keeps it when "
+                             "resumed)")
     parser.add_argument("--keys", nargs="?", const="", metavar="SECTION",
-                        help="list the config keys (of SECTION: model, data, optim, train...) and exit")
+                        help="list the config keys (of SECTION: model, data, optim, train...) with the values this "
+                             "command would train with (--config, default configs/default.yaml, and the overrides; "
+                             "the built-in default beside where it differs) and exit")
     parser.add_argument("--dry-run", action="store_true",
                         help="print the memory each rank needs (parameters, gradients, optimizer state, "
                              "activations) and exit, without training or reading data beyond the vocabulary")
@@ -111,7 +119,7 @@ def train_main(argv: list[str] | None = None) -> int:
             if args.dry_run:
                 _dry_run(args)
             else:
-                print(describe_keys(args.keys))
+                print(describe_keys(args.keys, launch_config(args.config, args.overrides)))
         except USER_ERRORS as e:
             return fail(prog, e)
         return 0
@@ -120,7 +128,7 @@ def train_main(argv: list[str] | None = None) -> int:
         trainer = Trainer(launch_config(args.config, args.overrides), test=not args.no_test)
         try:
             trainer.train()
-            if not args.no_test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:
+            if trainer.test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:
                 result = evaluate_checkpoint(trainer.best_path, "test", device=trainer.device,
                                              precision=trainer.cfg.train.precision, env=trainer.env)
                 trainer.log.event("test", trainer.step, **{k: v for k, v in result.items() if k != "step"})
@@ -182,8 +190,12 @@ def evaluate_main(argv: list[str] | None = None) -> int:
                                      device, args.precision, args.max_batches, env)
         if env.is_main:
             print(format_result(result))
-            if args.json:
-                write_text(Path(args.json), json.dumps(result, indent=2) + "\n")
+        if not math.isfinite(result["ppl"]):  # every rank: the same status
+            raise UserError(f"{args.checkpoint}: {args.split} perplexity is {result['ppl']}: its weights give no "
+                            f"finite prediction (a diverged run's checkpoint); evaluate an earlier one (the run's "
+                            f"best.pt){f', {args.json} not written' if args.json else ''}")
+        if env.is_main and args.json:
+            write_text(Path(args.json), json.dumps(result, indent=2) + "\n")
     except USER_ERRORS as e:
         return fail(prog, e)
     finally:

@@ -1,6 +1,7 @@
 """Every config key with its default and its one-line doc, read from the settings dataclasses (config.Config
 and the sections it composes, each beside its component's code) and the comments beside their fields, so
-the list cannot go stale (train.py --keys [SECTION])."""
+the list cannot go stale (train.py --keys [SECTION]: the values of the config the command would train, the
+built-in default beside where it differs)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import json
 import textwrap
 import tokenize
 
-from xlm_pkm.config import Config
+from xlm_pkm.config import Config, to_dict
 from xlm_pkm.errors import ConfigError
 
 
@@ -52,13 +53,22 @@ def keys(cls=Config, prefix: str = "") -> list[tuple[str, object, str]]:
     return out
 
 
-def describe_keys(section: str = "") -> str:
-    """The keys of `section` (model, model.memory, optim...; empty: all), one per line:
-    `key = default  # doc`, as they are written in overrides (key=value) and YAML files."""
-    rows = [(k, v, d) for k, v, d in keys() if not section or k == section or k.startswith(section + ".")]
+def describe_keys(section: str = "", cfg: Config | None = None) -> str:
+    """The keys of `section` (model, model.memory, optim...; empty: all), one per line: `key = value  # doc`, as
+    they are written in overrides (key=value) and YAML files; the value is `cfg`'s (a resolved config: what a
+    command would train), with the built-in default after the doc where it differs; the default without `cfg`."""
+    values = dict(_leaves(to_dict(cfg))) if cfg is not None else {}
+    rows = [(k, values.get(k, v), d + (f" (built-in default {json.dumps(v)})" if values.get(k, v) != v else ""))
+            for k, v, d in keys() if not section or k == section or k.startswith(section + ".")]
     if not rows:
         sections = sorted({k.rsplit(".", 1)[0] for k, _, _ in keys() if "." in k})
         raise ConfigError(f"--keys {section}: no such section (sections: {', '.join(sections)})")
     width = max(len(f"{k} = {json.dumps(v)}") for k, v, _ in rows)
     return "\n".join((f"{k} = {json.dumps(v)}".ljust(width) + f"  # {d}" if d else f"{k} = {json.dumps(v)}")
                      for k, v, d in rows)
+
+
+def _leaves(tree: dict, prefix: str = ""):
+    """(dotted key, value) of each leaf of a nested dict."""
+    for key, value in tree.items():
+        yield from _leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]

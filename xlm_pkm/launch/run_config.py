@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
-from xlm_pkm.config import DEFAULT_CONFIG, Config, load_config
+from xlm_pkm.config import DEFAULT_CONFIG, Config, load_config, read_yaml
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.train.run_dir import latest_checkpoint
 
 
@@ -35,4 +34,9 @@ def launch_config(config_file: str | None, overrides: list[str]) -> Config:
     stored = stored_config(cfg)
     if stored is None:
         return cfg
-    return load_config(config_file, overrides, start=yaml.safe_load(stored.read_text()) or {})
+    try:
+        start = read_yaml(stored)
+    except ConfigError as e:  # not YAML, not a mapping, not UTF-8: a hand edit gone wrong
+        raise ConfigError(f"{e}; the run resumes from this file: fix it, or move it away to resume with the command "
+                          f"line's config (checked against the checkpoint's)") from None
+    return load_config(config_file, overrides, start=start)

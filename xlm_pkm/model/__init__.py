@@ -8,6 +8,9 @@
     stream_attention.py  all-attention that keeps its stream's cache across blocks
     adaptive_span.py     the adaptive attention span; SpanConfig (model.span)
     adaptive_io.py       adaptive input and adaptive softmax
+    memory_host.py       MemoryHost: what a model holding memories offers the trainer (memories() and the rest)
+    retrofit.py          RetrofitLM: memories beside the MLPs of a pretrained Hugging Face causal LM; BaseConfig
+                         (model.base)
     memory/              the product-key memory layer and its parts (a package of its own)
 
 May import: errors, settings, registry, model.memory, data.dictionary (alone of data: Engram's token

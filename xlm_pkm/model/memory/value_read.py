@@ -95,7 +95,7 @@ def choose_backend(value_read: str, device: torch.device, read_backward: str = "
         backend = "triton" if device.type == "cuda" and triton_usable(device) else "torch"
     else:
         backend = None if value_read == "triton" and not triton_usable(device) else value_read
-    return None if backend == "torch" and read_backward == "one_pass" else backend
+    return None if backend == "torch" and read_backward == "one_pass" else backend  # auto: whichever runs
 
 
 def resolve_backend(value_read: str, device: torch.device, read_backward: str = "two_pass") -> str:

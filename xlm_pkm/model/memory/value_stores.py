@@ -98,7 +98,7 @@ class TableValues(ValueStore):
     """One (n_slots, output_dim) table `weight`, init N(0, 1/output_dim); read as weighted sums (value_read.py,
     with cfg.read_backward and cfg.read_op). With cfg.shard_values, this rank's (n_slots, output_dim / W) columns
     (value_shards.py), marked `value_shard`, and the read exchanges lookups and output slices with the other
-    ranks (eagerly, with the default read).
+    ranks (eagerly, in two passes: read_op does not apply).
     cfg.inference_values=bfloat16: a read without gradients (evaluation, generation) of a float32 table reads a
     bfloat16 copy of it instead, made at the first such read and again whenever the table changed (its version
     counter: an optimizer step, a load), kept out of the state dict; the output stays float32 (the Triton read
@@ -118,11 +118,12 @@ class TableValues(ValueStore):
         self._copy, self._copy_of = None, None  # the bfloat16 copy, and (data_ptr, version) of the table it copies
         if cfg.read_op == "custom_op":
             read_values_op()  # defined here, eagerly: a compiled forward finds it
-        if shard.world > 1:  # a shard of a table split over processes: the exchanging read
-            if (cfg.read_backward, cfg.read_op, cfg.inference_values) != ("two_pass", "eager", "table"):
-                raise ValueError(f"model.memory.shard_values: a sharded table is read with the defaults "
-                                 f"read_backward=two_pass, read_op=eager and inference_values=table, got "
-                                 f"{cfg.read_backward}, {cfg.read_op} and {cfg.inference_values}")
+        if shard.world > 1:  # a shard of a table split over processes: the exchanging read, eager, in two passes
+            if cfg.read_backward == "one_pass" or cfg.inference_values != "table":
+                raise ValueError(f"model.memory.shard_values: a sharded table is read by its own exchanging read, "
+                                 f"in two passes from the table itself: read_backward=one_pass and "
+                                 f"inference_values=bfloat16 do not apply, got read_backward={cfg.read_backward} "
+                                 f"and inference_values={cfg.inference_values}")
             from xlm_pkm.model.memory.sharded_read import sharded_read  # imported only here: it loads torch._dynamo
             self.read = sharded_read
 

