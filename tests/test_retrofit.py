@@ -164,6 +164,62 @@ def test_a_retrofit_resumes_exactly(full_run, retrofit_trainer):
         assert torch.equal(p, resumed.model.state_dict()[name]), name
 
 
+FULL = ["model.base.trainable=true", "optim.trainable=[base.model.layers.1.mlp.*,beside.*]", "optim.lr=1e-2"]
+
+
+def test_full_finetuning_trains_the_base_s_named_weights_and_its_checkpoints_hold_them(retrofit_trainer, tiny_base,
+                                                                                      tmp_path):
+    """model.base.trainable: the base's weights that optim.trainable names train (here one layer's MLP), the others
+    stay the base's bit for bit; best.pt holds every weight; evaluation and export read them; a cut run resumes to the
+    same weights and losses bit for bit."""
+    whole = trained(retrofit_trainer("whole", *FULL))
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_base).state_dict()
+    after = {k.removeprefix("base."): v for k, v in whole.model.state_dict().items() if k.startswith("base.")}
+    assert after.keys() == base.keys()
+    changed = {k for k, v in base.items() if not torch.equal(v, after[k])}
+    assert changed == {f"model.layers.1.mlp.{p}_proj.weight" for p in ("gate", "up", "down")}
+    saved = torch.load(whole.run_dir / "best.pt", weights_only=False)["model"]
+    assert {f"base.{k}" for k in base} <= saved.keys() and torch.equal(saved["base.model.layers.1.mlp.up_proj.weight"],
+                                                                       after["model.layers.1.mlp.up_proj.weight"])
+    x = torch.randint(0, 300, (2, 12))
+    whole.model.eval()
+    with torch.no_grad():
+        ours = whole.model(x)
+        assert torch.equal(load_trained(whole.run_dir / "best.pt").model(x), ours)
+        folder = export(whole.run_dir / "best.pt", tmp_path / "exported")  # base/ holds the trained base
+        hf = transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+        assert torch.equal(hf(x).logits, ours)
+    exported = json.loads((folder / "config.json").read_text())["model"]["base"]
+    assert exported["trainable"] is False and not any(k.startswith("base.") for k in load_trained(folder, folder)
+                                                      .model.state_dict())
+    trained(retrofit_trainer("cut", *FULL, "train.max_steps=2"))
+    resumed = trained(retrofit_trainer("cut", *FULL))
+    assert resumed.resumed and logged_losses(resumed.run_dir) == logged_losses(whole.run_dir)
+    for name, p in whole.model.state_dict().items():
+        assert torch.equal(p, resumed.model.state_dict()[name]), name
+
+
+def test_full_finetuning_starts_from_a_retrofit_whose_base_was_frozen_not_the_reverse(full_run, retrofit_trainer):
+    frozen = full_run[0].run_dir / "best.pt"
+    full = retrofit_trainer("from_frozen", "model.base.trainable=true", f"train.init_from={frozen}")
+    try:
+        assert full.initialised.new == [] and full.initialised.dropped == []  # the base's weights: from its files
+        source = full_run[0].model.state_dict()
+        assert all(torch.equal(full.model.state_dict()[k], v) for k, v in source.items())
+        trained(full)
+    finally:
+        full.close()
+    with pytest.raises(ConfigError, match="model.base.trainable=true$"):
+        retrofit_trainer("back", f"train.init_from={full.run_dir / 'best.pt'}")
+
+
+def test_with_lora_a_retrofit_may_train_its_adapters_alone(retrofit_trainer):
+    pytest.importorskip("peft")
+    trainer = retrofit_trainer("lora_only", *LORA, 'optim.trainable=["*.lora_A.*","*.lora_B.*"]')
+    names = {n for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert names and all(".lora_" in n for n in names)
+
+
 def test_evaluate_generate_and_export_a_retrofit(full_run, tmp_path, capsys):
     best = str(full_run[0].run_dir / "best.pt")
     assert evaluate_main(["--checkpoint", best, "--split", "valid", "--json", str(tmp_path / "r.json")]) == 0
@@ -210,6 +266,7 @@ def test_a_changed_base_is_refused_on_resume_and_evaluation(retrofit_trainer, ti
     (["model.n_memories=1"], r"^model.n_memories=1: a retrofit \(model.base.path\) places its memories at"),
     (["train.parallel=fsdp"], r"^train.parallel=fsdp: a retrofit"),
     (["optim.trainable=memory_values"], r"^optim.trainable=memory_values: the memories' gates stay at"),
+    (["model.base.trainable=true", *LORA], r"^model.base.trainable: LoRA \(optim.lora.rank=2\) adapts a frozen base"),
 ])
 def test_bad_retrofit_settings_are_one_line_errors(retrofit_trainer, extra, error):
     with pytest.raises(ConfigError, match=error):
@@ -219,6 +276,8 @@ def test_bad_retrofit_settings_are_one_line_errors(retrofit_trainer, extra, erro
 def test_layers_without_a_base_are_refused_and_a_base_without_layers_takes_the_paper_s_place(tiny_base):
     with pytest.raises(ConfigError, match=r"^model.base.layers: set model.base.path"):
         load_config(None, ["model.base.layers=[1]"])
+    with pytest.raises(ConfigError, match=r"^model.base.trainable: set model.base.path"):
+        load_config(None, ["model.base.trainable=true"])
     for n_layers, layer in ((2, 2), (30, 23), (12, 9)):  # L - L//4: transformer.memory_layers's top memory
         base_config = transformers.LlamaConfig(num_hidden_layers=n_layers)
         assert sized(load_config(None, [f"model.base.path={tiny_base}"]).model, base_config).base.layers == [layer]

@@ -138,6 +138,9 @@ class Config:
         if base.path and self.train.parallel == "fsdp":
             raise ConfigError("train.parallel=fsdp: a retrofit (model.base.path) trains its memories beside a frozen "
                               "base, which is not fully sharded here; use train.parallel=ddp")
+        if base.trainable and self.optim.lora.rank:
+            raise ConfigError(f"model.base.trainable: LoRA (optim.lora.rank={self.optim.lora.rank}) adapts a frozen "
+                              f"base; train the base's weights (full finetuning) or its adapters, not both")
         if base.path and not base.gate_init and self.optim.trainable == ["memory_values"] and not self.train.init_from:
             raise ConfigError("optim.trainable=memory_values: the memories' gates stay at model.base.gate_init=0, so "
                               "no value ever reaches the output; train the gates too (optim.trainable=memory), or "

@@ -11,6 +11,10 @@ new model may differ by whole tensors (retrofitting: a memory where the trained 
 added after it), which keep their fresh initialisation (`new`) while the trained model's tensors that
 the new one lacks are left out (`dropped`).
 
+A retrofit whose base trains (model.base.trainable) from one whose base was frozen: the base's weights, which the
+trained model's checkpoint does not hold, are the new model's own from the same files (model.base.path), neither
+loaded nor new.
+
 The trained model is loaded by each rank alone (checkpoint/trained.py), its sharded value tables
 (model.memory.shard_values) whole however many processes saved it; each rank keeps its own columns.
 """
@@ -24,6 +28,7 @@ from torch import nn
 
 from xlm_pkm.checkpoint.trained import TrainedModel
 from xlm_pkm.errors import ConfigError
+from xlm_pkm.model.retrofit import RetrofitLM
 
 
 @dataclass
@@ -46,7 +51,8 @@ def load_weights(model: nn.Module, trained: TrainedModel, strict: bool = True) -
     matching, new, mismatched = {}, [], []
     for name, mine in own.items():
         if name not in tensors:
-            new.append(name)
+            if not (isinstance(model, RetrofitLM) and model.is_base_key(name)):  # else: the base's, from its files
+                new.append(name)
             continue
         theirs = tensors[name]
         if name in shards:  # (slots, dim) -> (slots, dim / world): this rank's columns

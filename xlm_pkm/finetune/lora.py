@@ -7,8 +7,9 @@ Each targeted `nn.Linear` W becomes W + (alpha / rank) · B A with A (rank, in) 
 zero, so the adapted model starts as the base model. LoRA replaces `optim.trainable`: it must be `all`,
 read as "every adapter", and every other parameter is frozen (memory values included). In a retrofit
 (model/retrofit.py) the adapters go on the base's linears and train with the memories and their gates (the base's
-own weights stay frozen), and both checkpoints keep the adapters apart (they hold no base weight to merge them into:
-checkpoint/trained.py merges them when it loads the run's model).
+own weights stay frozen), or, with optim.trainable's glob patterns, those they name (`*.lora_*`: the adapters
+alone, the LoRA of Lin et al. 2025's comparison), and both checkpoints keep the adapters apart (they hold no base
+weight to merge them into: checkpoint/trained.py merges them when it loads the run's model).
 
 Checkpoints: checkpoint.pt holds the adapted model's state dict (base weights under `….base_layer.…`, the
 adapters under `….lora_A/lora_B.…`) and the adapters' optimizer state, so a run resumes exactly; best.pt holds
@@ -56,7 +57,8 @@ def target_modules(model: nn.Module, targets: list[str]) -> list[str]:
 def add_adapters(model: nn.Module, optim: OptimConfig) -> int:
     """Injects optim.lora's adapters into `model` in place and freezes everything else; returns the
     number of trainable parameter elements."""
-    if optim.trainable != ["all"]:
+    retrofit = any(is_base_weight(p) for p in model.parameters())  # its memories may train too, never its base
+    if optim.trainable != ["all"] and not retrofit:
         raise ConfigError(f"optim.lora.rank={optim.lora.rank} trains the adapters only: optim.trainable must "
                           f"be all, got {' '.join(optim.trainable)}")
     try:
@@ -67,8 +69,7 @@ def add_adapters(model: nn.Module, optim: OptimConfig) -> int:
     config = peft.LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=0.0,
                              target_modules=target_modules(model, lora.targets))
     peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
-    retrofit = any(is_base_weight(p) for p in model.parameters())  # its memories train too, never its base
-    return freeze(model, ["all"] if retrofit else ["*.lora_A.*", "*.lora_B.*"], optim.freeze_norm_stats)
+    return freeze(model, optim.trainable if retrofit else ["*.lora_A.*", "*.lora_B.*"], optim.freeze_norm_stats)
 
 
 def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

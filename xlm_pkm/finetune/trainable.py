@@ -1,6 +1,8 @@
 """Which parameters a run trains (`optim.trainable`): all of them, the memories, the value tables only,
 or those whose names match glob patterns. A retrofit's base weights (model/retrofit.py) never train: `all` is
-then every memory, its gate, and LoRA's adapters; `memory` a memory and its gate (MemoryBeside).
+then every memory, its gate, and LoRA's adapters; `memory` a memory and its gate (MemoryBeside). With
+model.base.trainable (full finetuning) they are the model's own weights: `all` trains them too, patterns may
+name them (base.*).
 
 Frozen parameters get requires_grad=False, so no gradient and no optimizer state. A module none of whose
 parameters train (a frozen query network's BatchNorm, say) stays in eval mode whatever model.train()

@@ -22,8 +22,9 @@ The safetensors metadata records the training step, the vocabulary fingerprint, 
 (meta.json's: "byte", "word", "tokenizer", or "token" for BPE) and the xlm_pkm version that wrote it.
 
 A retrofit (model.base: model/retrofit.py) is exported standalone: `base/` is a plain transformers folder of its
-base (save_pretrained, float32, the run's LoRA adapters merged in), model.safetensors holds the memories and
-gates, and config.json's model.base.path is "base" (relative to the folder); its data's tokenizer is the
+base (save_pretrained, float32, the run's LoRA adapters merged in, its own trained weights with
+model.base.trainable), model.safetensors holds the memories and gates, and config.json's model.base.path is "base"
+(relative to the folder; trainable false: base/ holds the weights); its data's tokenizer is the
 folder's own (tokenizer.json and its config, as the tokenizer saves them: AutoTokenizer needs no remote code).
 
 The safetensors metadata also records a hash of config.json's `model` section (model_config_digest), which
@@ -89,9 +90,10 @@ def export(path: str | Path, out_dir: str | Path, data_dir: str | Path | None = 
         raise ValueError(f"{path}: the model's config imports plugins ({', '.join(cfg.plugins)}), whose code an "
                          f"exported folder cannot carry")
     base = trained.model.base if cfg.model.base.path else None
-    if base is not None:  # standalone: the base in base/, its tokenizer's files beside ours
+    if base is not None:  # standalone: the base in base/ (trained, if it was), its tokenizer's files beside ours
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, base=dataclasses.replace(
-            cfg.model.base, path=BASE, gguf_file="", digest="")))
+            cfg.model.base, path=BASE, gguf_file="", digest="", trainable=False)))
+        trained.model.holds_base = False  # model.safetensors: the memories and gates only
     configs = {CONFIG: {**to_dict(cfg), **hf_keys(cfg, dictionary, unit)}}
     if unit == BPE_UNIT:
         configs[TOKENIZER_CONFIG] = tokenizer_config(dictionary, cfg.model.max_len)

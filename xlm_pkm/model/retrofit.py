@@ -24,7 +24,10 @@ The base's weights are marked (is_base_weight) and never train (finetune/trainab
 trains the memories and gates, and LoRA's adapters with them. A checkpoint holds what trains, not the base:
 state_dict() leaves out the base's own weights, which come from model.base.path, whose files' blake2b digest the
 run's config records (model.base.digest): a base whose files changed is refused with one line wherever the run
-is resumed, evaluated or exported. Rules between this section and the rest of model: ModelConfig.check.
+is resumed, evaluated or exported. With model.base.trainable (full finetuning) the base's weights are the model's
+own: unmarked, they train as optim.trainable says, and state_dict() holds them (a checkpoint is then the whole
+model; the base's files are still where they start from, and still checked). Rules between this section and the
+rest of model: ModelConfig.check.
 """
 
 from __future__ import annotations
@@ -67,12 +70,15 @@ class BaseConfig:
     # (the paper's top memory: model/transformer.memory_layers), set when the run starts
     layers: list[int] = field(default_factory=list, metadata=architecture(positive()))
     gate_init: float = 0.0  # every memory's output gate (one per channel) starts here; 0: the base's logits at step 0
+    # the base's own weights train too, as any weight (optim.trainable), and checkpoints hold them (full finetuning);
+    # false: frozen, and checkpoints hold what trains beside it only
+    trainable: bool = field(default=False, metadata=architecture())
     # blake2b of the base's files (base_files), recorded when the run starts; a base whose files differ is refused
     digest: str = field(default="", metadata=architecture())
 
     def check(self, prefix: str) -> None:
         if not self.path:
-            given = [key for key in ("gguf_file", "layers", "digest") if getattr(self, key)]
+            given = [key for key in ("gguf_file", "layers", "digest", "trainable") if getattr(self, key)]
             if given:
                 raise ConfigError(f"{prefix}{given[0]}: set {prefix}path (the base model's folder) first")
             return
@@ -81,7 +87,7 @@ class BaseConfig:
 
 
 def is_base_weight(p: torch.Tensor) -> bool:
-    """Whether p is a weight of a retrofit's base (it never trains)."""
+    """Whether p is a frozen weight of a retrofit's base (it never trains; model.base.trainable leaves it unmarked)."""
     return getattr(p, BASE_WEIGHT, False)
 
 
@@ -266,16 +272,19 @@ class MemoryBeside(nn.Module):
 class RetrofitLM(MemoryHost, nn.Module):
     def __init__(self, cfg: ModelConfig, base: nn.Module):
         """Memories of cfg.memory beside the MLPs of cfg.base.layers of `base` (a transformers causal LM), whose
-        weights are frozen and marked is_base_weight; self.cfg is `cfg` with the base's sizes (sized)."""
+        weights are frozen and marked is_base_weight (with cfg.base.trainable: left as the model's own weights);
+        self.cfg is `cfg` with the base's sizes (sized)."""
         super().__init__()
         self.cfg = cfg = sized(cfg, base.config)
         layers = getattr(base.get_decoder(), "layers", None)
         if layers is None or not all(hasattr(layer, "mlp") for layer in layers):
             raise ConfigError(f"model.base.path: a {type(base).__name__}, whose decoder layers have no .mlp: the "
                               f"memories go beside the MLP of Llama-family models (Llama, Mistral, Qwen2, SmolLM2)")
+        self.holds_base = cfg.base.trainable  # whether state_dict() holds the base's weights (export: base/ does)
         for p in base.parameters():
-            p.requires_grad_(False)
-            setattr(p, BASE_WEIGHT, True)
+            if not cfg.base.trainable:
+                p.requires_grad_(False)
+                setattr(p, BASE_WEIGHT, True)
         self.base = base
         shared = shared_state(cfg, [["memory"]])  # with memory.share_values, one value store for every memory
         self.beside = nn.ModuleDict()
@@ -314,16 +323,19 @@ class RetrofitLM(MemoryHost, nn.Module):
 
     def state_dict(self, *args, destination=None, prefix: str = "", keep_vars: bool = False):
         """The trained tensors only: memories, gates and LoRA adapters, not the base's own weights (they are
-        loaded from model.base.path, whose digest the config records)."""
+        loaded from model.base.path, whose digest the config records), unless holds_base (model.base.trainable)."""
         state = super().state_dict(*args, destination=destination, prefix=prefix, keep_vars=keep_vars)
+        if self.holds_base:
+            return state
         for name in [k for k in state if k.startswith(prefix) and self.is_base_key(k[len(prefix):])]:
             del state[name]
         return state
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """Loads state_dict()'s tensors; the base's own weights stay as loaded from its folder."""
+        """Loads state_dict()'s tensors; the base's own weights stay as loaded from its folder (unless holds_base:
+        then they are part of what must be given)."""
         keys = super().load_state_dict(state_dict, strict=False, assign=assign)
-        keys.missing_keys[:] = [k for k in keys.missing_keys if not self.is_base_key(k)]
+        keys.missing_keys[:] = [k for k in keys.missing_keys if self.holds_base or not self.is_base_key(k)]
         if strict and (keys.missing_keys or keys.unexpected_keys):
             raise RuntimeError(f"RetrofitLM: missing {keys.missing_keys[:5]}, unexpected {keys.unexpected_keys[:5]}")
         return keys
@@ -370,7 +382,7 @@ class RetrofitLM(MemoryHost, nn.Module):
         parameters, their gates, and LoRA's adapters (when added)."""
         values = self.memory_value_count()
         dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
-        base = sum(p.numel() for p in self.base.parameters() if is_base_weight(p))
+        base = sum(p.numel() for name, p in self.base.named_parameters() if ".lora_" not in name)
         gates = sum(b.gate.numel() for b in self.beside.values())
         memory = sum(p.numel() for b in self.beside.values() for p in b.memory.parameters()
                      if not is_memory_value(p))

@@ -211,7 +211,8 @@ class OptimConfig:
     # CUDA; optim/fused_rows.py): lazy_adam, adagrad; adam: torch's fused AdamW
     fused_values: bool = False
     fused_dense: bool = False  # the dense group's torch AdamW with fused=True (one kernel; optim.optimizer=adam)
-    lora: LoraConfig = field(default_factory=LoraConfig)  # rank > 0: adapters only (optim.trainable must be all)
+    # rank > 0: adapters only (optim.trainable must be all; a retrofit's memories train too, or what its patterns name)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 def value_optimizer(cfg: OptimConfig) -> ValueOptimizer:

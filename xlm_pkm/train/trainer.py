@@ -318,6 +318,10 @@ class Trainer:
             raise ConfigError(f"train.init_from={path}: a retrofit trained with LoRA adapters, which its checkpoint "
                               f"keeps apart from the base (merged into it when loaded): a new run from it would "
                               f"lose them; start from a retrofit trained without LoRA")
+        if trained.cfg.model.base.trainable and not self.cfg.model.base.trainable:
+            raise ConfigError(f"train.init_from={path}: a retrofit whose base's weights trained "
+                              f"(model.base.trainable), which this run's checkpoints would not hold (they read the "
+                              f"base from its files): set model.base.trainable=true")
         self.initialised = load_weights(self.model, trained, self.cfg.train.init_strict)
 
     def _log_init(self) -> None:
