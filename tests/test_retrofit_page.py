@@ -1,8 +1,8 @@
 """docs/retrofit.md, run as a user would: every command of its bash blocks in order, from a directory outside the
-checkout holding the page's files (the corpus, the facts, configs/ and the three scripts), with the venv's `python`
-on PATH; then its Python block. The model is the tests' tiny random Llama (conftest.tiny_base) in place of
-SmolLM2: the install lines are left out and the GGUF conversion is a copy of it; the corpus is the tiny one; each
-`train.py` command gets the tiny sizes appended."""
+checkout holding the page's files (the corpus, the facts, configs/, benchmarks/ and the three scripts), with the
+venv's `python` on PATH; then its Python block. The model is the tests' tiny random Llama (conftest.tiny_base) in
+place of SmolLM2: the install lines are left out and the GGUF conversion is a copy of it; the corpus is the tiny
+one; each `train.py` command gets the tiny sizes appended, the speed benchmark the tiny sizes and one short round."""
 
 import json
 import lzma
@@ -22,6 +22,8 @@ TINY = ["model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2"
         "data.bptt=16", "data.eval_batch_size=8", "train.num_threads=1", "train.eval_max_batches=2"]
 STEPS = {"first": ["data.batch_size=4", "train.max_steps=20", "train.eval_every=20"],
          "mine": ["train.max_steps=40", "train.eval_every=40"]}  # 8 passes over the 5 facts
+BENCH = ["--min-time", "0.01", "--rounds", "1", "--warmup", "1", "--out", "retrofit_speed.json", "--override", *TINY,
+         "data.batch_size=4"]  # its JSON in the page's directory, not the checkout's dumped/bench/
 
 
 def _blocks(language: str) -> list[str]:
@@ -39,6 +41,7 @@ def test_the_retrofit_page_runs_as_written(tiny_base, tiny_corpus, tmp_path):
     (tmp_path / "data" / "sample" / "python-docs.jsonl.xz").write_bytes(lzma.compress(tiny_corpus.read_bytes()))
     shutil.copytree(ROOT / "data" / "facts", tmp_path / "data" / "facts")
     (tmp_path / "configs").symlink_to(ROOT / "configs")
+    (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
     for script in ("train.py", "evaluate.py", "generate.py"):
         (tmp_path / script).symlink_to(ROOT / script)
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
@@ -53,6 +56,8 @@ def test_the_retrofit_page_runs_as_written(tiny_base, tiny_corpus, tmp_path):
             continue
         if words[1] == "train.py":
             words += TINY + STEPS[next(w.split("=")[1] for w in words if w.startswith("train.exp_id="))]
+        if words[1] == "benchmarks/retrofit_speed.py":
+            words += BENCH
         done = subprocess.run(words, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, (command, done.stderr[-3000:])
         outputs.setdefault(" ".join(words[:3]), []).append(done.stdout)
@@ -64,6 +69,8 @@ def test_the_retrofit_page_runs_as_written(tiny_base, tiny_corpus, tmp_path):
     assert (tmp_path / "exported" / "smollm2-facts" / "base" / "model.safetensors").is_file()
     meta = json.loads((tmp_path / "data" / "processed" / "sample-smollm2" / "meta.json").read_text())
     assert meta["unit"] == "tokenizer"
+    speed = json.loads((tmp_path / "retrofit_speed.json").read_text())
+    assert set(speed["memory_share"]) == {"training", "inference"} and speed["settings"]["layers"] == [2]
     (script,) = _blocks("python")
     done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
