@@ -36,7 +36,14 @@ import torch.nn.functional as F
 
 from xlm_pkm.data.text_codec import data_unit, text_codec
 from xlm_pkm.errors import USER_ERRORS, fail
-from xlm_pkm.experiments.continual_report import PRETRAINED, SELECT_SEED, best_settings, load_rows, write_report
+from xlm_pkm.experiments.continual_report import (
+    LEARNING_LEVELS,
+    PRETRAINED,
+    SELECT_SEED,
+    best_settings,
+    load_rows,
+    write_report,
+)
 from xlm_pkm.experiments.fact_scores import fact_scores
 from xlm_pkm.experiments.facts import load_facts
 
@@ -137,6 +144,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"the seed whose facts settings are chosen on (default {SELECT_SEED})")
     report.add_argument("--background", action="append", default=[], metavar="MODEL=FILE",
                         help="a model's background counts: adds their read shares (repeatable)")
+    report.add_argument("--levels", type=float, nargs="+", default=list(LEARNING_LEVELS), metavar="EM",
+                        help="EM levels (0-1) of the equal-learning comparison (default "
+                             f"{' '.join(map(str, LEARNING_LEVELS))})")
     best = sub.add_parser("best", help="print MODEL METHOD SETTING of each method's best setting, a line each")
     best.add_argument("results")
     best.add_argument("--seed", type=int, default=SELECT_SEED, help=f"the selection seed (default {SELECT_SEED})")
@@ -162,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
             if any("=" not in item for item in args.background):
                 raise ValueError(f"--background: expected MODEL=FILE, got {args.background}")
             backgrounds = dict(item.split("=", 1) for item in args.background)
-            print(write_report(args.results, args.out, backgrounds, args.select_seed))
+            print(write_report(args.results, args.out, backgrounds, args.select_seed, tuple(args.levels)))
     except (*USER_ERRORS, OSError) as e:
         return fail(parser.prog, e)
     return 0
