@@ -46,17 +46,8 @@ STEPS=$((PASSES * FACTS))
 SCORES=$OUT/scores  # committed: one file of scores per model scored
 mkdir -p "$DUMP/done" "$DUMP/logs" "$SCORES"
 : > "$OUT/commands.txt"
-
-# run NAME COMMAND...: logs the command, runs it unless NAME finished before (its output in $DUMP/logs)
-run() {
-  local name=$1; shift
-  echo "$*" >> "$OUT/commands.txt"
-  if [[ -e $DUMP/done/$name ]]; then echo "== $name: done before"; return; fi
-  echo "== $name"
-  OMP_NUM_THREADS=$((2 / JOBS > 0 ? 2 / JOBS : 1)) "$@" > "$DUMP/logs/$name.log" 2>&1 || {
-    echo "$name failed: see $DUMP/logs/$name.log"; tail -n 5 "$DUMP/logs/$name.log"; return 1; }
-  touch "$DUMP/done/$name"
-}
+# shellcheck source=../lib/finetune_study.sh
+source results/lib/finetune_study.sh  # run, parallel, only, chosen, sweep_then_verdict
 
 # score_file MODEL METHOD SETTING SEED: where that model's row of scores is kept
 score_file() { echo "$SCORES/$1_$2_${3//[^A-Za-z0-9.]/_}_seed$4.jsonl"; }
@@ -170,34 +161,7 @@ finetune() {
   score "$DUMP/$name/run/best.pt" "$model" "$method" "$setting" "$seed"
 }
 
-# parallel SEED < LINES: finetune every "MODEL METHOD SETTING OVERRIDES..." line, JOBS at a time; fails if one did
-parallel() {
-  local seed=$1 line pids=() failed=0
-  while read -r line; do
-    [[ -z $line ]] && continue
-    while (( $(jobs -rp | wc -l) >= JOBS )); do sleep 1; done
-    # shellcheck disable=SC2086  # the line's words are the arguments
-    finetune "$seed" $line &
-    pids+=($!)
-  done
-  for pid in "${pids[@]}"; do wait "$pid" || failed=1; done  # each job's own status, also when it ended first
-  return $failed
-}
-
-SWEEP=$(while read -r model method setting overrides; do  # the lines whose "MODEL METHOD SETTING" ONLY matches
-  [[ "$model $method $setting" =~ ${ONLY:-.} ]] && echo "$model $method $setting $overrides"
-done <<< "$SWEEP" || true)
-parallel "$SELECT" <<< "$SWEEP"
-cat "$SCORES"/*.jsonl > "$OUT/scores.jsonl"
-CHOSEN=$(  # each (model, method)'s settings chosen on the SELECT facts: its best, its least forgetting per level
-  { "$PY" -m xlm_pkm.experiments.continual best "$OUT/scores.jsonl" --seed "$SELECT"
-    for level in $LEVELS; do
-      "$PY" -m xlm_pkm.experiments.continual best "$OUT/scores.jsonl" --seed "$SELECT" --at-em "$level"
-    done; } | sort -u |
-  while read -r model method setting; do grep -F "$model $method $setting " <<< "$SWEEP" || true; done)
-for seed in 0 1 2; do parallel "$seed" <<< "$CHOSEN"; done
-
-cat "$SCORES"/*.jsonl > "$OUT/scores.jsonl"
+sweep_then_verdict <<< "$SWEEP"
 "$PY" -m xlm_pkm.experiments.continual report "$OUT/scores.jsonl" --select-seed "$SELECT" --out "$OUT" \
   --background memory="$DUMP/background_memory.pt" --background memory_large="$DUMP/background_memory_large.pt" \
   --background memory_long="$DUMP/background_memory_long.pt"
