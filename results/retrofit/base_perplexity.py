@@ -23,6 +23,16 @@ from xlm_pkm.train.build import build_model, build_stream, resolved_config  # no
 from xlm_pkm.train.evaluation import evaluate  # noqa: E402
 
 
+def base_model(config: str, overrides: list[str]):
+    """(the run's resolved config, its retrofit built on the CPU with every gate at 0: the base alone)."""
+    cfg = load_config(config, overrides)
+    cfg = resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), "base")
+    model = build_model(cfg, torch.device("cpu"))
+    gates = [p for n, p in model.named_parameters() if n.endswith("gate")]
+    assert gates and all(bool((g == 0).all()) for g in gates), "the base alone: every gate at 0"
+    return cfg, model
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", required=True)
@@ -30,14 +40,9 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
-    cfg = load_config(args.config, args.overrides)
-    cfg = resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), "base")
-    device = torch.device("cpu")
-    model = build_model(cfg, device)
-    gates = [p for n, p in model.named_parameters() if n.endswith("gate")]
-    assert gates and all(bool((g == 0).all()) for g in gates), "the base alone: every gate at 0"
+    cfg, model = base_model(args.config, args.overrides)
     stream = build_stream(cfg, args.split, DistEnv())
-    result = {"split": args.split, **evaluate(model, stream, device)}
+    result = {"split": args.split, **evaluate(model, stream, torch.device("cpu"))}
     print(json.dumps(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

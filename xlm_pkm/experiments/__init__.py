@@ -7,6 +7,7 @@
     facts.py            facts to finetune on (made-up, or one's own file), preprocessed with the pretraining vocabulary
     fact_scores.py      how much of the facts a model learnt: EM, forced choice, the controls against chance
     continual.py        learning those facts against forgetting the pretraining corpus: `continual score`, the CLI
+    knowledge.py        forgetting what the base knew: greedy EM on world-knowledge questions, the share kept
     continual_report.py the continual study's report: settings chosen on held-out facts, paired forgetting ratios
     harness.py          lm-evaluation-harness on a run or an exported folder; local cloze and facts QA tasks
     ngram_gain.py       where a model's gain lies: test loss on tokens with a frequent training N-gram vs the rest

@@ -6,6 +6,8 @@
     python -m xlm_pkm.experiments.continual score CHECKPOINT --facts DIR --data DIR --baseline BASE.pt
                                                               # ... and each score's change from the model it
                                                               # was finetuned from (scored once, then remembered)
+    python -m xlm_pkm.experiments.continual score CHECKPOINT --facts DIR --knowledge data/knowledge/world.jsonl \
+        --baseline BASE.pt                                    # ... and what the baseline knew, kept (knowledge.py)
     python -m xlm_pkm.experiments.continual report results.jsonl --out results/continual  # continual_report.py
 
 Learning: exact match (EM) on the trained prompt and on the question form never trained on, forced choice
@@ -16,11 +18,14 @@ Forgetting, on the pretraining corpus: perplexity on its valid split, and on its
 the test split's next-token accuracy (a cloze score), read in CORPUS_ROWS rows of the model's bptt whatever
 the run's eval batch size (a facts run evaluates its few-token valid split one row at a time: windows laid out
 otherwise would change the perplexity); the report gives each one's change from the pretrained model of the
-same kind. Without --data only the facts are scored; --model, --method, --setting
+same kind. --knowledge FILE (world-knowledge questions in the facts file format, data/knowledge/) adds the
+greedy EM on them (knowledge_em, knowledge_hits: knowledge.py), and with --baseline knowledge_kept, the EM over
+the questions the baseline answered. Without --data only the facts are scored; --model, --method, --setting
 and --seed are the study's labels, which the report needs and a one-off check does not.
 --baseline scores the model a checkpoint was finetuned from alike, and adds each score's change (`change`:
 points for EM and forced choice, percent for perplexity); the baseline's row is remembered in the facts dir
-(BASELINES, keyed by the checkpoint file's hash, the data dir and --max-batches), so the next check reads it.
+(BASELINES, keyed by the checkpoint file's hash, the data dir, --max-batches and the --knowledge file's hash), so
+the next check reads it.
 """
 
 from __future__ import annotations
@@ -45,12 +50,13 @@ from xlm_pkm.experiments.continual_report import (
     write_report,
 )
 from xlm_pkm.experiments.fact_scores import fact_scores
-from xlm_pkm.experiments.facts import load_facts
+from xlm_pkm.experiments.facts import load_facts, read_own_facts
+from xlm_pkm.experiments.knowledge import knowledge_kept, knowledge_scores
 
 CORPUS_ROWS = 16  # rows of the pretraining corpus's valid and test batches, the same for every checkpoint scored
 BASELINES = "baseline_scores.jsonl"  # in a facts dir: the --baseline rows already scored
 CHANGES = {"em": "points", "em_question": "points", "fc": "points", "fc_question": "points",  # the scores compared
-           "valid_ppl": "percent", "test_ppl": "percent", "test_acc": "points"}
+           "valid_ppl": "percent", "test_ppl": "percent", "test_acc": "points", "knowledge_em": "points"}
 
 
 @torch.no_grad()
@@ -72,10 +78,10 @@ def split_scores(model, stream, max_batches: int = 0) -> tuple[float, float]:
 
 
 def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Path | None = None,
-                     max_batches: int = 0) -> dict:
+                     max_batches: int = 0, knowledge: str | Path | None = None) -> dict:
     """The facts' scores (fact_scores.py); with the pretraining corpus `data_dir`, perplexity on its valid and
     test splits and next-token accuracy on its test split (at most max_batches batches of CORPUS_ROWS rows each,
-    0: all)."""
+    0: all); with a `knowledge` file of questions, their greedy EM (knowledge.py)."""
     from xlm_pkm.checkpoint.trained import load_trained
     from xlm_pkm.runtime.distributed import DistEnv
     from xlm_pkm.train.build import build_stream
@@ -84,6 +90,8 @@ def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Pa
     text = data_dir or facts_dir  # its codec: BPE, or a retrofit's tokenizer
     codec, facts = text_codec(text, data_unit(text)), load_facts(Path(facts_dir) / "facts.jsonl")
     row = {"checkpoint": str(path), "step": trained.step, **fact_scores(trained.model, codec, facts)}
+    if knowledge is not None:
+        row.update(knowledge_scores(trained.model, codec, read_own_facts(knowledge)))
     if data_dir is not None:
         streams = (build_stream(trained.cfg, split, DistEnv(), str(data_dir), batch_size=CORPUS_ROWS)
                    for split in ("valid", "test"))
@@ -92,19 +100,22 @@ def score_checkpoint(path: str | Path, facts_dir: str | Path, data_dir: str | Pa
     return row
 
 
-def baseline_scores(path: str | Path, facts_dir: str | Path, data_dir: str | Path | None, max_batches: int) -> dict:
+def baseline_scores(path: str | Path, facts_dir: str | Path, data_dir: str | Path | None, max_batches: int,
+                    knowledge: str | Path | None = None) -> dict:
     """score_checkpoint of the baseline `path`, read from the facts dir's BASELINES when scored before alike."""
     from xlm_pkm.data.meta import file_digest
 
     key = {"blake2b": file_digest(Path(path)), "data": None if data_dir is None else str(Path(data_dir).resolve()),
            "max_batches": max_batches}
+    if knowledge is not None:
+        key["knowledge"] = file_digest(Path(knowledge))
     remembered = Path(facts_dir) / BASELINES
     lines = remembered.read_text(encoding="utf-8").splitlines() if remembered.exists() else []
     for line in lines:
         entry = json.loads(line)
         if entry["key"] == key:
             return entry["row"]
-    row = score_checkpoint(path, facts_dir, data_dir, max_batches)
+    row = score_checkpoint(path, facts_dir, data_dir, max_batches, knowledge)
     with open(remembered, "a", encoding="utf-8") as f:
         f.write(json.dumps({"key": key, "row": row}) + "\n")
     return row
@@ -134,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     score.add_argument("--seed", type=int, help="study label: the seed of the facts and the finetuning run")
     score.add_argument("--max-batches", type=int, default=0, help="valid and test batches (0: the whole splits)")
     score.add_argument("--out", help="JSONL file the row is appended to (else printed only)")
+    score.add_argument("--knowledge", metavar="FILE",
+                       help="world-knowledge questions (facts file format, e.g. data/knowledge/world.jsonl): adds "
+                            "their greedy EM, and with --baseline the share of the baseline's answers kept")
     score.add_argument("--baseline", metavar="CHECKPOINT",
                        help="the model CHECKPOINT was finetuned from: adds each score's change from it (scored once, "
                             f"then remembered in the facts dir's {BASELINES})")
@@ -156,11 +170,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "score":
             labels = {key: getattr(args, key) for key in ("model", "method", "setting", "seed")}
             row = {**{key: value for key, value in labels.items() if value is not None},
-                   **score_checkpoint(args.checkpoint, args.facts, args.data, args.max_batches)}
+                   **score_checkpoint(args.checkpoint, args.facts, args.data, args.max_batches, args.knowledge)}
             if args.baseline:
-                row["change"] = changes(row, baseline_scores(args.baseline, args.facts, args.data, args.max_batches))
+                base = baseline_scores(args.baseline, args.facts, args.data, args.max_batches, args.knowledge)
+                row["change"] = changes(row, base)
                 print("; ".join(f"{key} {row[key]:.4g} ({c['change']:+.1f} {c['unit']} from {c['baseline']:.4g})"
                                 for key, c in row["change"].items()), file=sys.stderr)
+                if args.knowledge:
+                    row["knowledge_kept"] = knowledge_kept(row["knowledge_hits"], base["knowledge_hits"])
+                    kept = row["knowledge_kept"]
+                    print(f"knowledge_kept {'n/a' if kept is None else f'{kept:.4g}'} (EM over the "
+                          f"{base['knowledge_hits'].count('1')} questions the baseline answered)", file=sys.stderr)
             if args.out:
                 with open(args.out, "a", encoding="utf-8") as f:
                     f.write(json.dumps(row) + "\n")

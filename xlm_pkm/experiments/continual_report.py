@@ -4,7 +4,8 @@
 
 Rows are `continual score`'s (model, method, setting, seed and the scores of fact_scores.py and perplexity).
 Forgetting is each row's change from the pretrained row of its model: Δ valid ppl, Δ test ppl (held out)
-and Δ test acc (next-token accuracy).
+and Δ test acc (next-token accuracy); with rows scored with --knowledge, knowledge kept too (the EM over the
+world-knowledge questions the pretrained row answered: knowledge.py), a column of the tables where rows have it.
 
 Choices without seed-0 optimism: the facts of the selection seed (SELECT_SEED) are a held-out set of facts
 used only to choose settings, never scored for the verdict. Each (model, method)'s setting is chosen there:
@@ -45,6 +46,7 @@ import json
 import math
 from pathlib import Path
 
+from xlm_pkm.experiments.knowledge import knowledge_kept
 from xlm_pkm.experiments.paired import holm, paired
 
 PRETRAINED = "pretrained"  # the method of a model's baseline row
@@ -56,6 +58,7 @@ SAME_SETTING_PAIRS = (("sparse_count", "sparse_memory"), ("sparse_random", "spar
 CHANGES = {"valid_change": "valid_ppl", "test_change": "test_ppl", "acc_change": "test_acc"}
 LEARNING = ("em", "em_question", "fc", "fc_shuffled", "em_uncommon", "fc_uncommon", "em_first", "em_middle",
             "em_last")
+KNOWLEDGE = ("knowledge_em", "knowledge_kept")  # scored with --knowledge: what the pretrained model knew, kept
 
 
 def load_rows(path: str | Path) -> list[dict]:
@@ -71,14 +74,21 @@ def load_rows(path: str | Path) -> list[dict]:
 
 def with_changes(rows: list[dict]) -> list[dict]:
     """Each row with its forgetting: valid_change, test_change (perplexity) and acc_change (test next-token
-    accuracy) from its model's pretrained row of the same seed, else of any seed (the facts do not enter them)."""
+    accuracy) from its model's pretrained row of the same seed, else of any seed (the facts do not enter them), and
+    knowledge_kept where both rows have knowledge hits."""
     base = {(r["model"], r["seed"]): r for r in rows if r["method"] == PRETRAINED}
     any_seed = {model: r for (model, _), r in base.items()}
     missing = {r["model"] for r in rows} - set(any_seed)
     if missing:
         raise ValueError(f"no {PRETRAINED} row for model(s) {', '.join(sorted(missing))}")
-    return [{**r, **{change: r[key] - base.get((r["model"], r["seed"]), any_seed[r["model"]])[key]
-                     for change, key in CHANGES.items()}} for r in rows]
+    out = []
+    for r in rows:
+        pretrained = base.get((r["model"], r["seed"]), any_seed[r["model"]])
+        row = {**r, **{change: r[key] - pretrained[key] for change, key in CHANGES.items()}}
+        if "knowledge_hits" in r and "knowledge_hits" in pretrained:
+            row["knowledge_kept"] = knowledge_kept(r["knowledge_hits"], pretrained["knowledge_hits"])
+        out.append(row)
+    return out
 
 
 def best_settings(rows: list[dict], seed: int = SELECT_SEED, at_em: float | None = None) -> dict[tuple[str, str], str]:
@@ -105,7 +115,7 @@ def over_seeds(rows: list[dict], select_seed: int = SELECT_SEED) -> list[dict]:
     out = []
     for (model, method, setting), group in sorted(groups.items()):
         summary = {"model": model, "method": method, "setting": setting, "seeds": len(group)}
-        for key in (*LEARNING, *CHANGES):
+        for key in (*LEARNING, *CHANGES, *KNOWLEDGE):
             values = [r[key] for r in group if r.get(key) is not None]
             if values:
                 mean = sum(values) / len(values)
@@ -323,22 +333,31 @@ def _percent(row: dict, key: str, sd: bool = False) -> str:
     return f"{100 * row[key]:.1f} ± {100 * row[key + '_sd']:.1f}%" if sd else f"{100 * row[key]:.1f}%"
 
 
+def with_knowledge(rows: list[dict]) -> bool:
+    """Whether any row has knowledge kept: the tables then give it a column (· where a row has none)."""
+    return any(r.get("knowledge_kept") is not None for r in rows)
+
+
 def sweep_table(rows: list[dict]) -> str:
+    kept = with_knowledge(rows)
     return markdown(["model", "method", "setting", "EM", "EM question", "fc", "fc shuffled", "EM uncommon",
-                     "Δ valid ppl", "Δ test ppl", "Δ test acc"],
+                     "Δ valid ppl", "Δ test ppl", "Δ test acc", *(["knowledge kept"] if kept else [])],
                     [[r["model"], r["method"], r["setting"], *(_percent(r, k) for k in LEARNING[:5]),
-                      f"{r['valid_change']:+.2f}", f"{r['test_change']:+.2f}", f"{100 * r['acc_change']:+.2f}"]
-                     for r in rows])
+                      f"{r['valid_change']:+.2f}", f"{r['test_change']:+.2f}", f"{100 * r['acc_change']:+.2f}",
+                      *([_percent(r, "knowledge_kept")] if kept else [])] for r in rows])
 
 
 def seeds_table(summaries: list[dict]) -> str:
+    kept = with_knowledge(summaries)
     return markdown(["model", "method", "setting", "seeds", "EM", "fc", "fc shuffled", "EM uncommon",
-                     "EM first / middle / last third", "Δ test ppl", "Δ test acc"],
+                     "EM first / middle / last third", "Δ test ppl", "Δ test acc",
+                     *(["knowledge kept"] if kept else [])],
                     [[r["model"], r["method"], r["setting"], str(r["seeds"]),
                       *(_percent(r, k, sd=True) for k in ("em", "fc", "fc_shuffled", "em_uncommon")),
                       " / ".join(_percent(r, k) for k in ("em_first", "em_middle", "em_last")),
                       f"{r['test_change']:+.2f} ± {r['test_change_sd']:.2f}",
-                      f"{100 * r['acc_change']:+.2f} ± {100 * r['acc_change_sd']:.2f}"] for r in summaries])
+                      f"{100 * r['acc_change']:+.2f} ± {100 * r['acc_change_sd']:.2f}",
+                      *([_percent(r, "knowledge_kept", sd=True)] if kept else [])] for r in summaries])
 
 
 def plot(rows: list[dict], path: Path, line: float | None = None, select_seed: int = SELECT_SEED) -> None:
@@ -411,6 +430,8 @@ def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, st
     if chance:
         blind += f" Forced choice at random scores {100 * sum(chance) / len(chance):.1f}%."
     verdict_seeds = sorted({r["seed"] for r in rows if r["seed"] != select_seed})
+    knowledge = ("; knowledge kept: the EM over the world-knowledge questions (--knowledge) the pretrained model "
+                 "answered" if with_knowledge(rows) else "")
     text = ("# Learning new facts vs forgetting\n\n"
             f"**Choices**: every setting is chosen on the facts of seed {select_seed}, held out (never scored for "
             f"the verdict), and reported on seeds {', '.join(map(str, verdict_seeds))}, each with its own facts. "
@@ -422,7 +443,7 @@ def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, st
             "priors only scores as high there); EM uncommon: the facts whose object is not the relation's most "
             "common; EM by third: the facts' position in the stream. Forgetting, from the pretrained model of "
             "the same kind: Δ test ppl and Δ test acc (next-token accuracy, points) on the test split, held out "
-            "from the background counts and from every choice." + blind + "\n\n"
+            "from the background counts and from every choice" + knowledge + "." + blind + "\n\n"
             "## Learning beyond the relation priors\n\n"
             "Each setting's scores after a fact's own prompt minus after another fact's of the same relation "
             "(the gold object the same), paired fact by fact over the verdict seeds' facts; holds: learnt beyond "
