@@ -3,6 +3,7 @@ unreadable checkpoint.pt on resume, a rank killed under torchrun, a checkpoint s
 
 import errno
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,3 +95,73 @@ def test_an_unreadable_checkpoint_under_torchrun_ends_every_rank_with_one_line(t
         assert sorted(errors) == [0, 1] and all(len(lines) == 1 for lines in errors.values()), errors
         assert errors[0] == errors[1] and errors[0][0].startswith("train.py: error: "), errors
         assert str(path) in errors[0][0] and "restore it from a copy" in errors[0][0], errors
+
+
+# ---- 62.17: a checkpoint saved while a command loads it ---------------------------------------------------
+def save_lands(run: Path, load) -> int:
+    """What a live run's next save does to `run` (RunCheckpoints.save_last): its tensors in a folder of the new step,
+    checkpoint.pt replaced to name it, the folder the previous one named removed (`load`: files.load). Returns the
+    new step."""
+    from xlm_pkm.checkpoint import dcp_tensors, files
+
+    path = run / "checkpoint.pt"
+    state = load(path)
+    step = state["step"] + 1
+    shutil.copytree(run / state[dcp_tensors.KEY], run / "checkpoint.dcp" / f"step{step}")
+    record = {**state, "step": step, dcp_tensors.KEY: f"checkpoint.dcp/step{step}"}
+    files.save_atomic(record, path)
+    dcp_tensors.remove_stale(path, record)
+    return step
+
+
+def saving_while_read(monkeypatch, run: Path, times: int) -> None:
+    """Every command's read of run/checkpoint.pt is followed by a save of the live run, the first `times` times."""
+    from xlm_pkm.checkpoint import files
+
+    load, saves = files.load, []
+
+    def load_then_a_save_lands(path):
+        state = load(path)
+        if len(saves) < times:
+            saves.append(save_lands(run, load))
+        return state
+
+    monkeypatch.setattr(files, "load", load_then_a_save_lands)
+
+
+@pytest.mark.parametrize("command", ["evaluate", "generate", "export"])
+def test_a_save_landing_during_a_load_reads_the_new_checkpoint(command, reference_run, tmp_path, capsys, monkeypatch):
+    """evaluate.py, generate.py and export failed on a live run's checkpoint.pt when a save landed during the load
+    (6 of 6 with train.save_every_steps=2), saying its tensors' folder was damaged: the save had removed the folder
+    that the checkpoint.pt just read named. The load reads checkpoint.pt again when it was replaced meanwhile."""
+    from xlm_pkm.checkpoint.trained import load_trained
+    from xlm_pkm.inference.export import main as export_main
+    from xlm_pkm.launch.cli import evaluate_main, generate_main
+
+    run = tmp_path / "run"
+    shutil.copytree(reference_run().run_dir, run)
+    path = run / "checkpoint.pt"
+    saving_while_read(monkeypatch, run, times=1)
+    capsys.readouterr()
+    if command == "evaluate":
+        assert evaluate_main(["--checkpoint", str(path), "--split", "valid", "--max-batches", "1"]) == 0
+    elif command == "generate":
+        assert generate_main(["the", "--checkpoint", str(path), "--max-tokens", "2", "--greedy"]) == 0
+    else:
+        assert export_main([str(path), str(tmp_path / "exported")]) == 0
+        assert load_trained(tmp_path / "exported").step == 9  # the step the save wrote
+    assert capsys.readouterr().err == ""
+
+
+def test_a_checkpoint_replaced_at_every_read_is_one_line_saying_so(reference_run, tmp_path, monkeypatch):
+    from xlm_pkm.checkpoint.trained import load_trained
+
+    run = tmp_path / "run"
+    shutil.copytree(reference_run().run_dir, run)
+    saving_while_read(monkeypatch, run, times=100)
+    with pytest.raises(ValueError) as raised:
+        load_trained(run / "checkpoint.pt")
+    assert str(raised.value) == (f"{run / 'checkpoint.pt'}: replaced by a newer checkpoint each of the 3 times it was "
+                                 f"read (a live run saving it meanwhile): run the command again, or give a copy")
+    monkeypatch.undo()
+    assert load_trained(run / "checkpoint.pt").step == 11  # whole after those saves
