@@ -3,9 +3,12 @@ unreadable checkpoint.pt on resume, a rank killed under torchrun, a checkpoint s
 
 import errno
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -95,6 +98,105 @@ def test_an_unreadable_checkpoint_under_torchrun_ends_every_rank_with_one_line(t
         assert sorted(errors) == [0, 1] and all(len(lines) == 1 for lines in errors.values()), errors
         assert errors[0] == errors[1] and errors[0][0].startswith("train.py: error: "), errors
         assert str(path) in errors[0][0] and "restore it from a copy" in errors[0][0], errors
+
+
+# ---- 62.14: a rank killed under torchrun ------------------------------------------------------------------
+def rank_pid(launcher: int, rank: int) -> int | None:
+    """The pid of the worker of `rank` among torchrun's children (their environment has RANK)."""
+    for child in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
+        try:
+            if f"RANK={rank}".encode() in (Path("/proc") / child / "environ").read_bytes().split(b"\0"):
+                return int(child)
+        except OSError:
+            pass
+    return None
+
+
+def test_the_dead_ranks_are_those_whose_process_is_gone_and_did_not_end_on_their_own():
+    """Heartbeat.dead_ranks from the processes recorded in the store: rank 1 killed (a zombie until reaped), rank 2
+    alive, rank 3 gone after ending on the failure it saw itself (torchrun ends the survivors too), rank 4 killed on
+    another host (not judged from here: its heartbeat tells), rank 5's pid reused by another process."""
+    import socket
+
+    import torch.distributed as dist
+
+    from xlm_pkm.runtime.distributed import DistEnv, Heartbeat, _started
+
+    store, host = dist.HashStore(), socket.gethostname()
+    processes = [subprocess.Popen(["sleep", "60"]) for _ in range(3)]
+    started = [_started(p.pid) for p in processes]
+    for p in processes:
+        p.kill()
+    processes[1].wait()  # reaped: gone
+    recorded = {1: f"{host} {processes[0].pid} {started[0]}", 2: f"{host} {os.getpid()} {_started(os.getpid())}",
+                3: f"{host} {processes[1].pid} {started[1]}", 4: f"elsewhere {processes[2].pid} {started[2]}",
+                5: f"{host} {os.getpid()} 1"}
+    for rank, process in recorded.items():
+        if rank != 5:
+            store.set(f"xlm_pkm/process/{rank}", process)
+    Heartbeat(store, DistEnv(3, 3, 6), 1.0).ending()
+    heartbeat = Heartbeat(store, DistEnv(0, 0, 6), 1.0)
+    assert heartbeat.dead_ranks() is None  # a rank not recorded (not started yet): left to the heartbeat
+    store.set("xlm_pkm/process/5", recorded[5])
+    assert heartbeat.dead_ranks() == [1, 5]
+    for p in processes:
+        p.wait()
+
+
+def test_a_stop_signal_while_a_failed_collective_is_handled_leaves_the_failure_to_report(monkeypatch):
+    """torchrun's SIGTERM to a survivor lands while it closes the run after the failed collective: the failure is
+    the one reported (train_main walks the stop's context)."""
+    import torch.distributed as dist
+
+    from xlm_pkm.launch.cli import _failed_collective
+    from xlm_pkm.utils.stop_signals import StoppedBySignal
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    gloo = RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:59545: "
+                        "Connection reset by peer.")
+    with pytest.raises(StoppedBySignal) as raised:
+        try:
+            raise gloo
+        finally:
+            raise StoppedBySignal(signal.SIGTERM)  # noqa: B012 - as the signal handler does, wherever it lands
+    assert _failed_collective(raised.value) is gloo
+    assert _failed_collective(StoppedBySignal(signal.SIGTERM)) is None
+
+
+@pytest.mark.slow
+def test_a_rank_killed_under_torchrun_is_named_by_the_survivor_with_the_checkpoint_to_resume(tiny_overrides,
+                                                                                            tmp_path):
+    """kill -9 of rank 1: rank 0 said "stopped by SIGTERM after training, during the test evaluation ... run the same
+    command again for its test figures" (torchrun's SIGTERM, landing while it closed the run after the failed
+    collective, replaced the failure), then a gloo traceback from the barrier of its shutdown. It names the dead
+    rank (its process gone), the step, the checkpoint that is intact and the command that resumes from it."""
+    from xlm_pkm.checkpoint import files
+    from xlm_pkm.checkpoint.trained import load_trained
+
+    args = ["--no-test", *tiny_overrides(tmp_path, "train.exp_id=k", "train.max_steps=100000",
+                                         "train.save_every_steps=5")]
+    run = torchrun(tmp_path, args, "logs")
+    metrics = tmp_path / "tiny" / "k" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while not (metrics.exists() and '"step": 7,' in metrics.read_text()) and time.time() < deadline:
+        time.sleep(0.05)
+    os.kill(rank_pid(run.pid, 1), signal.SIGKILL)
+    killed = time.monotonic()
+    run.communicate(timeout=60)
+    assert time.monotonic() - killed < 30  # torchrun's SIGTERM, then its SIGKILL 30 s later: not waited for
+    errors = rank_errors(tmp_path / "logs")
+    assert errors[1] == [] and len(errors[0]) == 1, errors
+    path = tmp_path / "tiny" / "k" / "checkpoint.pt"
+    saved = files.load(path)["step"]
+    prefix = ("train.py: error: rank 0: a collective operation failed: rank(s) 1 died (process gone: killed, out of "
+              "memory or crashed; see its log); this run stopped after step ")
+    assert errors[0][0].startswith(prefix), errors
+    stopped = int(errors[0][0][len(prefix):].split(":")[0])
+    assert 7 <= stopped and saved == stopped - stopped % 5, errors  # the last save every 5 steps, or the one before
+    same = shlex.join(a for a in args if a != "train.exp_id=k")
+    assert errors[0][0].endswith(f": its last checkpoint, {path} (step {saved}), is intact; to resume: torchrun "
+                                 f"--nproc_per_node=2 {ROOT / 'train.py'} {same} train.exp_id=k"), errors
+    assert load_trained(path).step == saved  # whole
 
 
 # ---- 62.17: a checkpoint saved while a command loads it ---------------------------------------------------
