@@ -133,8 +133,8 @@ class Heartbeat(threading.Thread):
 
     def dead_ranks(self) -> list[int] | None:
         """Other ranks on this host whose process is gone and that did not end on a failure they saw themselves
-        (ending_ranks: torchrun ends the survivors, which then may be gone too); None if the store cannot be read
-        or this host has no /proc."""
+        (`ending`: torchrun ends the survivors, which then may be gone too); None if the store cannot be read, a
+        rank is not recorded yet, or this host has no /proc."""
         ranks = [r for r in range(self.env.world_size) if r != self.env.rank]
         keys = [f"xlm_pkm/process/{r}" for r in ranks]
         try:
@@ -304,7 +304,8 @@ def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
 
 def shutdown(failed: bool = False) -> None:
     """Leaves the process group once every rank is done (gloo aborts a rank that leaves first); after
-    a failed collective, at once (the other ranks are not coming). A DDP wrapper left by a run that failed
+    a failed collective, or when that barrier fails (a rank died since), at once (the other ranks are not
+    coming). A DDP wrapper left by a run that failed
     to start is collected first: its communication hooks must go before the process group does."""
     global _heartbeat, _store
     gc.collect()
@@ -315,7 +316,7 @@ def shutdown(failed: bool = False) -> None:
         try:
             if not failed:
                 dist.barrier()
-        except Exception as e:  # a rank died after this one's work: nothing to wait for, its line comes elsewhere
+        except Exception as e:  # a peer gone: no traceback at exit, the command has said how it ended
             if not is_collective_failure(e):
                 raise
         dist.destroy_process_group()
