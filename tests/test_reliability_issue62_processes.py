@@ -84,20 +84,19 @@ def test_an_unreadable_latest_checkpoint_is_one_line_naming_it(tiny_overrides, t
 @pytest.mark.slow
 def test_an_unreadable_checkpoint_under_torchrun_ends_every_rank_with_one_line(tiny_overrides, tmp_path):
     """torchrun --nproc_per_node 2 ... train.exp_id=last hung: rank 0 raised outside the one-line handler, rank 1
-    waited for it in a broadcast. Every rank ends with the same line, at once (a given exp_id likewise)."""
+    waited for it in a broadcast. Every rank ends with the same line, at once (a given exp_id ended so already:
+    each rank reads the file, and they agree before going on)."""
     assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=r", "train.max_steps=2")]) == 0
     path = tmp_path / "tiny" / "r" / "checkpoint.pt"
     path.write_bytes(b"")
-    for exp_id in ("last", "r"):
-        run = torchrun(tmp_path, ["--no-test", *tiny_overrides(tmp_path, f"train.exp_id={exp_id}",
-                                                                "train.max_steps=4",
-                                                                "train.collective_timeout_minutes=1")], exp_id)
-        out, err = run.communicate(timeout=150)
-        assert run.returncode == 1, err[-3000:]  # torchrun's status when a rank fails
-        errors = rank_errors(tmp_path / exp_id)
-        assert sorted(errors) == [0, 1] and all(len(lines) == 1 for lines in errors.values()), errors
-        assert errors[0] == errors[1] and errors[0][0].startswith("train.py: error: "), errors
-        assert str(path) in errors[0][0] and "restore it from a copy" in errors[0][0], errors
+    run = torchrun(tmp_path, ["--no-test", *tiny_overrides(tmp_path, "train.exp_id=last", "train.max_steps=4",
+                                                            "train.collective_timeout_minutes=1")], "logs")
+    out, err = run.communicate(timeout=150)
+    assert run.returncode == 1, err[-3000:]  # torchrun's status when a rank fails
+    errors = rank_errors(tmp_path / "logs")
+    assert sorted(errors) == [0, 1] and all(len(lines) == 1 for lines in errors.values()), errors
+    assert errors[0] == errors[1] and errors[0][0].startswith(f"train.py: error: train.exp_id=last: {path}, the "
+                                                              f"checkpoint a run of tiny saved last, cannot be read ")
 
 
 # ---- 62.14: a rank killed under torchrun ------------------------------------------------------------------
