@@ -78,6 +78,32 @@ def _quiet_single_process():
         yield
 
 
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError that `error` is or came from (a full disk under torch.save's own `unexpected pos` error)."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def _writer(folder: Path):
+    """DCP's FileSystemWriter for `folder`, whose failed write raises the OSError it came from, not what torch's zip
+    writer made of it: DCP sends each rank's error to the others pickled, and pickling drops its cause (under
+    several processes a full disk read `[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598`)."""
+    from torch.distributed.checkpoint import FileSystemWriter
+
+    class Writer(FileSystemWriter):
+        def write_data(self, plan, planner):
+            try:
+                return super().write_data(plan, planner)
+            except Exception as e:
+                cause = _os_error(e)
+                if cause is None or cause is e:
+                    raise
+                raise OSError(cause.errno, cause.strerror, cause.filename) from e
+
+    return Writer(folder)
+
+
 def _summary(error: BaseException, ranks: bool = False) -> str:
     """An error in one line; of a CheckpointException (every failed rank's error with its traceback), the first
     failure, after its rank when `ranks`."""
@@ -85,9 +111,7 @@ def _summary(error: BaseException, ranks: bool = False) -> str:
     if failures:
         rank, (error, _) = min(failures.items(), key=lambda item: item[0])
         return f"rank {rank}: {_summary(error)}" if ranks else _summary(error)
-    cause = error
-    while cause is not None and not isinstance(cause, OSError):  # a full disk under torch.save's own error
-        cause = cause.__cause__ or cause.__context__
+    cause = _os_error(error)
     if cause is not None and cause.strerror:
         return f"{cause.strerror}: {cause.filename}" if cause.filename else cause.strerror
     text = (str(error).strip().splitlines() or [""])[0][:300]
@@ -144,7 +168,7 @@ def save(record: dict, path: Path, model: nn.Module, params: dict[str, list[nn.P
     partial = folder / f"{name}.partial"
     try:
         with _quiet_single_process():
-            dcp_save(tensors, checkpoint_id=partial, no_dist=not env.is_distributed)
+            dcp_save(tensors, storage_writer=_writer(partial), no_dist=not env.is_distributed)
     except CheckpointException as e:  # on every rank, with every failed rank's error
         if env.is_main:
             shutil.rmtree(partial, ignore_errors=True)

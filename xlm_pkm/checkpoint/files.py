@@ -79,7 +79,8 @@ def load(path: str | Path) -> dict:
     exported folders."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint not found: {path}")
+        raise FileNotFoundError(f"{path}: is a directory, not a checkpoint file" if path.is_dir() else
+                                f"checkpoint not found: {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as e:  # truncated or foreign file

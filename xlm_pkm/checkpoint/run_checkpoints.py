@@ -82,7 +82,11 @@ class RunCheckpoints:
 
     def _read_last(self, vocab_fingerprint: str, vocab_path: str, cfg: Config) -> dict:
         """checkpoint.pt read and checked on this rank alone; an earlier version's (one file) loaded into the model."""
-        state = files.load(self.last_path)
+        try:
+            state = files.load(self.last_path)
+        except (ValueError, FileNotFoundError) as e:  # damaged, emptied, replaced by a folder: nothing to resume
+            raise ValueError(f"{e}; restore it from a copy to resume the run, or start a new run from its weights "
+                             f"(another train.exp_id, with train.init_from={self.best_path})") from None
         state["config"] = migrate(state["config"])  # in today's keys, as the resume checks read it
         refuse_architecture_change(state["config"], cfg, self.last_path)
         files.check_vocabulary(state, vocab_fingerprint, vocab_path, self.last_path)

@@ -68,22 +68,50 @@ def load_trained(path: str | Path, data_dir: str | Path | None = None, env: Dist
     return sharded_values.on_every_rank(lambda: _load(Path(path), data_dir, env.is_distributed), env, path)
 
 
+READS = 3  # times a checkpoint file that a live run replaces meanwhile is read before giving up
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """What changes when a save replaces the file at `path` (a rename: another inode), None if it is gone."""
+    try:
+        stat = path.stat()
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_mtime_ns
+
+
 def _load(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedModel:
+    """_load_file, read again when a live run replaced the checkpoint meanwhile: a save renames a new checkpoint.pt
+    into place, then removes the tensors' folder (or best.pt's value files) that the previous one named, which a
+    load between the two reads cannot find any more."""
     if path.is_dir():
         return _load_folder(path, data_dir)
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: give a run's checkpoint.pt or best.pt, or a folder "
                                 f"written by python -m xlm_pkm.inference.export")
+    for _ in range(READS):
+        before = _identity(path)
+        try:
+            return _load_file(path, data_dir, sharded)
+        except (ValueError, FileNotFoundError):
+            if _identity(path) == before:  # the file read is the file there: really damaged
+                raise
+    raise ValueError(f"{path}: replaced by a newer checkpoint each of the {READS} times it was read (a live run "
+                     f"saving it meanwhile): run the command again, or give a copy")
+
+
+def _load_file(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedModel:
     state = checkpoint.load(path)
+    if dcp_tensors.KEY in state:  # checkpoint.pt's tensors, read whole at once: the folder it names is still there
+        state = dcp_tensors.read_whole(state, path, optimizers=False)
     cfg = load_config_dict(state["config"], source=str(path))
     data_dir, dictionary = _check_vocabulary(cfg, state.get("vocab_fingerprint"), data_dir, path)
     _check_codes(state.get("codes_digest"), Path(cfg.data.path), data_dir, path)
     model = _build(cfg, whole=not sharded)  # sharded values: this rank's columns under several processes (env)
     shard = sharded_values.model_shard(model)
-    if dcp_tensors.KEY in state:  # checkpoint.pt's tensors: read whole, then this rank's columns of sharded values
+    if dcp_tensors.KEY in state:  # this rank's columns of sharded values
         names = sharded_values.sharded_names(model)
-        state["model"] = {k: t[:, shard.columns(t.shape[1])] if k in names else t
-                          for k, t in dcp_tensors.read_whole(state, path, optimizers=False)["model"].items()}
+        state["model"] = {k: t[:, shard.columns(t.shape[1])] if k in names else t for k, t in state["model"].items()}
     else:
         state = sharded_values.attach(state, path, shard)
     if cfg.model.base.path and cfg.optim.lora.rank:

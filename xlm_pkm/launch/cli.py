@@ -17,7 +17,14 @@ from xlm_pkm.inference.sampling import Sampling
 from xlm_pkm.launch.config_keys import describe_keys
 from xlm_pkm.launch.resume import resume_command, stop_status
 from xlm_pkm.launch.run_config import launch_config
-from xlm_pkm.runtime.distributed import describe_failure, init_distributed, is_collective_failure, read_env, shutdown
+from xlm_pkm.runtime.distributed import (
+    CollectiveError,
+    describe_failure,
+    init_distributed,
+    is_collective_failure,
+    read_env,
+    shutdown,
+)
 from xlm_pkm.runtime.hardware import is_out_of_memory
 from xlm_pkm.runtime.precision import check_precision, resolve_device
 from xlm_pkm.train.build import resolved_config
@@ -26,7 +33,7 @@ from xlm_pkm.train.memory_estimate import estimate
 from xlm_pkm.train.trainer import Trainer
 from xlm_pkm.utils.atomic import check_writable, holds_json_with, refuse_foreign_file, write_text
 from xlm_pkm.utils.program import program_name
-from xlm_pkm.utils.stop_signals import StoppedBySignal, restore_defaults
+from xlm_pkm.utils.stop_signals import StoppedBySignal, ignore_stop_signals, restore_defaults
 
 
 def _interrupted(trainer: Trainer | None) -> UserError:
@@ -44,6 +51,29 @@ def _stopped_outside_training(trainer: Trainer | None, signal_name: str) -> User
                          f"same command again")
     return UserError(f"stopped by {signal_name} after training, during the test evaluation: the run is saved "
                      f"(step {trainer.saved_step}); run the same command again for its test figures")
+
+
+def _failed_collective(error: BaseException) -> BaseException | None:
+    """The failed collective that `error` is, or that was being handled when it was raised (torchrun's SIGTERM to
+    the ranks that survive a dead one lands while they close the run)."""
+    while error is not None and not is_collective_failure(error):
+        error = error.__context__
+    return error
+
+
+def _peer_failure(trainer: Trainer | None, argv: list[str], error: BaseException) -> UserError:
+    """The one line of a failed collective (a rank died or froze: describe_failure), with, for a run, the step
+    and the checkpoint it resumes from. Stop signals are ignored from here on: the launcher's SIGTERM, sent
+    when it sees a rank gone, would replace the line."""
+    ignore_stop_signals()
+    failure = describe_failure(read_env(), error)
+    if trainer is None:
+        return failure
+    if trainer.saved_step is None:
+        return CollectiveError(f"{failure}; this run stopped after step {trainer.step}, before writing a checkpoint")
+    return CollectiveError(f"{failure}; this run stopped after step {trainer.step}: its last checkpoint, "
+                           f"{trainer.ckpt_path} (step {trainer.saved_step}), is intact; to resume: "
+                           f"{resume_command(argv, trainer.cfg.train.exp_id)}")
 
 
 def _out_of_memory(trainer: Trainer | None, error: Exception) -> UserError:
@@ -143,6 +173,9 @@ def train_main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # Ctrl-C outside the training loop, or a second one inside it
         return fail(prog, _interrupted(trainer), EXIT_INTERRUPTED)
     except StoppedBySignal as e:  # outside the training loop: start-up, a checkpoint load, the test evaluation
+        if _failed_collective(e) is not None:  # or the launcher ending this rank, while it closes after a failure
+            failed = True
+            return fail(prog, _peer_failure(trainer, argv, _failed_collective(e)))
         error = _stopped_outside_training(trainer, e.name)
         fail(prog, error, EXIT_STOPPED)
         return stop_status(f"{prog}: {error}", read_env().is_main)
@@ -152,7 +185,7 @@ def train_main(argv: list[str] | None = None) -> int:
         if not is_collective_failure(e):
             raise
         failed = True
-        return fail(prog, describe_failure(read_env(), e))
+        return fail(prog, _peer_failure(trainer, argv, e))
     finally:
         restore_defaults()
         shutdown(failed)

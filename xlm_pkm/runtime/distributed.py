@@ -3,9 +3,11 @@
 Every collective waits at most `timeout` (train.collective_timeout_minutes). The rendezvous store is
 ours (a TCPStore on MASTER_ADDR:MASTER_PORT, hosted by rank 0, or by torchrun's agent under torchrun), so
 that a training process can start a heartbeat in it (`start_heartbeat`): a counter each rank increments
-from a thread every few seconds. When a collective fails (`is_collective_failure`), `describe_failure`
-names the ranks whose counter stopped (frozen, killed, or on a lost host), so the job ends with one line
-instead of hanging or printing two chained tracebacks.
+from a thread every few seconds, beside the rank's host and process id. When a collective fails
+(`is_collective_failure`), `describe_failure` names the ranks whose process is gone from this host (killed,
+out of memory, crashed: seen at once, so before torchrun ends the survivors) and otherwise those whose counter
+stopped (frozen, or on a lost host), so the job ends with one line instead of hanging or printing two chained
+tracebacks.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -92,13 +95,25 @@ def rendezvous_store(env: DistEnv, timeout: datetime.timedelta) -> dist.TCPStore
 
 
 def start_heartbeat(env: DistEnv, timeout_minutes: float) -> None:
-    """Starts this rank's heartbeat in the rendezvous store, for describe_failure; nothing on one process.
-    A training process calls it once init_distributed has joined the group; shutdown stops it."""
+    """Starts this rank's heartbeat in the rendezvous store and records its process there, for describe_failure;
+    nothing on one process. A training process calls it once init_distributed has joined the group; shutdown
+    stops it."""
     global _heartbeat
     if _store is None or _heartbeat is not None:
         return
     _heartbeat = Heartbeat(_store, env, interval=min(10.0, timeout_minutes * 60 / 4))
+    _store.set(f"xlm_pkm/process/{env.rank}", f"{socket.gethostname()} {os.getpid()} {_started(os.getpid())}")
     _heartbeat.start()
+
+
+def _started(pid: int) -> str | None:
+    """When process `pid` started (/proc/PID/stat, in clock ticks: a reused pid has another), None if it is gone
+    or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()  # from the state on
+    except OSError:
+        return None
+    return None if fields[0] in ("Z", "X") else fields[19]
 
 
 class Heartbeat(threading.Thread):
@@ -115,6 +130,30 @@ class Heartbeat(threading.Thread):
                 self.store.add(f"xlm_pkm/heartbeat/{self.env.rank}", 1)
             except Exception:  # noqa: BLE001 - the store is gone: nothing left to report to
                 return
+
+    def dead_ranks(self) -> list[int] | None:
+        """Other ranks on this host whose process is gone and that did not end on a failure they saw themselves
+        (`ending`: torchrun ends the survivors, which then may be gone too); None if the store cannot be read, a
+        rank is not recorded yet, or this host has no /proc."""
+        ranks = [r for r in range(self.env.world_size) if r != self.env.rank]
+        keys = [f"xlm_pkm/process/{r}" for r in ranks]
+        try:
+            if _started(os.getpid()) is None or not self.store.check(keys):
+                return None
+            processes = [self.store.get(k).decode().split() for k in keys]
+            ending = {r for r in ranks if self.store.check([f"xlm_pkm/ending/{r}"])}
+        except Exception:  # noqa: BLE001 - the store lived in a process that is gone
+            return None
+        host = socket.gethostname()
+        return [r for r, (h, pid, started) in zip(ranks, processes)
+                if h == host and r not in ending and _started(int(pid)) != started]
+
+    def ending(self) -> None:
+        """Marks this rank as ending on a failure it saw (it is not the one that died)."""
+        try:
+            self.store.set(f"xlm_pkm/ending/{self.env.rank}", "1")
+        except Exception:  # noqa: BLE001 - the store is gone: nothing left to tell
+            pass
 
     def silent_ranks(self) -> list[int] | None:
         """Other ranks whose heartbeat does not move over 2.5 intervals (None if the store cannot be read)."""
@@ -140,8 +179,15 @@ def is_collective_failure(error: BaseException) -> bool:
 
 
 def describe_failure(env: DistEnv, error: BaseException) -> CollectiveError:
-    """A one-line error for a failed collective, naming the ranks that stopped answering."""
+    """A one-line error for a failed collective, naming the ranks that died (their process gone from this host),
+    else those that stopped answering (their heartbeat still over 2.5 intervals)."""
     first_line = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+    if _heartbeat is not None:
+        _heartbeat.ending()
+    dead = _heartbeat.dead_ranks() if _heartbeat is not None else None
+    if dead:
+        return CollectiveError(f"rank {env.rank}: a collective operation failed: rank(s) {', '.join(map(str, dead))} "
+                               f"died (process gone: killed, out of memory or crashed; see its log)")
     silent = _heartbeat.silent_ranks() if _heartbeat is not None else None
     if silent is None:
         who = "the rendezvous store is gone too (rank 0 or its host died?)"
@@ -258,7 +304,8 @@ def any_rank(flag: bool, env: DistEnv, device: torch.device) -> bool:
 
 def shutdown(failed: bool = False) -> None:
     """Leaves the process group once every rank is done (gloo aborts a rank that leaves first); after
-    a failed collective, at once (the other ranks are not coming). A DDP wrapper left by a run that failed
+    a failed collective, or when that barrier fails (a rank died since), at once (the other ranks are not
+    coming). A DDP wrapper left by a run that failed
     to start is collected first: its communication hooks must go before the process group does."""
     global _heartbeat, _store
     gc.collect()
@@ -266,7 +313,11 @@ def shutdown(failed: bool = False) -> None:
         _heartbeat.stopped.set()
         _heartbeat = None
     if dist.is_initialized():
-        if not failed:
-            dist.barrier()
+        try:
+            if not failed:
+                dist.barrier()
+        except Exception as e:  # a peer gone: no traceback at exit, the command has said how it ended
+            if not is_collective_failure(e):
+                raise
         dist.destroy_process_group()
     _store = None

@@ -50,7 +50,14 @@ def latest_unfinished(dump_path: str, exp_name: str, max_steps: int) -> str:
     if latest is None:
         raise ConfigError(f"train.exp_id=last: no run of {exp_name} under {dump_path} has a checkpoint.pt to "
                           f"resume (start one without train.exp_id, or with a new one)")
-    step = torch.load(latest, map_location="cpu", mmap=True, weights_only=False).get("step", 0)
+    try:
+        step = int(torch.load(latest, map_location="cpu", mmap=True, weights_only=False)["step"])
+    except Exception as e:  # noqa: BLE001 - empty, truncated, foreign, unreadable: torch raises any type
+        why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
+        raise ConfigError(f"train.exp_id=last: {latest}, the checkpoint a run of {exp_name} saved last, cannot be "
+                          f"read ({' '.join(str(why).split())[:200]}): restore it from a copy, or give the "
+                          f"train.exp_id of the run to resume (or move {latest.parent} away: train.exp_id=last then "
+                          f"finds the run that saved before it)") from None
     if step >= max_steps:
         raise ConfigError(f"train.exp_id=last: the latest run of {exp_name}, {latest.parent}, is finished (step "
                           f"{step} of train.max_steps={max_steps}); to train it further give "
@@ -60,14 +67,19 @@ def latest_unfinished(dump_path: str, exp_name: str, max_steps: int) -> str:
 
 def run_directory(dump_path: str, exp_name: str, exp_id: str, env: DistEnv, max_steps: int = 0) -> tuple[Path, str]:
     """(dump_path/exp_name/exp_id, exp_id); a new id (the SLURM job id when there is one) if none is given;
-    `last`: the latest unfinished run's (latest_unfinished; rank 0 looks)."""
+    `last`: the latest unfinished run's (latest_unfinished; rank 0 looks, and every rank raises its error)."""
     if exp_id == "last":
-        found = None
-        try:
-            found = latest_unfinished(dump_path, exp_name, max_steps) if env.is_main else None
-        except ConfigError as e:
-            found = e
+        found, error = None, None
+        if env.is_main:
+            try:
+                found = latest_unfinished(dump_path, exp_name, max_steps)
+            except Exception as e:  # noqa: BLE001 - raised below, once the other ranks know: none waits for rank 0
+                error = e
+                found = e if isinstance(e, ConfigError) else ConfigError(
+                    f"train.exp_id=last: rank 0 could not find the run to resume ({type(e).__name__}: {e})")
         found = broadcast_object(found, env)
+        if error is not None:
+            raise error
         if isinstance(found, ConfigError):
             raise found
         exp_id = found

@@ -69,6 +69,13 @@ def install_startup_handlers() -> None:
         signal.signal(signum, _raise_stopped)
 
 
+def ignore_stop_signals() -> None:
+    """Every stop signal ignored, while the command writes the line it ends with: torchrun's SIGTERM to the ranks
+    that survive a dead one lands then, and would replace that line by its own."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
 def restore_defaults() -> None:
     """The default actions again, once the command has said how it ends: a signal then (torchrun ending a rank
     that is exiting too) ends the process without a second line."""
