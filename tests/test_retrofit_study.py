@@ -32,7 +32,7 @@ def test_the_retrofit_study_runs_and_resumes(tiny_base, tiny_base_data, tmp_path
                DOC_TOKENS="16", LEVELS="0.2", SCORE_ARGS="--max-batches 1",
                FT_ARGS=" ".join([f"model.base.path={tiny_base}", *TINY]),
                ONLY=r"^memory (sparse_memory top_t=100,lr=1000|full lr=1e-4|lora_r8 lr=1e-3)$")
-    for attempt in range(2):
+    for _call in range(2):  # the second call runs nothing again
         done = subprocess.run(["bash", "results/retrofit/study/run.sh"], cwd=ROOT, env=env, capture_output=True,
                               text=True, timeout=3000)
         assert done.returncode == 0, (done.stdout[-3000:], done.stderr[-3000:])
@@ -42,4 +42,4 @@ def test_the_retrofit_study_runs_and_resumes(tiny_base, tiny_base_data, tmp_path
     assert {("pretrained", s) for s in (3, 0, 1, 2)} <= runs
     assert {("sparse_memory", 3), ("full", 3), ("lora_r8", 3)} <= runs
     assert {m for m, s in runs if s == 0} > {"pretrained"}  # the chosen settings ran on the verdict seeds
-    assert (out / "report.md").is_file()
+    assert all("knowledge_hits" in r for r in rows) and (out / "report.md").is_file()  # the tiny base knows none

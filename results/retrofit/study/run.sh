@@ -16,7 +16,8 @@
 #    weight decay 0.1); on the SELECT facts over the SWEEP below, then on seeds 0, 1, 2 the settings chosen there
 #    (each method's best EM and its least forgetting at each EM level of LEVELS);
 # 5. score every run (learning on the facts; forgetting as perplexity on the corpus's valid and held-out test
-#    text and next-token accuracy, plus SCORE_ARGS) and write report.md here.
+#    text and next-token accuracy, and as the share of KNOWLEDGE's world-knowledge questions the start answered
+#    that it still answers: data/knowledge/) and write report.md here.
 # A finished run is skipped and an interrupted one resumes; each run's scores are written to scores/ here as it
 # is scored (commit them as they come: a run whose scores are there is not run again). PYTHON, DUMP, JOBS (runs
 # at once, default 1: a run uses both cores), FACTS, PARAPHRASES, PASSES, FT_ARGS (added to every finetuning run),
@@ -30,6 +31,7 @@ OUT=${STUDY_OUT:-results/retrofit/study}
 START=${START:-dumped/retrofit/memory/best.pt}  # results/retrofit/run_memory.sh's run
 BASE=${BASE:-models/smollm2}  # the start's base: its tokenizer writes the facts
 DATA=${DATA:-data/processed/sample-smollm2}
+KNOWLEDGE=${KNOWLEDGE:-data/knowledge/world.jsonl}  # what the base knew: kept where it answered right
 FACTS=${FACTS:-100}
 PARAPHRASES=${PARAPHRASES:-8}
 PASSES=${PASSES:-10}
@@ -53,9 +55,10 @@ score() {
   file=$(score_file memory "$2" "$3" "$4")
   read -r -a extra <<< "${SCORE_ARGS:-}"
   echo "$PY -m xlm_pkm.experiments.continual score $1 --facts $DUMP/facts$4 --data $DATA --model memory" \
-    "--method $2 --setting $3 --seed $4 ${SCORE_ARGS:-}" >> "$OUT/commands.txt"
+    "--method $2 --setting $3 --seed $4 --knowledge $KNOWLEDGE ${SCORE_ARGS:-}" >> "$OUT/commands.txt"
   [[ -s $file ]] || "$PY" -m xlm_pkm.experiments.continual score "$1" --facts "$DUMP/facts$4" --data "$DATA" \
-    --model memory --method "$2" --setting "$3" --seed "$4" --out "$file" "${extra[@]}" > /dev/null
+    --model memory --method "$2" --setting "$3" --seed "$4" --knowledge "$KNOWLEDGE" --out "$file" "${extra[@]}" \
+    > /dev/null
 }
 
 run background "$PY" -m xlm_pkm.finetune.slot_counts "$START" --data "$DATA" --split train \
