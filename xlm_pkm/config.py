@@ -79,7 +79,10 @@ class TrainConfig:
     log_every: int = field(default=50, metadata=positive())  # a train line every this many steps
     # valid perplexity (best.pt) and checkpoint.pt every this many steps
     eval_every: int = field(default=1000, metadata=positive())
-    eval_max_batches: int = field(default=0, metadata=non_negative())  # 0: the whole split
+    # N > 0: validation reads the tokens of one process's first N batches of data.eval_batch_size rows, split across
+    # the ranks (~N / W batches each): the same tokens on any number of processes with the same eval batch size
+    # (data/stream.py); 0: the whole split
+    eval_max_batches: int = field(default=0, metadata=non_negative())
     # checkpoint.pt also every this many steps (0: at evaluations only)
     save_every_steps: int = field(default=0, metadata=non_negative())
     # checkpoint.pt also every this many minutes, so that a crash loses at most that much (0: at evaluations only)

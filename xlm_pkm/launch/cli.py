@@ -175,7 +175,9 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bptt", type=int, default=0, help="default: the run's bptt")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
-    parser.add_argument("--max-batches", type=int, default=0, help="0: the whole split")
+    parser.add_argument("--max-batches", type=int, default=0,
+                        help="the tokens of one process's first N batches, split across the ranks (the same on any "
+                             "number of processes); 0: the whole split")
     args = parser.parse_args(argv)
     try:
         if args.batch_size < 0 or args.bptt < 0 or args.max_batches < 0:

@@ -151,6 +151,7 @@ class Trainer:
             if changes:
                 self.log.info(f"resumed with another config than the run's (previous one kept as "
                               f"config.until-step{self.step}.yaml): " + "; ".join(changes))
+            self._log_eval_cut_change()
         self._log_init()
         self.flops_per_token = self.model.dense_flops_per_token(cfg.data.bptt)
         self.peak_flops = peak_flops(self.device, cfg.train.precision)
@@ -319,6 +320,18 @@ class Trainer:
                               f"keeps apart from the base (merged into it when loaded): a new run from it would "
                               f"lose them; start from a retrofit trained without LoRA")
         self.initialised = load_weights(self.model, trained, self.cfg.train.init_strict)
+
+    def _log_eval_cut_change(self) -> None:
+        """On a resume with train.eval_max_batches and another evaluation batch size than the run's (data.
+        eval_batch_size 0 follows data.batch_size, which a resume on another number of processes changes): the
+        validation reads other tokens than those best.pt's perplexity was measured on."""
+        data, cut = (self.trained_with or {}).get("data", {}), self.cfg.train.eval_max_batches
+        before = data.get("eval_batch_size") or data.get("batch_size")
+        now = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
+        if cut and before and before != now:
+            self.log.info(f"train.eval_max_batches={cut}: validation now reads one process's first {cut} batches of "
+                          f"{now} rows, not of {before} as before the resume: other tokens than those of best.pt's "
+                          f"perplexity; resume with data.eval_batch_size={before} to keep them")
 
     def _log_init(self) -> None:
         if self.resumed and self.cfg.train.init_from:
