@@ -42,7 +42,7 @@ from xlm_pkm.model.blocks import CONTEXT_SUBLAYERS
 from xlm_pkm.model.transformer import ModelConfig, resolve_memory_layers
 from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
-from xlm_pkm.settings import architecture_keys, check, non_negative, positive
+from xlm_pkm.settings import architecture_keys, check, choice_text, non_negative, positive
 
 # configs/default.yaml, train.py's config when none is given: the copy installed with the package (pip install .),
 # else the checkout's
@@ -410,7 +410,8 @@ def _coerce(tp, value, key: str):
     origin = typing.get_origin(tp)
     if origin is Literal:  # which of its values: checked by validate
         if isinstance(value, (list, dict)):
-            raise ConfigError(f"{key}: expected one of {' | '.join(map(str, typing.get_args(tp)))}, got {value!r}")
+            raise ConfigError(f"{key}: expected one of {' | '.join(map(choice_text, typing.get_args(tp)))}, got "
+                              f"{value!r}")
         return value
     if origin is list:
         (item_tp,) = typing.get_args(tp)

@@ -1,7 +1,7 @@
 """Builders shared by the trainer, evaluation and benchmarks: data streams, the model, its optimizers.
 
     stream = build_stream(cfg, "train", env)           # also checks that the split is readable
-    cfg = resolved_config(cfg, stream.dictionary, exp_id)   # a new Config: the given one is not changed
+    cfg = resolved_config(cfg, stream.dictionary, exp_id, env.world_size)   # a new Config: the given one is kept
     model = build_model(cfg, device)                    # from train.seed: identical on every rank
                                                         # (with model.base: the base loaded, memories drawn)
     optimizers = build_optimizers(model, cfg)           # sets the model's value gradients sparse or not
@@ -21,7 +21,7 @@ from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.tokenized import load_tokenizer, tokenizer_dictionary
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model import retrofit
-from xlm_pkm.model.transformer import ModelConfig, TransformerLM
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM, resolve_memory_layers
 from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.runtime.hardware import available_memory
@@ -40,11 +40,12 @@ def build_stream(cfg: Config, split: str, env: DistEnv, data_path: str | None = 
                        seed=cfg.train.seed, train=train, shuffle=data.shuffle_blocks)
 
 
-def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str) -> Config:
+def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str, world_size: int = 1) -> Config:
     """A copy of `cfg` with what a run resolves before building anything: model.vocab_size from the data's
-    `dictionary` (or its size; 0 in the config; a one-line error if they disagree) and train.exp_id (the run
-    directory's). A retrofit (model.base) takes the base's sizes and the digest of its files (retrofit.resolved),
-    after checking that the data was made by the base's tokenizer (given the dictionary)."""
+    `dictionary` (or its size; 0 in the config; a one-line error if they disagree), train.exp_id (the run
+    directory's) and model.memory.shard_values=auto for a run on `world_size` processes (shard_values_choice).
+    A retrofit (model.base) takes the base's sizes and the digest of its files (retrofit.resolved), after checking
+    that the data was made by the base's tokenizer (given the dictionary)."""
     if cfg.model.base.path:
         model = resolved_base(cfg, dictionary)
     else:
@@ -53,7 +54,30 @@ def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str) -> C
             raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but {cfg.data.path}/vocab gives "
                               f"{vocab_size} tokens (set 0 to take it from the data)")
         model = dataclasses.replace(cfg.model, vocab_size=vocab_size)
+    if model.memory.shard_values == "auto":
+        shard, _ = shard_values_choice(cfg, world_size)
+        model = dataclasses.replace(model, memory=dataclasses.replace(model.memory, shard_values=shard))
     return dataclasses.replace(cfg, model=model, train=dataclasses.replace(cfg.train, exp_id=exp_id))
+
+
+def shard_values_choice(cfg: Config, world_size: int) -> tuple[bool, str]:
+    """What model.memory.shard_values=auto resolves to on `world_size` processes, and why in words: true under
+    train.parallel=fsdp on several processes when the model has memories whose value tables can be sharded by
+    column (the table store, its width model.dim divisible by the world size, read by the sharded read: not
+    read_backward=one_pass nor inference_values=bfloat16); false otherwise, as before."""
+    memory, dim, W = cfg.model.memory, cfg.model.dim, world_size
+    if cfg.train.parallel != "fsdp" or W == 1:
+        return False, f"train.parallel={cfg.train.parallel} on {W} process(es): only fsdp on several shards them"
+    if cfg.model.base.path or not resolve_memory_layers(cfg.model):
+        return False, "no memory layer of this model's own"
+    if memory.values != "table":
+        return False, f"model.memory.values={memory.values} keeps its tables whole"
+    if dim % W:
+        return False, f"the value width model.dim={dim} does not divide by {W} processes"
+    if memory.read_backward == "one_pass" or memory.inference_values != "table":
+        return False, (f"read_backward={memory.read_backward} and inference_values={memory.inference_values} "
+                       f"read a whole table")
+    return True, f"train.parallel=fsdp on {W} processes, the value width {dim} divides by {W}"
 
 
 def resolved_base(cfg: Config, dictionary: Dictionary | int) -> ModelConfig:

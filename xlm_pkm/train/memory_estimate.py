@@ -200,7 +200,7 @@ def estimate(cfg: Config, world_size: int = 1, parallel: str = "ddp", device_typ
         raise ConfigError(f"parallel mode {parallel!r}: expected one of {' | '.join(PARALLEL_MODES)}")
     if world_size < 1:
         raise ConfigError(f"world size must be >= 1, got {world_size}")
-    if cfg.model.memory.shard_values and cfg.model.dim % world_size:
+    if cfg.model.memory.shard_values is True and cfg.model.dim % world_size:
         raise ConfigError(f"model.memory.shard_values: the value dimension {cfg.model.dim} does not split into "
                           f"{world_size} equal slices (one per process); use a world size dividing it")
     device_type = device_type or _device_type(cfg.train.device)

@@ -53,7 +53,14 @@ from xlm_pkm.runtime.distributed import (
 )
 from xlm_pkm.runtime.hardware import peak_flops
 from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
-from xlm_pkm.train.build import InitialWeights, build_model, build_optimizers, build_stream, resolved_config
+from xlm_pkm.train.build import (
+    InitialWeights,
+    build_model,
+    build_optimizers,
+    build_stream,
+    resolved_config,
+    shard_values_choice,
+)
 from xlm_pkm.train.evaluation import evaluate
 from xlm_pkm.train.run_dir import (
     lock_run_directory,
@@ -100,7 +107,11 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         train = cfg.train  # the run directory is created below, once every input is checked
         self.run_dir, exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env, train.max_steps)
-        self.cfg = cfg = resolved_config(cfg, self.dictionary, exp_id)
+        shard_auto = cfg.model.memory.shard_values == "auto"
+        self.cfg = cfg = resolved_config(cfg, self.dictionary, exp_id, self.env.world_size)
+        # what shard_values=auto chose under fsdp, and why (logged)
+        self.shard_values_choice = (shard_values_choice(cfg, self.env.world_size) if shard_auto and
+                                    cfg.train.parallel == "fsdp" and self.env.is_distributed else None)
         self.initial_weights = InitialWeights(cfg.train.seed, self.device)  # the model's, then LoRA adapters'
         self.model = build_model(cfg, self.device, self.initial_weights, self.env.world_size)
         if cfg.model.engram.layers:  # the vocabulary's canonical ids, saved with the model
@@ -240,6 +251,12 @@ class Trainer:
         self.log.info(f"device {self.device}, {self.env.world_size} process(es){parallel}, "
                       f"precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
+        if self.shard_values_choice is not None and self.model.memories():
+            shard, why = self.shard_values_choice
+            held = (f"1/{self.env.world_size} of every value table's columns and of their optimizer state" if shard
+                    else "every value table whole, and its optimizer state")
+            self.log.info(f"model.memory.shard_values=auto: {str(shard).lower()} ({why}): each rank holds {held}; "
+                          f"set it true or false to choose")
         if self.model.ngram_hash is not None:
             canonical = int(self.model.ngram_hash.canonical.max()) + 1
             self.log.info(f"Engram at layers {self.cfg.model.engram.layers}: tokenizer compression "
