@@ -205,7 +205,8 @@ def test_dry_run_prints_the_estimate_and_trains_nothing(tiny_data_dir, tmp_path,
     assert out.splitlines() == expected.lines() and "world size 2" in out
     assert not any(tmp_path.iterdir())  # no run directory
     assert train_main(["--dry-run", "--world-size", "2", *overrides, "train.parallel=fsdp"]) == 0  # the run's mode
-    fsdp = estimate(load_config(None, [*overrides, f"model.vocab_size={vocab}"]), 2, "fsdp")
+    fsdp = estimate(load_config(None, [*overrides, f"model.vocab_size={vocab}", "model.memory.shard_values=true"]), 2,
+                    "fsdp")  # shard_values=auto resolved for fsdp on 2 processes
     assert capsys.readouterr().out.splitlines() == fsdp.lines() != expected.lines()
 
     monkeypatch.setenv("WORLD_SIZE", "4")  # under torchrun: its world size; only rank 0 prints
