@@ -4,6 +4,7 @@
     cfg = resolved_config(cfg, stream.dictionary, exp_id, env.world_size)   # a new Config: the given one is kept
     model = build_model(cfg, device)                    # from train.seed: identical on every rank
                                                         # (with model.base: the base loaded, memories drawn)
+    model = build_model(cfg, device, shard=shard)       # fsdp: each rank's shards only, the same weights
     optimizers = build_optimizers(model, cfg)           # sets the model's value gradients sparse or not
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 
@@ -136,17 +138,17 @@ class InitialWeights:
             self.states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(i) for i in self.cuda)]
 
 
-def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) -> None:
+def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1, whole: bool = True) -> None:
     """Refuses in one line, before anything is allocated, a run whose weights, gradients and optimizer states
     on one rank exceed the device's available memory: train/memory_estimate.estimate's figures for them
-    (what training holds whatever the batch: a lower bound of its peak). With train.parallel=fsdp a rank
-    builds the whole weights before sharding them (runtime/fsdp.py): the larger of that and its share."""
+    (what training holds whatever the batch: a lower bound of its peak). A model built `whole` before
+    train.parallel=fsdp shards it (train.init_from loads whole weights into it): the larger of that and its share."""
     available = available_memory(device)
     if available is None:
         return
     available, source = available
     rank = estimate(cfg, world_size, cfg.train.parallel, device.type)
-    need = max(rank.parameters + rank.gradients + rank.optimizer, rank.built)
+    need = max(rank.parameters + rank.gradients + rank.optimizer, rank.built if whole else 0)
     if need > available:
         memory, elements = cfg.model.memory, rank.elements
         share = elements["memory values"] / sum(elements.values())
@@ -162,17 +164,26 @@ def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) ->
 
 
 def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None,
-                world_size: int = 1) -> TransformerLM | retrofit.RetrofitLM:
+                world_size: int = 1, shard: Callable[[TransformerLM], object] | None = None
+                ) -> TransformerLM | retrofit.RetrofitLM:
     """The LM of cfg.model (vocab_size set), initialised from `weights` (by default its own stream from
     train.seed), value gradients as the values optimizer wants them; refused first if it cannot fit on one
-    of `world_size` ranks (check_memory_fits). A retrofit (model.base, resolved) loads its base, then draws its
-    memories (its memory estimate is not made: train/memory_estimate.py counts TransformerLM's parts). The global
-    random stream is left as it was."""
+    of `world_size` ranks (check_memory_fits). With `shard` (train.parallel=fsdp: shard(model) makes its FSDP
+    units), the model is never whole on this rank: built on the meta device, sharded, then each rank's shards
+    drawn as the full build draws them (runtime/fsdp.build_sharded: the same weights). A retrofit (model.base,
+    resolved) loads its base, then draws its memories (its memory estimate is not made: train/memory_estimate.py
+    counts TransformerLM's parts). The global random stream is left as it was."""
     base = retrofit.load_base(cfg.model.base) if cfg.model.base.path else None
     if base is None:
-        check_memory_fits(cfg, device, world_size)
-    with (weights or InitialWeights(cfg.train.seed, device)).drawing():
-        model = (TransformerLM(cfg.model) if base is None else retrofit.RetrofitLM(cfg.model, base)).to(device)
+        check_memory_fits(cfg, device, world_size, whole=shard is None)
+    weights = weights or InitialWeights(cfg.train.seed, device)
+    if shard is not None and base is None:
+        from xlm_pkm.runtime.fsdp import build_sharded  # FSDP's import: only its runs pay it
+
+        model = build_sharded(lambda built=None: TransformerLM(cfg.model, built), shard, device, weights.drawing)
+    else:
+        with weights.drawing():
+            model = (TransformerLM(cfg.model) if base is None else retrofit.RetrofitLM(cfg.model, base)).to(device)
     model.set_sparse_values(value_optimizer(cfg.optim).sparse)
     return model
 

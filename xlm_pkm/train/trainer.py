@@ -113,7 +113,11 @@ class Trainer:
         self.shard_values_choice = (shard_values_choice(cfg, self.env.world_size) if shard_auto and
                                     cfg.train.parallel == "fsdp" and self.env.is_distributed else None)
         self.initial_weights = InitialWeights(cfg.train.seed, self.device)  # the model's, then LoRA adapters'
-        self.model = build_model(cfg, self.device, self.initial_weights, self.env.world_size)
+        self.fsdp = cfg.train.parallel == "fsdp" and self.env.is_distributed  # one process: the model itself
+        # fsdp: each rank builds its shards only, unless train.init_from loads a whole trained model into it first
+        loads_whole = cfg.train.init_from and not (self.run_dir / "checkpoint.pt").exists()
+        self.model = build_model(cfg, self.device, self.initial_weights, self.env.world_size,
+                                 self._fully_shard if self.fsdp and not loads_whole else None)
         if cfg.model.engram.layers:  # the vocabulary's canonical ids, saved with the model
             if self.train_stream.unit == "byte":
                 raise ConfigError(f"model.engram: {cfg.data.path} is character-level data (one token per byte), "
@@ -130,11 +134,10 @@ class Trainer:
         with self.initial_weights.drawing():  # LoRA's adapters draw their initial weights
             self.trainable = (lora.add_adapters(self.model, cfg.optim) if self.lora
                               else freeze(self.model, cfg.optim.trainable, cfg.optim.freeze_norm_stats))
-        self.fsdp = cfg.train.parallel == "fsdp" and self.env.is_distributed  # one process: the model itself
         # with FSDP, its MixedPrecisionPolicy casts the weights (runtime/fsdp.py) in place of autocast
         self.autocast_precision = "fp32" if self.fsdp else cfg.train.precision
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse, self.fsdp)
-        self.forward_model = self._wrap_model()  # before the optimizers: FSDP replaces the parameters
+        self.forward_model = self._wrap_model()  # before the optimizers: FSDP (if not yet) replaces the parameters
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # the only seeding: dropout differs across ranks
@@ -199,20 +202,26 @@ class Trainer:
         start_heartbeat(env, train.collective_timeout_minutes)  # lets a failed collective name the silent ranks
         return (torch.device("cuda", env.local_rank) if device.type == "cuda" else device), env
 
+    def _fully_shard(self, model: torch.nn.Module) -> None:
+        """The model made FSDP units in place (runtime/fsdp.py): its blocks, its memory and Engram sublayers (float32
+        under mixed precision), the root; the value and Engram tables left out (synced_values)."""
+        from xlm_pkm.runtime.fsdp import fully_shard_model  # FSDP's import: only its runs pay it
+
+        fully_shard_model(model, self.env, self.device, self.cfg.train.precision,
+                          self.cfg.train.fsdp_reshard_after_forward)
+
     def _wrap_model(self) -> torch.nn.Module:
         """The module the step calls: with train.parallel=fsdp on several processes, the model fully sharded
-        in place (runtime/fsdp.py); else the model, in DDP when distributed and a parameter trains outside the
-        values that average_value_grads_ synchronises (sparse or sharded ones, left out of DDP's all-reduce);
-        compiled when asked."""
+        (built so, or in place now after train.init_from); else the model, in DDP when distributed and a parameter
+        trains outside the values that average_value_grads_ synchronises (sparse or sharded ones, left out of DDP's
+        all-reduce); compiled when asked."""
         model = self.model
         synced = {id(p) for p in self.synced_values}
         if self.fsdp:
-            from xlm_pkm.runtime.fsdp import fully_shard_model  # FSDP's import: only its runs pay it
+            from torch.distributed.fsdp import FSDPModule
 
-            float32_parts = [m for _, m in [*model.memories(), *model.engrams()]]
-            model = fully_shard_model(model, list(model.blocks), float32_parts, self.synced_values, self.env,
-                                      self.device, self.cfg.train.precision,
-                                      self.cfg.train.fsdp_reshard_after_forward)
+            if not isinstance(model, FSDPModule):
+                self._fully_shard(model)
         elif self.env.is_distributed and any(p.requires_grad and id(p) not in synced for p in model.parameters()):
             model = data_parallel(model, self.synced_values, self.device)
         return torch.compile(model) if self.cfg.train.compile else model
