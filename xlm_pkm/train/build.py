@@ -141,14 +141,17 @@ class InitialWeights:
 def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1, whole: bool = True) -> None:
     """Refuses in one line, before anything is allocated, a run whose weights, gradients and optimizer states
     on one rank exceed the device's available memory: train/memory_estimate.estimate's figures for them
-    (what training holds whatever the batch: a lower bound of its peak). A model built `whole` before
-    train.parallel=fsdp shards it (train.init_from loads whole weights into it): the larger of that and its share."""
+    (what training holds whatever the batch: a lower bound of its peak), or the build's peak if larger. A model
+    built `whole` before train.parallel=fsdp shards it (train.init_from loads whole weights into it): its whole
+    weights, if larger."""
     available = available_memory(device)
     if available is None:
         return
     available, source = available
     rank = estimate(cfg, world_size, cfg.train.parallel, device.type)
-    need = max(rank.parameters + rank.gradients + rank.optimizer, rank.built if whole else 0)
+    need = max(rank.parameters + rank.gradients + rank.optimizer, rank.built)
+    if whole and cfg.train.parallel == "fsdp" and world_size > 1:
+        need = max(need, estimate(cfg, world_size, "ddp", device.type).parameters)
     if need > available:
         memory, elements = cfg.model.memory, rank.elements
         share = elements["memory values"] / sum(elements.values())

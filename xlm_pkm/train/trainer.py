@@ -62,6 +62,7 @@ from xlm_pkm.train.build import (
     shard_values_choice,
 )
 from xlm_pkm.train.evaluation import evaluate
+from xlm_pkm.train.memory_estimate import estimate
 from xlm_pkm.train.run_dir import (
     lock_run_directory,
     record_config,
@@ -276,6 +277,8 @@ class Trainer:
                       + f"; trainable {self.trainable:,} "
                       + f"({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
+        if not self.cfg.model.base.path:  # the estimate counts TransformerLM's parts
+            self.log.info(estimate(self.cfg, self.env.world_size, self.cfg.train.parallel, self.device.type).summary())
         if self.memory_finetune:
             self.log.info(self.memory_finetune.describe())
         if self.cfg.data.fact_batches:
