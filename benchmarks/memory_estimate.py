@@ -1,11 +1,12 @@
 """The dry run's memory estimate (xlm_pkm/train/memory_estimate.py) against the memory training takes on the CPU.
 
-    python benchmarks/memory_estimate.py [--only default engram] [--steps 3] [--data DIR] [--out FILE]
+    python benchmarks/memory_estimate.py [--only default engram] [--steps 3] [--data DIR] [--live-memory] [--out FILE]
 
 Each entry runs in a fresh process on one thread, with the process defaults train.py sets (huge pages for
 large CPU tensors). It first trains two steps of a shrunk copy of its config (width 32, batch 2 × 8), so
-that what any training takes once (libtorch's code pages, thread pools, allocator arenas) is in place, then
-reads its resident memory, resets the kernel's peak counter (writing 5 to /proc/self/clear_refs, Linux),
+that what any training takes once (libtorch's code pages, thread pools, allocator arenas) is in place, gives
+back to the system what the warm-up freed (malloc_trim), then reads its resident memory, resets the kernel's
+peak counter (writing 5 to /proc/self/clear_refs, Linux),
 builds the model and its optimizers and trains --steps steps on random tokens through the trainer's step
 (train/step.py: loss_backward, optimizer_update), and reads the peak (VmHWM). measured = peak - resident
 before the build: what the model, its optimizers and the steps added at their worst moment. The estimate
@@ -16,7 +17,9 @@ An entry of W processes (`default_fsdp_2`...) runs under torchrun, each rank as 
 the model built and sharded as the trainer does, the values' gradients averaged, ddp's all-reduce), warmed up the
 same way; its measured peak is each rank's, and the row gives the largest and every rank's. The peak resident
 memory over the process's own before the model (its libraries, the warm-up's pages) is what the model added: the
-honest figure to set against the estimate, which counts the run's tensors only.
+honest figure to set against the estimate, which counts the run's tensors only. --live-memory measures those
+tensors alone: malloc then gives back every block it frees (mallopt), where glibc's default heap keeps them for
+reuse (and FSDP's buffers of many sizes fragment it: docs/training.md, "How much memory per rank").
 
 On W processes: the estimates for the runs of benchmarks/sharded_values.py (one layer of dim 1024 whose FFN is
 a memory, replicated or sharded values, lazy_adam or adam, W = 2 and 4), against the peak resident memory per
