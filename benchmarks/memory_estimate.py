@@ -1,16 +1,25 @@
 """The dry run's memory estimate (xlm_pkm/train/memory_estimate.py) against the memory training takes on the CPU.
 
-    python benchmarks/memory_estimate.py [--only default engram] [--steps 3] [--data DIR] [--out FILE]
+    python benchmarks/memory_estimate.py [--only default engram] [--steps 3] [--data DIR] [--live-memory] [--out FILE]
 
 Each entry runs in a fresh process on one thread, with the process defaults train.py sets (huge pages for
 large CPU tensors). It first trains two steps of a shrunk copy of its config (width 32, batch 2 × 8), so
-that what any training takes once (libtorch's code pages, thread pools, allocator arenas) is in place, then
-reads its resident memory, resets the kernel's peak counter (writing 5 to /proc/self/clear_refs, Linux),
+that what any training takes once (libtorch's code pages, thread pools, allocator arenas) is in place, gives
+back to the system what the warm-up freed (malloc_trim), then reads its resident memory, resets the kernel's
+peak counter (writing 5 to /proc/self/clear_refs, Linux),
 builds the model and its optimizers and trains --steps steps on random tokens through the trainer's step
 (train/step.py: loss_backward, optimizer_update), and reads the peak (VmHWM). measured = peak - resident
 before the build: what the model, its optimizers and the steps added at their worst moment. The estimate
 is that of one process on the CPU; its ratio to the measured peak is the figure of interest. The vocabulary
 (hence the logits, most of the default model's activations) is --data's, by default the bundled corpus's.
+
+An entry of W processes (`default_fsdp_2`...) runs under torchrun, each rank as above in its mode (train.parallel:
+the model built and sharded as the trainer does, the values' gradients averaged, ddp's all-reduce), warmed up the
+same way; its measured peak is each rank's, and the row gives the largest and every rank's. The peak resident
+memory over the process's own before the model (its libraries, the warm-up's pages) is what the model added: the
+honest figure to set against the estimate, which counts the run's tensors only. --live-memory measures those
+tensors alone: malloc then gives back every block it frees (mallopt), where glibc's default heap keeps them for
+reuse (and FSDP's buffers of many sizes fragment it: docs/training.md, "How much memory per rank").
 
 On W processes: the estimates for the runs of benchmarks/sharded_values.py (one layer of dim 1024 whose FFN is
 a memory, replicated or sharded values, lazy_adam or adam, W = 2 and 4), against the peak resident memory per
@@ -31,7 +40,8 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
 from xlm_pkm.launch.commands import set_process_defaults  # imports no torch
 
-ENTRIES = {  # name -> (config, overrides)
+WIDE = ["model.dim=512", "model.n_layers=8", "model.n_heads=8", "data.batch_size=4", "data.bptt=64"]
+ENTRIES = {  # name -> (config, overrides[, processes])
     "default": ("configs/default.yaml", []),
     # the default model with a 512² memory: 67M value parameters (256 MiB), ~14x its dense ones, Adam on them
     "pkm_big_memory": ("configs/default.yaml", ["model.memory.n_keys=512"]),
@@ -40,6 +50,16 @@ ENTRIES = {  # name -> (config, overrides)
                                  ["model.memory.n_keys=512", "optim.values_optimizer=lazy_adam"]),
     "engram": ("configs/variants/engram.yaml", []),
     "default_bf16": ("configs/default.yaml", ["train.precision=bf16"]),  # autocast on the CPU
+    # on 2 processes, fsdp and ddp: the default, and a wider model (8 x 512: 26M dense parameters) on short batches,
+    # whose weights, gradients and Adam moments outweigh its activations
+    "default_fsdp_2": ("configs/default.yaml", ["train.parallel=fsdp"], 2),
+    "default_ddp_2": ("configs/default.yaml", [], 2),
+    "wide_fsdp_2": ("configs/default.yaml", [*WIDE, "train.parallel=fsdp"], 2),
+    "wide_ddp_2": ("configs/default.yaml", WIDE, 2),
+    # FSDP's mixed precision (the units gathered in bf16), and every unit kept gathered from forward to backward
+    "wide_fsdp_bf16_2": ("configs/default.yaml", [*WIDE, "train.parallel=fsdp", "train.precision=bf16"], 2),
+    "wide_fsdp_kept_2": ("configs/default.yaml", [*WIDE, "train.parallel=fsdp",
+                                                  "train.fsdp_reshard_after_forward=false"], 2),
 }
 SHRUNK = ["model.dim=32", "model.n_heads=2", "model.memory.k_dim=16", "model.memory.n_keys=8", "model.memory.knn=4",
           "model.engram.ngram_dim=16", "model.engram.table_size=64", "data.batch_size=2", "data.bptt=8"]
@@ -51,12 +71,31 @@ def status_bytes(key: str) -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
 
 
-def measure(config: str, overrides: list[str], steps: int) -> dict:
-    """In this process: the estimate and the measured peak of `steps` training steps (module docstring)."""
+def live_memory_only() -> None:
+    """glibc's malloc from now on maps each block of 64 KiB or more on its own and unmaps it when freed (its
+    thresholds fixed), so that the resident memory is what the tensors hold, not also freed blocks kept for reuse
+    (--live-memory; the counterpart of CUDA's max_memory_allocated, against its max_memory_reserved)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 64 * 1024)  # M_TRIM_THRESHOLD
+
+
+def measure(config: str, overrides: list[str], steps: int, live: bool = False) -> dict | None:
+    """In this process (a rank of torchrun's, or the only one): the estimate and the measured peak of `steps`
+    training steps (module docstring); on rank 0 every rank's, None on the others. `live`: live_memory_only."""
+    import ctypes
+    import functools
+    import gc
+
     import torch
 
     from xlm_pkm.config import load_config
     from xlm_pkm.data.dictionary import Dictionary
+    from xlm_pkm.optim.optimizers import value_optimizer
+    from xlm_pkm.runtime.distributed import average_value_grads_, data_parallel, gather_objects, init_distributed
+    from xlm_pkm.runtime.distributed import synced_values as values_synced
     from xlm_pkm.runtime.precision import grad_scaler
     from xlm_pkm.train.build import build_model, build_optimizers, resolved_config
     from xlm_pkm.train.memory_estimate import estimate
@@ -64,40 +103,77 @@ def measure(config: str, overrides: list[str], steps: int) -> dict:
 
     torch.set_num_threads(1)
     device = torch.device("cpu")
+    env = init_distributed(device)
 
     def config_of(extra: list[str]):
         cfg = load_config(config, [*overrides, "train.device=cpu", *extra])
-        return resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), "bench")
+        return resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), "bench", env.world_size)
 
-    def train(cfg) -> None:
-        model = build_model(cfg, device)
+    def train(cfg) -> int:
+        """Trains `steps` steps as the trainer does on this process group; returns the peak (VmHWM) once built."""
+        fsdp = cfg.train.parallel == "fsdp" and env.is_distributed
+        shard = None
+        if fsdp:
+            from xlm_pkm.runtime.fsdp import fully_shard_model
+
+            shard = functools.partial(fully_shard_model, env=env, device=device, precision=cfg.train.precision,
+                                      reshard_after_forward=cfg.train.fsdp_reshard_after_forward)
+        model = build_model(cfg, device, world_size=env.world_size, shard=shard)
+        built = status_bytes("VmHWM")
+        synced = values_synced(model, value_optimizer(cfg.optim).sparse, fsdp)
+        outside = {id(p) for p in synced}
+        forward = model
+        trains_in_ddp = any(p.requires_grad and id(p) not in outside for p in model.parameters())
+        if env.is_distributed and not fsdp and trains_in_ddp:
+            forward = data_parallel(model, synced, device)
         optimizers, scaler = build_optimizers(model, cfg), grad_scaler(cfg.train.precision, device)
-        generator = torch.Generator().manual_seed(0)
+        generator = torch.Generator().manual_seed(env.rank)
         shape, vocab = (cfg.data.batch_size, cfg.data.bptt), cfg.model.vocab_size
+        precision = "fp32" if fsdp else cfg.train.precision  # FSDP's own mixed precision
         for _ in range(steps):
             x, y = (torch.randint(0, vocab, shape, generator=generator) for _ in range(2))
-            optimizer_update(optimizers, scaler, loss_backward(model, x, y, cfg.train.precision, device, scaler))
+            loss = loss_backward(forward, x, y, precision, device, scaler)
+            average_value_grads_(synced, env)
+            optimizer_update(optimizers, scaler, loss)
+        return built
 
+    if live:
+        live_memory_only()
     train(config_of(SHRUNK))
     cfg = config_of([])
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)  # what the warm-up freed, given back
     before = status_bytes("VmRSS")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # VmHWM := VmRSS
-    train(cfg)
+    built = train(cfg) - before
     measured = status_bytes("VmHWM") - before
-    est = estimate(cfg, 1, "ddp", device_type="cpu")
-    return {"estimate": est.as_dict(), "estimate_lines": est.lines(), "measured_peak_bytes": measured,
-            "estimate_over_measured": round(est.total / measured, 3), "resident_before_bytes": before}
+    ranks = gather_objects({"measured_peak_bytes": measured, "built_peak_bytes": built,
+                            "resident_before_bytes": before}, env)
+    if not env.is_main:
+        return None
+    est = estimate(cfg, env.world_size, cfg.train.parallel, device_type="cpu")
+    peak = max(r["measured_peak_bytes"] for r in ranks)
+    return {"estimate": est.as_dict(), "estimate_lines": est.lines(), "measured_peak_bytes": peak,
+            "estimate_over_measured": round(est.total / peak, 3), "resident_before_bytes": before,
+            "world_size": env.world_size, "parallel": cfg.train.parallel, "live_memory": live, "ranks": ranks}
 
 
 def entry_overrides(name: str, data: str | None) -> list[str]:
     return ENTRIES[name][1] + ([f"data.path={Path(data).resolve()}"] if data else [])
 
 
-def run_entry(name: str, steps: int, data: str | None) -> dict:
-    args = ["--data", data] if data else []
-    done = subprocess.run([sys.executable, __file__, "--entry", name, "--steps", str(steps), *args], check=True,
-                          capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+def processes(name: str) -> int:
+    return ENTRIES[name][2] if len(ENTRIES[name]) > 2 else 1
+
+
+def run_entry(name: str, steps: int, data: str | None, live: bool = False) -> dict:
+    args = (["--data", data] if data else []) + (["--live-memory"] if live else [])
+    world = processes(name)
+    launcher = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"] if world > 1 else []
+    done = subprocess.run([sys.executable, *launcher, __file__, "--entry", name, "--steps", str(steps), *args],
+                          check=True, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     return {"name": name, "config": ENTRIES[name][0], "overrides": entry_overrides(name, data), "steps": steps,
             **json.loads(done.stdout.strip().splitlines()[-1])}
 
@@ -135,17 +211,21 @@ def main() -> None:
                                                         "sharded_values_cpu.json"),
                         help="benchmarks/sharded_values.py's result to compare the estimates on W processes with")
     parser.add_argument("--out", help="default: dumped/bench/memory_estimate_cpu.json")
+    parser.add_argument("--live-memory", action="store_true",
+                        help="malloc gives back what is freed (mallopt): the peak of what the tensors hold")
     parser.add_argument("--entry", choices=list(ENTRIES), help=argparse.SUPPRESS)  # one entry, in this process
     args = parser.parse_args()
     set_process_defaults()  # before torch is imported, as train.py
     if args.entry:
-        print(json.dumps(measure(ENTRIES[args.entry][0], entry_overrides(args.entry, args.data), args.steps)))
+        row = measure(ENTRIES[args.entry][0], entry_overrides(args.entry, args.data), args.steps, args.live_memory)
+        if row is not None:  # rank 0
+            print(json.dumps(row), flush=True)
         return
     from machine import REPO, machine_info, write_result
 
     rows = []
     for name in args.only:
-        row = run_entry(name, args.steps, args.data)
+        row = run_entry(name, args.steps, args.data, args.live_memory)
         rows.append(row)
         mib = 2**20
         print(f"{name:26s} estimate {row['estimate']['total'] / mib:8.1f} MiB  measured peak "

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
 from itertools import islice
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import spawn
 
 from xlm_pkm.data.shard import read_shard, shard_paths
 from xlm_pkm.data.stream import TokenStream
@@ -76,6 +79,86 @@ def test_an_eval_pass_cut_short_then_rewound_reads_from_the_first_batch(tiny_dat
     stream.rewind()
     again = [y for _, y in stream]
     assert len(again) == len(whole) and all(torch.equal(a, b) for a, b in zip(again, whole))
+
+
+def cut_rows(data_dir, world: int, batch_size: int = 3, bptt: int = 16, max_batches: int = 4) -> list[list[int]]:
+    """The targets an evaluation pass cut to `max_batches` reads on `world` processes, per row of one process's
+    batches: row b is the concatenation, rank after rank, of what each rank's row b predicted; and each rank's
+    number of batches."""
+    rows, lengths = [[] for _ in range(batch_size)], set()
+    for rank in range(world):
+        stream = TokenStream(data_dir, "valid", batch_size, bptt, rank, world, train=False)
+        stream.rewind(max_batches)
+        ys = [y for _, y in stream]
+        lengths.add(len(ys))
+        for b, row in enumerate(torch.cat(ys, dim=1).tolist()):
+            rows[b] += row
+    assert len(lengths) == 1  # every rank reads as many batches (FSDP's and sharded values' collectives)
+    return rows
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_an_eval_pass_cut_to_n_batches_reads_one_process_tokens_on_any_number_of_processes(tiny_data_dir, world):
+    """train.eval_max_batches (evaluate's max_batches) counts one process's batches: on one process the tokens of
+    an uncut pass's first 4 batches; on W processes those same tokens, split across the ranks, each reading about
+    4 / W batches (W = 3: 64 tokens per row do not split in 3, 63 of them are read)."""
+    uncut = TokenStream(tiny_data_dir, "valid", batch_size=3, bptt=16, train=False)
+    first = torch.cat([y for _, y in islice(uncut, 4)], dim=1).tolist()  # (3, 64): the reference
+    assert cut_rows(tiny_data_dir, 1) == first
+    rows = cut_rows(tiny_data_dir, world)
+    kept = 64 // world * world
+    assert rows == [row[:kept] for row in first]
+    stream = TokenStream(tiny_data_dir, "valid", batch_size=3, bptt=16, rank=0, world_size=world, train=False)
+    stream.rewind(4)
+    assert len(stream) == -(-64 // world // 16) and stream.n_tokens == 3 * (64 // world)
+    stream.rewind()  # whole again
+    assert stream.n_tokens == 3 * ((stream.total - 1) // (3 * world))
+
+
+def evaluate_cut(rank: int, world: int, folder: str) -> None:
+    """evaluate() of the tiny model (folder/overrides.json) on the valid split, cut to 4 batches, on this rank;
+    rank 0 writes the result to folder/evaluated{world}.json."""
+    from xlm_pkm.config import load_config
+    from xlm_pkm.runtime.distributed import DistEnv
+    from xlm_pkm.train.build import build_model, build_stream
+    from xlm_pkm.train.evaluation import evaluate
+
+    cfg = load_config(None, json.loads((Path(folder) / "overrides.json").read_text()))
+    env = DistEnv(rank, rank, world)
+    stream = build_stream(cfg, "valid", env)
+    model = build_model(cfg, torch.device("cpu"))  # from train.seed: the same weights on every rank
+    result = evaluate(model, stream, torch.device("cpu"), max_batches=cfg.train.eval_max_batches, env=env)
+    if rank == 0:
+        (Path(folder) / f"evaluated{world}.json").write_text(json.dumps(result))
+
+
+def test_validation_cut_to_n_batches_reads_the_same_tokens_on_1_and_2_processes(tiny_data_dir, tiny_overrides,
+                                                                                tmp_path):
+    """Issue 62.10: the tiny model's validation (train.eval_max_batches=4, data.eval_batch_size=32) on 1 and on 2
+    gloo processes reads the same tokens and gives the same perplexity and memory usage (each 16-token block is
+    read whole on either: the model carries nothing from one block to the next)."""
+    vocab = len(TokenStream(tiny_data_dir, "valid", 1, 1, train=False).dictionary)
+    (tmp_path / "overrides.json").write_text(json.dumps(tiny_overrides(tmp_path, f"model.vocab_size={vocab}")))
+    evaluate_cut(0, 1, str(tmp_path))
+    spawn(evaluate_cut, 2, tmp_path)
+    one, two = (json.loads((tmp_path / f"evaluated{world}.json").read_text()) for world in (1, 2))
+    assert one["tokens"] == two["tokens"] == 4 * 32 * 16 and one["words"] == two["words"]
+    assert two["ppl"] == pytest.approx(one["ppl"], rel=1e-5)
+    assert two["memories"][0]["usage"] == pytest.approx(one["memories"][0]["usage"], rel=1e-6)
+
+
+def test_a_resume_whose_evaluation_batch_changed_says_validation_reads_other_tokens(tiny_run, tiny_trainer, tmp_path):
+    """data.eval_batch_size=0 follows data.batch_size, which a resume on another number of processes changes (here
+    eval_batch_size given on resume: the same change on one process): the cut validation then reads other tokens
+    than best.pt's perplexity was measured on, and the log says how to keep them."""
+    tiny_run(tmp_path, "train.exp_id=r", "data.eval_batch_size=0", "train.max_steps=2")
+    trainer = tiny_trainer(tmp_path, "train.exp_id=r", "data.eval_batch_size=8", "train.max_steps=4")
+    trainer.close()
+    assert trainer.resumed
+    line = ("train.eval_max_batches=4: validation now reads one process's first 4 batches of 8 rows, not of 4 as "
+            "before the resume: other tokens than those of best.pt's perplexity; resume with data.eval_batch_size=4 "
+            "to keep them")
+    assert line in (trainer.run_dir / "train.log").read_text()
 
 
 def test_train_is_deterministic_for_a_seed_and_epochs_differ(tiny_data_dir):

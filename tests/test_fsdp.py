@@ -7,6 +7,7 @@ mode, the uninterrupted run, the checkpoint as it was saved.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import os
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import logged_losses, spawn, whole_checkpoint
+from conftest import TINY, logged_losses, spawn, whole_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -207,3 +208,103 @@ def test_per_rank_states_saved_by_2_ranks_are_resharded_for_4():
                for i, r in enumerate(four))
     assert len({tuple(r["rng"]["seed"]) for r in four}) == 4
     assert [r["rng"] for r in resharded_states(saved, 4, seed=0)] == [r["rng"] for r in four]
+
+
+# ---- the model built on the meta device, each rank's shards drawn (issue 62.19) ----------------------------------
+MODEL = [o for o in TINY if o.startswith(("model.", "data.", "optim."))] + ["model.vocab_size=65", "train.device=cpu",
+                                                                               "train.parallel=fsdp"]
+BUILDS = {  # each with what its build exercises
+    "pkm": ("model.memory.query_norm=batchnorm",),  # sharded values (auto), BatchNorm's buffers; 65 rows: padded
+    "engram_bf16": ("model.engram.layers=[1]", "model.engram.table_size=53", "model.engram.ngram_dim=16",
+                    "model.engram.heads=2", "train.precision=bf16"),  # hash buffers, Engram tables, float32 units
+    "shared_values": ("model.mem_layers=[1,2]", "model.memory.share_values=true", "model.pre_norm=true",
+                      "model.memory.gated=true"),  # one table for two blocks, kept out; the final norm
+    "peer": ("model.memory.values=peer",),  # whole expert tables
+    "all_attention": ("model.family=all_attention", "model.sublayers=[all_attention]", "model.persistent_vectors=4",
+                      "model.span.max_span=16", "data.shuffle_blocks=false"),  # relative positions shared by blocks
+}
+
+
+def built_both_ways(rank: int, world: int, folder: str) -> None:
+    """Each config of BUILDS built by build_model with FSDP's units on the meta device (its shards drawn), and
+    whole as before: every FSDP parameter gathered, every table and buffer, equals the whole build's bit for bit,
+    with its marks. Then folder/peak.json's model: the peak resident memory that each build adds (VmHWM over
+    VmRSS before it), on this rank."""
+    from xlm_pkm.config import load_config
+    from xlm_pkm.runtime.distributed import DistEnv
+    from xlm_pkm.runtime.fsdp import fully_shard_model
+    from xlm_pkm.train.build import build_model, resolved_config
+
+    env, cpu = DistEnv(rank, rank, world), torch.device("cpu")
+
+    def shard(model):
+        fully_shard_model(model, env, cpu, cfg.train.precision, True)
+
+    for name, extra in BUILDS.items():
+        cfg = resolved_config(load_config(None, [*MODEL, *extra]), 65, "x", world)
+        sharded, whole = build_model(cfg, cpu, world_size=world, shard=shard), build_model(cfg, cpu)
+        assert sharded.cfg.memory.shard_values is (name != "peer")  # auto: sharded where it can be
+        tensors = dict(whole.named_parameters()) | dict(whole.named_buffers())
+        mine = dict(sharded.named_parameters()) | dict(sharded.named_buffers())
+        assert mine.keys() == tensors.keys(), name
+        for key, t in tensors.items():
+            p = mine[key]
+            assert torch.equal(p.full_tensor() if hasattr(p, "full_tensor") else p, t), f"{name}: {key}"
+            assert {k: v for k, v in vars(p).items() if not k.startswith("_")} == vars(t), f"{name}: {key}"
+        assert not any(hasattr(p, "full_tensor") for p in sharded.memory_value_parameters())  # left out of FSDP
+    peak = json.loads((Path(folder) / "peak.json").read_text())
+    cfg = resolved_config(load_config(None, [*MODEL, *peak["overrides"]]), 65, "x", world)
+    live_memory_only()
+    peaks = {}
+    for way in ("sharded", "whole"):
+        gc.collect()
+        before = status_bytes("VmRSS")
+        reset_peak()
+        model = build_model(cfg, cpu, world_size=world, shard=shard if way == "sharded" else None)
+        if way == "whole":  # as before: the whole model, then its FSDP units
+            shard(model)
+        peaks[way] = status_bytes("VmHWM") - before
+        del model
+    (Path(folder) / f"peak{rank}.json").write_text(json.dumps(peaks))
+
+
+def status_bytes(key: str) -> int:
+    """A line of /proc/self/status (VmRSS, VmHWM), in bytes."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(key + ":"))
+
+
+def live_memory_only() -> None:
+    """glibc's malloc from now on maps every block of 64 KiB or more on its own and returns it when freed (its
+    thresholds fixed: mallopt), so that the resident memory is what is in use, not also what was freed earlier and
+    kept for reuse (which varies with when Python's garbage collector ran)."""
+    import ctypes
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 64 * 1024)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 64 * 1024)  # M_TRIM_THRESHOLD
+    libc.malloc_trim(0)
+
+
+def reset_peak() -> None:
+    """VmHWM := VmRSS (Linux)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def test_fsdp_builds_each_ranks_shards_on_the_meta_device_with_the_whole_builds_weights(tmp_path):
+    """On 2 gloo processes, build_model under fsdp builds the model on the meta device, makes its FSDP units and
+    draws each rank's shards (runtime/fsdp.build_sharded): the weights of the whole build bit for bit, for PKM, Engram
+    (bf16), shared values, PEER and the all-attention family. A 32-layer model of width 256 (96 MiB of dense
+    weights): the whole build adds them whole to a rank's peak resident memory (95 MiB here); the sharded one their
+    half, one block (3 MiB) and the embeddings (54 MiB), with malloc returning what is freed (live_memory_only)."""
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("the peak resident memory is reset through /proc/self/clear_refs (Linux)")
+    big = ["model.dim=256", "model.n_layers=32", "model.n_heads=4", "model.mem_layers=[16]"]
+    (tmp_path / "peak.json").write_text(json.dumps({"overrides": big}))
+    spawn(built_both_ways, 2, tmp_path)
+    dense = 4 * 32 * (12 * 256**2 + 13 * 256)  # bytes: the blocks' attention and FFN weights and biases, norms
+    for rank in range(2):
+        peaks = json.loads((tmp_path / f"peak{rank}.json").read_text())
+        assert peaks["whole"] > 0.85 * dense, peaks
+        assert peaks["sharded"] < 0.65 * peaks["whole"], peaks

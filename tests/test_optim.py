@@ -130,5 +130,7 @@ def test_a_plugin_optimizer_declares_its_state_and_the_memory_check_counts_it(mo
     whole = estimate(load_config(None, small), 1, "ddp", "cpu").parameters  # every weight and buffer, float32
     assert whole >= 4 * (values + dense) > held(fsdp, 64, "fsdp")
     monkeypatch.setattr(build, "available_memory", lambda device: (whole - 1, "test"))
-    with pytest.raises(ConfigError, match="more than the"):  # the whole weights, built before sharding
+    with pytest.raises(ConfigError, match="more than the"):  # the whole weights, built before sharding (init_from)
         build.check_memory_fits(load_config(None, fsdp), torch.device("cpu"), world_size=64)
+    # built on the meta device, its shards drawn: the parts outside the blocks and one block whole at most
+    build.check_memory_fits(load_config(None, fsdp), torch.device("cpu"), world_size=64, whole=False)

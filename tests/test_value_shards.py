@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import assert_two_processes_equal_one, spawn
+from conftest import TINY_VALUES, assert_two_processes_equal_one, spawn
 
 from xlm_pkm.checkpoint import sharded_values
 from xlm_pkm.config import Config
@@ -253,7 +253,7 @@ def check_then_train(rank: int, world: int, folder: str) -> None:
         assert trainer.resumed == (steps == 4 and run == "sharded")
         trainer.train()
         trainer.close()
-    result = evaluate_checkpoint(Path(folder) / "tiny" / "sharded" / "checkpoint.pt", "valid", batch_size=16,
+    result = evaluate_checkpoint(Path(folder) / "tiny" / "sharded" / "checkpoint.pt", "valid", batch_size=32,
                                  max_batches=2, env=DistEnv(rank, rank, world))
     if rank == 0:
         (Path(folder) / "evaluated.json").write_text(json.dumps(result))
@@ -304,7 +304,7 @@ def test_2_processes_sharded_and_replicated_equal_one_process(tiny_overrides, re
     unsharded = evaluate_checkpoint(singles["sharded"].run_dir / "checkpoint.pt", "valid", max_batches=2)
     assert sharded["ppl"] == pytest.approx(unsharded["ppl"], rel=1e-3)
     assert sharded["memories"][0]["usage"] == pytest.approx(unsharded["memories"][0]["usage"], abs=0.5)
-    on_two = json.loads((tmp_path / "evaluated.json").read_text())  # 2 x 16 streams: the same 32 streams
+    on_two = json.loads((tmp_path / "evaluated.json").read_text())  # one process's 2 batches of 32, split in 2
     assert on_two["tokens"] == sharded["tokens"] and on_two["ppl"] == pytest.approx(sharded["ppl"], rel=1e-6)
     assert on_two["memories"][0] == pytest.approx(sharded["memories"][0], rel=1e-6)
     truncated_shard(run, overrides["sharded"], tmp_path / "truncated", capsys)
@@ -382,3 +382,87 @@ def test_sharded_best_on_one_process_is_kept_whole_when_a_shard_cannot_be_writte
     torch.save(torch.zeros(3), shard)
     with pytest.raises(ValueError, match="step2.rank0-of-1.pt is a torch file, but not a value shard"):
         sharded_values.attach(torch.load(run / "best.pt", weights_only=False), run / "best.pt", None)
+
+
+# ---- model.memory.shard_values=auto (issue 62.21) ---------------------------------------------------------------
+@pytest.mark.parametrize("extra, world, shard", [
+    (["train.parallel=fsdp"], 2, True),
+    (["train.parallel=fsdp"], 1, False),  # one process: nothing to shard over
+    (["train.parallel=fsdp"], 3, False),  # the width 32 does not divide by 3
+    (["train.parallel=ddp"], 2, False),  # as before
+    (["train.parallel=fsdp", "model.memory.values=peer"], 2, False),  # PEER's tables are not sharded
+    (["train.parallel=fsdp", "model.memory.read_backward=one_pass"], 2, False),
+    (["train.parallel=fsdp", "model.memory.shard_values=false"], 2, False),  # explicit: kept
+    (["train.parallel=ddp", "model.memory.shard_values=true"], 2, True),
+])
+def test_shard_values_auto_shards_the_values_under_fsdp_where_the_width_divides(extra, world, shard):
+    from xlm_pkm.config import load_config
+    from xlm_pkm.train.build import resolved_config
+
+    cfg = load_config(None, ["model.dim=32", "model.n_heads=2", "model.mem_layers=[1]", *extra])
+    assert resolved_config(cfg, 50, "x", world).model.memory.shard_values is shard
+
+
+def test_shard_values_takes_auto_true_or_false_only():
+    from xlm_pkm.config import load_config
+    from xlm_pkm.errors import ConfigError
+
+    assert load_config(None, []).model.memory.shard_values == "auto"
+    assert load_config(None, ["model.memory.shard_values=true"]).model.memory.shard_values is True
+    for bad in ("1", "yes please", "[true]"):
+        with pytest.raises(ConfigError, match=r"^model.memory.shard_values: expected one of auto \| true \| false, "
+                                              r"got "):
+            load_config(None, [f"model.memory.shard_values={bad}"])
+
+
+def train_then_resume_by_default(rank: int, world: int, folder: str) -> None:
+    """folder/runs.json: a fsdp run trained with shard_values=false (the old default), then resumed with the
+    default (auto: sharded here), and a new fsdp run with the default: the resumed run holds its columns of the
+    saved whole table and of its Adam moments."""
+    import json
+
+    from conftest import whole_checkpoint
+
+    from xlm_pkm.config import load_config
+    from xlm_pkm.train.trainer import Trainer
+
+    runs = json.loads((Path(folder) / "runs.json").read_text())
+    for name in ("old", "new"):
+        trainer = Trainer(load_config(None, runs[name]), test=False)
+        trainer.train()
+        trainer.close()
+    saved = whole_checkpoint(Path(folder) / "tiny" / "old" / "checkpoint.pt")
+    trainer = Trainer(load_config(None, runs["resumed"]), test=False)
+    try:
+        assert trainer.resumed and trainer.cfg.model.memory.shard_values is True
+        table = dict(trainer.model.named_parameters())[TINY_VALUES]
+        columns = table.value_shard.columns(table.shape[1] * world)
+        assert torch.equal(table.detach(), saved["model"][TINY_VALUES][:, columns])
+        (group,) = [g for g in trainer.optimizers.groups if any(p is table for p in g.params)]
+        moments = trainer.optimizers.state_dict()[group.name]["state"]
+        index = [i for i, p in enumerate(group.params) if p is table][0]
+        whole = saved["optimizers"][group.name]["state"][index]
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(moments[index][key], whole[key][:, columns]), key
+    finally:
+        trainer.close()
+
+
+def test_fsdp_shards_the_values_by_default_and_resumes_a_run_saved_replicated(tiny_overrides, tmp_path):
+    """Under fsdp on 2 processes the tiny PKM's 32-wide table is sharded by default (the log says so and why); a run
+    saved with shard_values=false (the default before) resumes with the default: each rank loads its columns of
+    the saved table and of its Adam moments."""
+    import json
+
+    common = ["train.parallel=fsdp", "optim.values_optimizer=adam", "train.max_steps=2"]
+    runs = {"old": tiny_overrides(tmp_path, *common, "model.memory.shard_values=false", "train.exp_id=old"),
+            "new": tiny_overrides(tmp_path, *common, "train.exp_id=new"),
+            "resumed": tiny_overrides(tmp_path, *common, "train.exp_id=old")}
+    (tmp_path / "runs.json").write_text(json.dumps(runs))
+    spawn(train_then_resume_by_default, 2, tmp_path)
+    log = (tmp_path / "tiny" / "new" / "train.log").read_text()
+    assert ("model.memory.shard_values=auto: true (train.parallel=fsdp on 2 processes, the value width 32 divides "
+            "by 2): each rank holds 1/2 of every value table's columns and of their optimizer state; set it true or "
+            "false to choose") in log
+    before, after = (tmp_path / "tiny" / "old" / "train.log").read_text().split("resumed at step")
+    assert "shard_values=auto" not in before and "model.memory.shard_values=auto: true" in after

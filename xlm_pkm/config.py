@@ -42,7 +42,7 @@ from xlm_pkm.model.blocks import CONTEXT_SUBLAYERS
 from xlm_pkm.model.transformer import ModelConfig, resolve_memory_layers
 from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
-from xlm_pkm.settings import architecture_keys, check, non_negative, positive
+from xlm_pkm.settings import architecture_keys, check, choice_text, non_negative, positive
 
 # configs/default.yaml, train.py's config when none is given: the copy installed with the package (pip install .),
 # else the checkout's
@@ -79,7 +79,10 @@ class TrainConfig:
     log_every: int = field(default=50, metadata=positive())  # a train line every this many steps
     # valid perplexity (best.pt) and checkpoint.pt every this many steps
     eval_every: int = field(default=1000, metadata=positive())
-    eval_max_batches: int = field(default=0, metadata=non_negative())  # 0: the whole split
+    # N > 0: validation reads the tokens of one process's first N batches of data.eval_batch_size rows, split across
+    # the ranks (~N / W batches each): the same tokens on any number of processes with the same eval batch size
+    # (data/stream.py); 0: the whole split
+    eval_max_batches: int = field(default=0, metadata=non_negative())
     # checkpoint.pt also every this many steps (0: at evaluations only)
     save_every_steps: int = field(default=0, metadata=non_negative())
     # checkpoint.pt also every this many minutes, so that a crash loses at most that much (0: at evaluations only)
@@ -410,7 +413,8 @@ def _coerce(tp, value, key: str):
     origin = typing.get_origin(tp)
     if origin is Literal:  # which of its values: checked by validate
         if isinstance(value, (list, dict)):
-            raise ConfigError(f"{key}: expected one of {' | '.join(map(str, typing.get_args(tp)))}, got {value!r}")
+            raise ConfigError(f"{key}: expected one of {' | '.join(map(choice_text, typing.get_args(tp)))}, got "
+                              f"{value!r}")
         return value
     if origin is list:
         (item_tp,) = typing.get_args(tp)

@@ -91,15 +91,25 @@ def check(section, prefix: str = ""):
     for key, f, tp, value in _leaves(section, prefix):
         allowed = choices(f, tp)
         names = value if isinstance(value, list) else [value]
-        if allowed is not None and any(name not in allowed or isinstance(name, bool) for name in names):
+        if allowed is not None and not all(_is_one_of(name, allowed) for name in names):
             each = "each one of" if isinstance(value, list) else "one of"
-            raise ConfigError(f"{key}: expected {each} {' | '.join(map(str, allowed))}, got {value!r}")
+            raise ConfigError(f"{key}: expected {each} {' | '.join(map(choice_text, allowed))}, got {value!r}")
         if isinstance(value, float) and not math.isfinite(value):
             raise ConfigError(f"{key}: must be a finite number, got {value}")
         if RULE in f.metadata:
             f.metadata[RULE](key, value)
     _check_sections(section, prefix)
     return section
+
+
+def _is_one_of(value, allowed: list) -> bool:
+    """value is one of `allowed` and of its type: true is not 1 (a Literal may hold both "auto" and true)."""
+    return any(value == a and type(value) is type(a) for a in allowed)
+
+
+def choice_text(value) -> str:
+    """A choice as YAML writes it: true, false, auto."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _leaves(section, prefix: str):

@@ -197,7 +197,7 @@ def _build(cfg: Config, whole: bool, root: Path | None = None) -> TransformerLM 
     """The run's model; with `whole`, sharded value tables (model.memory.shard_values) hold every column. A
     retrofit's base is read from model.base.path (relative to `root` when given: an exported folder)."""
     model_cfg = cfg.model
-    if whole and cfg.model.memory.shard_values:
+    if whole and cfg.model.memory.shard_values is True:
         model_cfg = dataclasses.replace(cfg.model, memory=dataclasses.replace(cfg.model.memory, shard_values=False))
     if model_cfg.base.path:
         return RetrofitLM(model_cfg, load_base(model_cfg.base, root))

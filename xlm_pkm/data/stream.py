@@ -16,6 +16,13 @@ N - offset - 1 - S*L < S tokens that do not split evenly are dropped (the end of
   ranks share the order, so they stay disjoint, and every block of an epoch is read once.
 * train=False: one pass from offset 0, blocks in order; the last block may be shorter (t <= bptt).
   Each new `iter()` starts a new pass (or continues a pass restored by `load_state_dict`).
+  `rewind(max_batches)` cuts the passes that follow to the tokens one process reads in its first
+  `max_batches` batches, whatever the number of processes: the B = batch_size windows of that process
+  (stream s from s·L1, L1 = (N - 1) // B, its first min(max_batches·bptt, L1) predicted tokens), each
+  cut into W consecutive pieces of that length // W, rank r reading piece r of every window. On one
+  process these are the batches of an uncut pass's first max_batches; on W they are the same tokens
+  when W divides the window's length (else up to W - 1 fewer per window), in ~max_batches / W batches
+  per rank, a piece's first tokens with less context before them than one process gives them.
 
 A shard's checksum is verified the first time it is read (shard.py).
 
@@ -82,6 +89,7 @@ class TokenStream:
         self.rank, self.world_size, self.seed, self.train = rank, world_size, seed, train
         self.shuffle = train and shuffle
         self.epoch = self.step = 0
+        self.max_batches = 0  # evaluation: passes cut to one process's first max_batches batches (rewind)
         self._open: OrderedDict[int, Shard] = OrderedDict()
         min_steps = self._steps(self._stream_len(bptt - 1 if train else 0))
         if min_steps < 1:
@@ -94,7 +102,7 @@ class TokenStream:
         block to the next). Evaluation: offset 0, blocks in order."""
         rng = np.random.default_rng([self.seed, epoch])
         offset = int(rng.integers(self.bptt)) if self.train else 0
-        n_blocks = self._steps(self._stream_len(offset))
+        n_blocks = self._steps(self._layout(offset)[1])
         return offset, rng.permutation(n_blocks) if self.shuffle else np.arange(n_blocks)
 
     def _offset(self, epoch: int) -> int:
@@ -103,17 +111,28 @@ class TokenStream:
     def _stream_len(self, offset: int) -> int:
         return (self.total - offset - 1) // (self.world_size * self.batch_size)
 
+    def _layout(self, offset: int) -> tuple[np.ndarray, int]:
+        """(the first token of each of this rank's batch_size streams, their length in predicted tokens): the
+        epoch's S = world_size x batch_size streams, or a cut evaluation pass's pieces (module docstring)."""
+        rows = np.arange(self.batch_size)
+        if self.max_batches:
+            one = (self.total - 1) // self.batch_size  # a stream's length on one process
+            length = min(self.max_batches * self.bptt, one) // self.world_size
+            return rows * one + self.rank * length, length
+        length = self._stream_len(offset)
+        return offset + (self.rank * self.batch_size + rows) * length, length
+
     def _steps(self, stream_len: int) -> int:
         return stream_len // self.bptt if self.train else -(-stream_len // self.bptt)
 
     @property
     def n_tokens(self) -> int:
         """Tokens this rank predicts in the current epoch (train) or in the pass (eval)."""
-        return self.batch_size * self._stream_len(self._offset(self.epoch))
+        return self.batch_size * self._layout(self._offset(self.epoch))[1]
 
     def __len__(self) -> int:
         """Batches in the current epoch (train) or in the pass (eval)."""
-        return self._steps(self._stream_len(self._offset(self.epoch)))
+        return self._steps(self._layout(self._offset(self.epoch))[1])
 
     def _shard(self, i: int) -> Shard:
         if i not in self._open:
@@ -138,8 +157,7 @@ class TokenStream:
     def __iter__(self):
         while True:
             offset, order = self._epoch(self.epoch)
-            stream_len = self._stream_len(offset)
-            first = offset + (self.rank * self.batch_size + np.arange(self.batch_size)) * stream_len
+            first, stream_len = self._layout(offset)
             while self.step < len(order):
                 t0 = int(order[self.step]) * self.bptt
                 t = min(self.bptt, stream_len - t0)
@@ -151,10 +169,17 @@ class TokenStream:
                 return
             self.epoch += 1
 
-    def rewind(self) -> None:
-        """Back to the first batch of the first epoch: the next iteration reads an evaluation pass whole,
-        also after one cut short."""
+    def rewind(self, max_batches: int = 0) -> None:
+        """Back to the first batch of the first epoch: the next iteration reads an evaluation pass from its
+        start, also after one cut short; whole, or (max_batches > 0, train=False) cut to one process's first
+        max_batches batches, split across the ranks (module docstring)."""
+        if max_batches and self.train:
+            raise ValueError("a training stream is not cut: max_batches is for evaluation passes")
         self.epoch = self.step = 0
+        self.max_batches = max_batches
+        if max_batches and self._layout(0)[1] < 1:
+            raise ShardError(f"split {self.split!r} of {self.data_dir} has {self.total} tokens: too few for "
+                             f"{self.batch_size} streams of at least {self.world_size} tokens each")
 
     def state_dict(self) -> dict[str, int]:
         return {"epoch": self.epoch, "step": self.step, "seed": self.seed, "batch_size": self.batch_size,

@@ -105,16 +105,18 @@ def is_result_file(path: Path) -> bool:
 
 def _dry_run(args) -> None:
     """train.py --dry-run: the run's config resolved as training would (its vocabulary size from the data's
-    vocab file unless model.vocab_size sets it), its memory estimate per rank printed on rank 0."""
+    vocab file unless model.vocab_size sets it, model.memory.shard_values=auto for its world size), its memory
+    estimate per rank printed on rank 0."""
     cfg = launch_config(args.config, args.overrides)
     if cfg.model.base.path:
         raise ConfigError("--dry-run counts the parts of xlm_pkm's own transformer: a retrofit (model.base.path) is "
                           "not estimated")
-    if not cfg.model.vocab_size:
-        cfg = resolved_config(cfg, len(Dictionary.load(Path(cfg.data.path) / "vocab")), cfg.train.exp_id)
     env = read_env()
+    world_size = args.world_size or env.world_size
+    vocab_size = cfg.model.vocab_size or len(Dictionary.load(Path(cfg.data.path) / "vocab"))
+    cfg = resolved_config(cfg, vocab_size, cfg.train.exp_id, world_size)
     if env.is_main:
-        print(estimate(cfg, args.world_size or env.world_size, cfg.train.parallel))
+        print(estimate(cfg, world_size, cfg.train.parallel))
 
 
 def train_main(argv: list[str] | None = None) -> int:
@@ -208,7 +210,9 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bptt", type=int, default=0, help="default: the run's bptt")
     parser.add_argument("--device", default="auto")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"])
-    parser.add_argument("--max-batches", type=int, default=0, help="0: the whole split")
+    parser.add_argument("--max-batches", type=int, default=0,
+                        help="the tokens of one process's first N batches, split across the ranks (the same on any "
+                             "number of processes); 0: the whole split")
     args = parser.parse_args(argv)
     try:
         if args.batch_size < 0 or args.bptt < 0 or args.max_batches < 0:

@@ -47,7 +47,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -199,7 +199,10 @@ def layer_sublayers(cfg: ModelConfig, mem_layers: list[int], layer: int) -> list
 
 
 class TransformerLM(MemoryHost, nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, built: Callable[[int, Block], Block] | None = None):
+        """The model of `cfg`, its weights drawn in the order of its parts. `built(index, block)`, when given,
+        takes each block as soon as its weights are drawn and returns the block to keep: runtime/fsdp.py takes a
+        rank's shards of it and keeps an empty copy, so that the whole model is never held at once."""
         super().__init__()
         if cfg.vocab_size <= 0:
             raise ValueError("model.vocab_size must be set (from the data's vocabulary) before building the model")
@@ -227,8 +230,8 @@ class TransformerLM(MemoryHost, nn.Module):
         self.blocks = nn.ModuleList()
         for layer, names in enumerate(self.plan, 1):
             shared["layer"] = layer
-            self.blocks.append(Block([SUBLAYERS[name](cfg, shared) for name in names], D, residual_dropout,
-                                     cfg.pre_norm))
+            block = Block([SUBLAYERS[name](cfg, shared) for name in names], D, residual_dropout, cfg.pre_norm)
+            self.blocks.append(block if built is None else built(layer - 1, block))
         self.final_norm = nn.LayerNorm(D) if cfg.pre_norm else nn.Identity()
 
     def hidden(self, tokens: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:

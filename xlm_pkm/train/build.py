@@ -1,9 +1,10 @@
 """Builders shared by the trainer, evaluation and benchmarks: data streams, the model, its optimizers.
 
     stream = build_stream(cfg, "train", env)           # also checks that the split is readable
-    cfg = resolved_config(cfg, stream.dictionary, exp_id)   # a new Config: the given one is not changed
+    cfg = resolved_config(cfg, stream.dictionary, exp_id, env.world_size)   # a new Config: the given one is kept
     model = build_model(cfg, device)                    # from train.seed: identical on every rank
                                                         # (with model.base: the base loaded, memories drawn)
+    model = build_model(cfg, device, shard=shard)       # fsdp: each rank's shards only, the same weights
     optimizers = build_optimizers(model, cfg)           # sets the model's value gradients sparse or not
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import contextmanager
+from typing import Callable
 
 import torch
 
@@ -21,7 +23,7 @@ from xlm_pkm.data.stream import TokenStream
 from xlm_pkm.data.tokenized import load_tokenizer, tokenizer_dictionary
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model import retrofit
-from xlm_pkm.model.transformer import ModelConfig, TransformerLM
+from xlm_pkm.model.transformer import ModelConfig, TransformerLM, resolve_memory_layers
 from xlm_pkm.optim.optimizers import Optimizers, value_optimizer
 from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.runtime.hardware import available_memory
@@ -40,11 +42,12 @@ def build_stream(cfg: Config, split: str, env: DistEnv, data_path: str | None = 
                        seed=cfg.train.seed, train=train, shuffle=data.shuffle_blocks)
 
 
-def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str) -> Config:
+def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str, world_size: int = 1) -> Config:
     """A copy of `cfg` with what a run resolves before building anything: model.vocab_size from the data's
-    `dictionary` (or its size; 0 in the config; a one-line error if they disagree) and train.exp_id (the run
-    directory's). A retrofit (model.base) takes the base's sizes and the digest of its files (retrofit.resolved),
-    after checking that the data was made by the base's tokenizer (given the dictionary)."""
+    `dictionary` (or its size; 0 in the config; a one-line error if they disagree), train.exp_id (the run
+    directory's) and model.memory.shard_values=auto for a run on `world_size` processes (shard_values_choice).
+    A retrofit (model.base) takes the base's sizes and the digest of its files (retrofit.resolved), after checking
+    that the data was made by the base's tokenizer (given the dictionary)."""
     if cfg.model.base.path:
         model = resolved_base(cfg, dictionary)
     else:
@@ -53,7 +56,30 @@ def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str) -> C
             raise ConfigError(f"model.vocab_size={cfg.model.vocab_size} but {cfg.data.path}/vocab gives "
                               f"{vocab_size} tokens (set 0 to take it from the data)")
         model = dataclasses.replace(cfg.model, vocab_size=vocab_size)
+    if model.memory.shard_values == "auto":
+        shard, _ = shard_values_choice(cfg, world_size)
+        model = dataclasses.replace(model, memory=dataclasses.replace(model.memory, shard_values=shard))
     return dataclasses.replace(cfg, model=model, train=dataclasses.replace(cfg.train, exp_id=exp_id))
+
+
+def shard_values_choice(cfg: Config, world_size: int) -> tuple[bool, str]:
+    """What model.memory.shard_values=auto resolves to on `world_size` processes, and why in words: true under
+    train.parallel=fsdp on several processes when the model has memories whose value tables can be sharded by
+    column (the table store, its width model.dim divisible by the world size, read by the sharded read: not
+    read_backward=one_pass nor inference_values=bfloat16); false otherwise, as before."""
+    memory, dim, W = cfg.model.memory, cfg.model.dim, world_size
+    if cfg.train.parallel != "fsdp" or W == 1:
+        return False, f"train.parallel={cfg.train.parallel} on {W} process(es): only fsdp on several shards them"
+    if cfg.model.base.path or not resolve_memory_layers(cfg.model):
+        return False, "no memory layer of this model's own"
+    if memory.values != "table":
+        return False, f"model.memory.values={memory.values} keeps its tables whole"
+    if dim % W:
+        return False, f"the value width model.dim={dim} does not divide by {W} processes"
+    if memory.read_backward == "one_pass" or memory.inference_values != "table":
+        return False, (f"read_backward={memory.read_backward} and inference_values={memory.inference_values} "
+                       f"read a whole table")
+    return True, f"train.parallel=fsdp on {W} processes, the value width {dim} divides by {W}"
 
 
 def resolved_base(cfg: Config, dictionary: Dictionary | int) -> ModelConfig:
@@ -112,17 +138,20 @@ class InitialWeights:
             self.states = [torch.get_rng_state(), *(torch.cuda.get_rng_state(i) for i in self.cuda)]
 
 
-def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) -> None:
+def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1, whole: bool = True) -> None:
     """Refuses in one line, before anything is allocated, a run whose weights, gradients and optimizer states
     on one rank exceed the device's available memory: train/memory_estimate.estimate's figures for them
-    (what training holds whatever the batch: a lower bound of its peak). With train.parallel=fsdp a rank
-    builds the whole weights before sharding them (runtime/fsdp.py): the larger of that and its share."""
+    (what training holds whatever the batch: a lower bound of its peak), or the build's peak if larger. A model
+    built `whole` before train.parallel=fsdp shards it (train.init_from loads whole weights into it): its whole
+    weights, if larger."""
     available = available_memory(device)
     if available is None:
         return
     available, source = available
     rank = estimate(cfg, world_size, cfg.train.parallel, device.type)
     need = max(rank.parameters + rank.gradients + rank.optimizer, rank.built)
+    if whole and cfg.train.parallel == "fsdp" and world_size > 1:
+        need = max(need, estimate(cfg, world_size, "ddp", device.type).parameters)
     if need > available:
         memory, elements = cfg.model.memory, rank.elements
         share = elements["memory values"] / sum(elements.values())
@@ -138,17 +167,26 @@ def check_memory_fits(cfg: Config, device: torch.device, world_size: int = 1) ->
 
 
 def build_model(cfg: Config, device: torch.device, weights: InitialWeights | None = None,
-                world_size: int = 1) -> TransformerLM | retrofit.RetrofitLM:
+                world_size: int = 1, shard: Callable[[TransformerLM], object] | None = None
+                ) -> TransformerLM | retrofit.RetrofitLM:
     """The LM of cfg.model (vocab_size set), initialised from `weights` (by default its own stream from
     train.seed), value gradients as the values optimizer wants them; refused first if it cannot fit on one
-    of `world_size` ranks (check_memory_fits). A retrofit (model.base, resolved) loads its base, then draws its
-    memories (its memory estimate is not made: train/memory_estimate.py counts TransformerLM's parts). The global
-    random stream is left as it was."""
+    of `world_size` ranks (check_memory_fits). With `shard` (train.parallel=fsdp: shard(model) makes its FSDP
+    units), the model is never whole on this rank: built on the meta device, sharded, then each rank's shards
+    drawn as the full build draws them (runtime/fsdp.build_sharded: the same weights). A retrofit (model.base,
+    resolved) loads its base, then draws its memories (its memory estimate is not made: train/memory_estimate.py
+    counts TransformerLM's parts). The global random stream is left as it was."""
     base = retrofit.load_base(cfg.model.base) if cfg.model.base.path else None
     if base is None:
-        check_memory_fits(cfg, device, world_size)
-    with (weights or InitialWeights(cfg.train.seed, device)).drawing():
-        model = (TransformerLM(cfg.model) if base is None else retrofit.RetrofitLM(cfg.model, base)).to(device)
+        check_memory_fits(cfg, device, world_size, whole=shard is None)
+    weights = weights or InitialWeights(cfg.train.seed, device)
+    if shard is not None and base is None:
+        from xlm_pkm.runtime.fsdp import build_sharded  # FSDP's import: only its runs pay it
+
+        model = build_sharded(lambda built=None: TransformerLM(cfg.model, built), shard, device, weights.drawing)
+    else:
+        with weights.drawing():
+            model = (TransformerLM(cfg.model) if base is None else retrofit.RetrofitLM(cfg.model, base)).to(device)
     model.set_sparse_values(value_optimizer(cfg.optim).sparse)
     return model
 

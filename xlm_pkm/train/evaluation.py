@@ -23,6 +23,8 @@ def synchronize(device: torch.device) -> None:
 def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_batches: int = 0,
              env: DistEnv = DistEnv()) -> dict:
     """One pass over `stream` (a TokenStream with train=False), from its first batch; sums over all ranks.
+    max_batches > 0: the tokens one process reads in its first max_batches batches, split across the ranks
+    (the same tokens on any number of processes with the same stream batch size: TokenStream.rewind).
 
     Returns ppl, loss (nats per token), tokens, words, tokens_per_sec, words_per_sec and, for each
     memory, its layer and statistics (usage %, KL by weight and by count, slots holding 50/90/99%; the mean
@@ -39,15 +41,13 @@ def evaluate(model, stream, device: torch.device, precision: str = "fp32", max_b
     model.reset_stream_state(training=False)  # every pass reads new streams, also on a model already in eval mode
     model.set_memory_stats(True)
     word_end = torch.from_numpy(stream.dictionary.word_end_mask())
-    stream.rewind()  # a stream evaluated before, perhaps cut short by max_batches
+    stream.rewind(max_batches)  # a stream evaluated before, perhaps with another cut
     loss_sum = torch.zeros((), dtype=torch.float64, device=device)
     tokens = words = 0
-    progress = Progress(f"evaluating {stream.split}", min(len(stream), max_batches or len(stream)), env.is_main)
+    progress = Progress(f"evaluating {stream.split}", len(stream), env.is_main)
     synchronize(device)
     start = time.perf_counter()
     for i, (x, y) in enumerate(stream):
-        if max_batches and i >= max_batches:
-            break
         with autocast(precision, device):
             nll = model(x.to(device, non_blocking=True), targets=y.to(device, non_blocking=True))  # (B, T)
         loss_sum += nll.double().sum()

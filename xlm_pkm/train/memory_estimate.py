@@ -25,8 +25,10 @@ bytes per rank:
                    optimizer state; the value and Engram tables stay outside FSDP, as above
     communication  ddp on W > 1: DDP's gradient buckets, a copy of every gradient it all-reduces (the trainable
                    dense parameters, and replicated value tables with dense gradients): 4·P.
-                   fsdp: the largest FSDP unit (a block; or the rest: embeddings, norms, output) gathered whole,
-                   its weights and its gradients at once in the backward, before the reduce-scatter: 8·P_unit.
+                   fsdp: the units gathered whole at once, b·P_unit (b = 4, or 2 when FSDP's mixed precision
+                   gathers them in bf16/fp16): the largest unit (a block; or the rest: embeddings, norms, output),
+                   or with train.fsdp_reshard_after_forward=false every unit, each kept gathered from its forward
+                   to its backward; and the largest unit's gradient whole before its reduce-scatter, 4·P_unit.
                    Either, on W > 1: a replicated table's sparse gradient averaged over the ranks (runtime/
                    distributed.all_reduce_sparse_grad_): every rank's rows gathered, then concatenated, 2·W·R
                    rows, and the merged gradient divided by W, a second copy of it (R: a rank's rows, the
@@ -38,7 +40,9 @@ bytes per rank:
                    ClippedAdagrad 8·max |p| (the scaled gradient, sqrt of the sum); the sparse optimizers'
                    row-sized ones are left out. The larger of the two groups' steps (they run one after the other)
     total          parameters + gradients + optimizer + communication + max(activations, step): the gradients
-                   grow while the activations are freed in the backward, so adding both errs high there
+                   grow while the activations are freed in the backward, so adding both errs high there; or the
+                   build's peak if larger: the weights whole (ddp), or under fsdp this rank's shards, and the parts
+                   outside the blocks and one block whole, as runtime/fsdp.build_sharded draws them
 
 Activations: what the forward of one micro-batch saves for its backward, and the largest transient of
 the step added to all of it (the saved tensors of the layers before a transient are fewer, so this
@@ -79,7 +83,8 @@ loss stay float32 (4 bytes). Memory heads H, knn K, k_dim k, query MLP widths h_
     final LayerNorm      4N(D + 2) (pre-norm)
     output and loss      aND (the last hidden state) + 4NV (the float32 log-probabilities) + 8N (targets)
     autocast copies      2 bytes per weight of every linear layer and of the tied output embedding: the
-                         half-precision copies the backward keeps (bf16/fp16 only)
+                         half-precision copies the backward keeps (bf16/fp16 only; none under fsdp, whose units
+                         are gathered in half precision: communication)
     transient (largest)  the loss's backward: NV·(8 + 2 under autocast) (the log-probabilities' gradient
                          and the logits', float32, and their half copy); or a memory's key search:
                          4N·2H·n_keys (product keys' half scores), 4N·H·n_keys² (flat keys' scores)
@@ -134,7 +139,8 @@ class MemoryEstimate:
     batch_size: int  # sequences per rank per forward
     bptt: int
     parameters: int
-    built: int  # the weights and buffers as a rank builds them, before FSDP shards the dense ones (= parameters in ddp)
+    built: int  # the peak while a rank builds the model: its weights whole (ddp); fsdp: its shards, and whole the
+    # parts outside the blocks and the largest block, drawn one at a time (runtime/fsdp.build_sharded)
     gradients: int
     optimizer: int
     communication: int  # DDP's gradient buckets or FSDP's gathered unit, and sparse gradients' exchange
@@ -150,9 +156,9 @@ class MemoryEstimate:
     @property
     def total(self) -> int:
         """The peak: the weights, gradients, optimizer state and buffers, and the larger of the activations
-        (forward and backward) and the optimizer step's temporaries (after the backward)."""
+        (forward and backward) and the optimizer step's temporaries (after the backward); or the build's, if larger."""
         held = self.parameters + self.gradients + self.optimizer + self.communication
-        return held + max(self.activation_bytes, self.step_temporaries)
+        return max(held + max(self.activation_bytes, self.step_temporaries), self.built)
 
     def as_dict(self) -> dict:
         return {**dataclasses.asdict(self), "activation_bytes": self.activation_bytes, "total": self.total}
@@ -162,14 +168,26 @@ class MemoryEstimate:
         rows = [("parameters", self.parameters), ("gradients", self.gradients), ("optimizer state", self.optimizer),
                 ("communication buffers", self.communication), ("activations", self.activation_bytes)]
         rows += [(f"  {part}", size) for part, size in self.activations.items() if size]
-        rows.append(("optimizer step temporaries", self.step_temporaries))
+        rows += [("optimizer step temporaries", self.step_temporaries), ("the build's peak", self.built)]
         counts = ", ".join(f"{name} {n:,}" for name, n in self.elements.items() if n)
         head = (f"memory per rank: {self.parallel}, world size {self.world_size}, {self.precision}, batch "
                 f"{self.batch_size} x bptt {self.bptt} per rank ({counts} parameters in the model)")
         lines = [head] + [f"  {name:<30} {_size(size):>12}" for name, size in rows]
-        lines.append(f"  {'total':<30} {_size(self.total):>12}  (activations or step temporaries: the larger)")
+        lines.append(f"  {'total':<30} {_size(self.total):>12}  (activations or step temporaries: the larger; or the "
+                     f"build's peak)")
         lines += [f"  not counted: {what}" for what in self.omitted]
         return lines
+
+    def summary(self) -> str:
+        """The total and its parts in one line (train.log's)."""
+        parts = [("parameters", self.parameters), ("gradients", self.gradients), ("optimizer state", self.optimizer),
+                 ("communication buffers", self.communication), ("activations", self.activation_bytes),
+                 ("optimizer step temporaries", self.step_temporaries)]
+        parts.append(("the build's peak", self.built))
+        omitted = f"; not counted: {', '.join(self.omitted)}" if self.omitted else ""
+        return (f"memory per rank, estimated: {_size(self.total)} ({', '.join(f'{k} {_size(v)}' for k, v in parts)}; "
+                f"{self.parallel}, world size {self.world_size}, {self.precision}, batch {self.batch_size} x bptt "
+                f"{self.bptt} per rank; train/memory_estimate.py, as train.py --dry-run prints it{omitted})")
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -200,24 +218,27 @@ def estimate(cfg: Config, world_size: int = 1, parallel: str = "ddp", device_typ
         raise ConfigError(f"parallel mode {parallel!r}: expected one of {' | '.join(PARALLEL_MODES)}")
     if world_size < 1:
         raise ConfigError(f"world size must be >= 1, got {world_size}")
-    if cfg.model.memory.shard_values and cfg.model.dim % world_size:
+    if cfg.model.memory.shard_values is True and cfg.model.dim % world_size:
         raise ConfigError(f"model.memory.shard_values: the value dimension {cfg.model.dim} does not split into "
                           f"{world_size} equal slices (one per process); use a world size dividing it")
     device_type = device_type or _device_type(cfg.train.device)
     model = meta_model(cfg)
-    W, fsdp = world_size, parallel == "fsdp"
+    W, fsdp = world_size, parallel == "fsdp" and world_size > 1  # one process: the plain model
     tables = model.memory_value_parameters()
     table_ids = {id(p) for p in tables}
     groups = _optimizer_groups(cfg, model, W, fsdp)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
     parameters = FLOAT * sum(_rank_elements(p, W, fsdp and id(p) not in table_ids) for p in model.parameters())
-    built = FLOAT * sum(_rank_elements(p, W, False) for p in model.parameters()) if fsdp else parameters
+    built = parameters
     if fsdp:
-        communication = 2 * FLOAT * max(_fsdp_units(model, table_ids))
+        units = _fsdp_units(model, table_ids)  # the blocks', then the root's
+        built += FLOAT * (max(units[:-1], default=0) + units[-1])
+        gathered = max(units) if cfg.train.fsdp_reshard_after_forward else sum(units)
+        communication = (FLOAT if cfg.train.precision == "fp32" else 2) * gathered + FLOAT * max(units)
     else:  # DDP all-reduces every trainable gradient but the sparse or sharded tables'
         communication = FLOAT * sum(sum(g.elements) for g in groups if g.in_ddp) if W > 1 else 0
     communication += sum(g.exchange for g in groups)
-    activations, omitted = activation_bytes(cfg, model, W, device_type)
+    activations, omitted = activation_bytes(cfg, model, W, device_type, fsdp)
     step = [_step_temporaries(g, device_type) for g in groups]
     omitted += [f"the step temporaries of optimizer {g.optimizer} ({g.name})" for g, t in zip(groups, step)
                 if t is None]
@@ -326,9 +347,10 @@ def _device_type(device: str) -> str:
     return device.split(":")[0]
 
 
-def activation_bytes(cfg: Config, model: TransformerLM, world_size: int = 1, device_type: str | None = None
-                     ) -> tuple[dict[str, int], list[str]]:
-    """The activations of one micro-batch by part (the module docstring's formulas), and what has no formula."""
+def activation_bytes(cfg: Config, model: TransformerLM, world_size: int = 1, device_type: str | None = None,
+                     fsdp: bool = False) -> tuple[dict[str, int], list[str]]:
+    """The activations of one micro-batch by part (the module docstring's formulas), and what has no formula;
+    `fsdp`: no autocast weight copies (FSDP gathers the weights in half precision)."""
     c = cfg.model
     B, T = cfg.data.batch_size, cfg.data.bptt
     N, D, V = B * T, c.dim, c.vocab_size
@@ -368,7 +390,7 @@ def activation_bytes(cfg: Config, model: TransformerLM, world_size: int = 1, dev
     else:
         parts["output and loss"] += a * N * D + FLOAT * N * V + INDEX * N
         transients.append(N * V * (2 * FLOAT + (2 if half else 0)))
-    if half:
+    if half and not fsdp:
         linears = sum(mod.weight.numel() for mod in model.modules() if isinstance(mod, nn.Linear))
         tied = model.tok_emb.weight.numel() if model.output is None else 0
         parts["autocast weight copies"] += 2 * (linears + tied)

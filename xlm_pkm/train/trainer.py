@@ -53,8 +53,16 @@ from xlm_pkm.runtime.distributed import (
 )
 from xlm_pkm.runtime.hardware import peak_flops
 from xlm_pkm.runtime.precision import check_precision, grad_scaler, resolve_device
-from xlm_pkm.train.build import InitialWeights, build_model, build_optimizers, build_stream, resolved_config
+from xlm_pkm.train.build import (
+    InitialWeights,
+    build_model,
+    build_optimizers,
+    build_stream,
+    resolved_config,
+    shard_values_choice,
+)
 from xlm_pkm.train.evaluation import evaluate
+from xlm_pkm.train.memory_estimate import estimate
 from xlm_pkm.train.run_dir import (
     lock_run_directory,
     record_config,
@@ -100,9 +108,17 @@ class Trainer:
             build_stream(cfg, "test", self.env)  # read by evaluate_checkpoint after training: checked now
         train = cfg.train  # the run directory is created below, once every input is checked
         self.run_dir, exp_id = run_directory(train.dump_path, train.exp_name, train.exp_id, self.env, train.max_steps)
-        self.cfg = cfg = resolved_config(cfg, self.dictionary, exp_id)
+        shard_auto = cfg.model.memory.shard_values == "auto"
+        self.cfg = cfg = resolved_config(cfg, self.dictionary, exp_id, self.env.world_size)
+        # what shard_values=auto chose under fsdp, and why (logged)
+        self.shard_values_choice = (shard_values_choice(cfg, self.env.world_size) if shard_auto and
+                                    cfg.train.parallel == "fsdp" and self.env.is_distributed else None)
         self.initial_weights = InitialWeights(cfg.train.seed, self.device)  # the model's, then LoRA adapters'
-        self.model = build_model(cfg, self.device, self.initial_weights, self.env.world_size)
+        self.fsdp = cfg.train.parallel == "fsdp" and self.env.is_distributed  # one process: the model itself
+        # fsdp: each rank builds its shards only, unless train.init_from loads a whole trained model into it first
+        loads_whole = cfg.train.init_from and not (self.run_dir / "checkpoint.pt").exists()
+        self.model = build_model(cfg, self.device, self.initial_weights, self.env.world_size,
+                                 self._fully_shard if self.fsdp and not loads_whole else None)
         if cfg.model.engram.layers:  # the vocabulary's canonical ids, saved with the model
             if self.train_stream.unit == "byte":
                 raise ConfigError(f"model.engram: {cfg.data.path} is character-level data (one token per byte), "
@@ -119,11 +135,10 @@ class Trainer:
         with self.initial_weights.drawing():  # LoRA's adapters draw their initial weights
             self.trainable = (lora.add_adapters(self.model, cfg.optim) if self.lora
                               else freeze(self.model, cfg.optim.trainable, cfg.optim.freeze_norm_stats))
-        self.fsdp = cfg.train.parallel == "fsdp" and self.env.is_distributed  # one process: the model itself
         # with FSDP, its MixedPrecisionPolicy casts the weights (runtime/fsdp.py) in place of autocast
         self.autocast_precision = "fp32" if self.fsdp else cfg.train.precision
         self.synced_values = synced_values(self.model, value_optimizer(cfg.optim).sparse, self.fsdp)
-        self.forward_model = self._wrap_model()  # before the optimizers: FSDP replaces the parameters
+        self.forward_model = self._wrap_model()  # before the optimizers: FSDP (if not yet) replaces the parameters
         self.optimizers = build_optimizers(self.model, cfg)
         self.scaler = grad_scaler(cfg.train.precision, self.device)
         torch.manual_seed(cfg.train.seed * 1000 + self.env.rank)  # the only seeding: dropout differs across ranks
@@ -151,6 +166,7 @@ class Trainer:
             if changes:
                 self.log.info(f"resumed with another config than the run's (previous one kept as "
                               f"config.until-step{self.step}.yaml): " + "; ".join(changes))
+            self._log_eval_cut_change()
         self._log_init()
         self.flops_per_token = self.model.dense_flops_per_token(cfg.data.bptt)
         self.peak_flops = peak_flops(self.device, cfg.train.precision)
@@ -187,20 +203,26 @@ class Trainer:
         start_heartbeat(env, train.collective_timeout_minutes)  # lets a failed collective name the silent ranks
         return (torch.device("cuda", env.local_rank) if device.type == "cuda" else device), env
 
+    def _fully_shard(self, model: torch.nn.Module) -> None:
+        """The model made FSDP units in place (runtime/fsdp.py): its blocks, its memory and Engram sublayers (float32
+        under mixed precision), the root; the value and Engram tables left out (synced_values)."""
+        from xlm_pkm.runtime.fsdp import fully_shard_model  # FSDP's import: only its runs pay it
+
+        fully_shard_model(model, self.env, self.device, self.cfg.train.precision,
+                          self.cfg.train.fsdp_reshard_after_forward)
+
     def _wrap_model(self) -> torch.nn.Module:
         """The module the step calls: with train.parallel=fsdp on several processes, the model fully sharded
-        in place (runtime/fsdp.py); else the model, in DDP when distributed and a parameter trains outside the
-        values that average_value_grads_ synchronises (sparse or sharded ones, left out of DDP's all-reduce);
-        compiled when asked."""
+        (built so, or in place now after train.init_from); else the model, in DDP when distributed and a parameter
+        trains outside the values that average_value_grads_ synchronises (sparse or sharded ones, left out of DDP's
+        all-reduce); compiled when asked."""
         model = self.model
         synced = {id(p) for p in self.synced_values}
         if self.fsdp:
-            from xlm_pkm.runtime.fsdp import fully_shard_model  # FSDP's import: only its runs pay it
+            from torch.distributed.fsdp import FSDPModule
 
-            float32_parts = [m for _, m in [*model.memories(), *model.engrams()]]
-            model = fully_shard_model(model, list(model.blocks), float32_parts, self.synced_values, self.env,
-                                      self.device, self.cfg.train.precision,
-                                      self.cfg.train.fsdp_reshard_after_forward)
+            if not isinstance(model, FSDPModule):
+                self._fully_shard(model)
         elif self.env.is_distributed and any(p.requires_grad and id(p) not in synced for p in model.parameters()):
             model = data_parallel(model, self.synced_values, self.device)
         return torch.compile(model) if self.cfg.train.compile else model
@@ -239,6 +261,12 @@ class Trainer:
         self.log.info(f"device {self.device}, {self.env.world_size} process(es){parallel}, "
                       f"precision {self.cfg.train.precision}, "
                       f"memories at layers {[layer for layer, _ in self.model.memories()]}")
+        if self.shard_values_choice is not None and self.model.memories():
+            shard, why = self.shard_values_choice
+            held = (f"1/{self.env.world_size} of every value table's columns and of their optimizer state" if shard
+                    else "every value table whole, and its optimizer state")
+            self.log.info(f"model.memory.shard_values=auto: {str(shard).lower()} ({why}): each rank holds {held}; "
+                          f"set it true or false to choose")
         if self.model.ngram_hash is not None:
             canonical = int(self.model.ngram_hash.canonical.max()) + 1
             self.log.info(f"Engram at layers {self.cfg.model.engram.layers}: tokenizer compression "
@@ -249,6 +277,8 @@ class Trainer:
                       + f"; trainable {self.trainable:,} "
                       + f"({'LoRA adapters' if self.lora else ' '.join(self.cfg.optim.trainable)})"
                       + f"; dense training FLOPs/token {self.flops_per_token:.3g}")
+        if not self.cfg.model.base.path:  # the estimate counts TransformerLM's parts
+            self.log.info(estimate(self.cfg, self.env.world_size, self.cfg.train.parallel, self.device.type).summary())
         if self.memory_finetune:
             self.log.info(self.memory_finetune.describe())
         if self.cfg.data.fact_batches:
@@ -323,6 +353,18 @@ class Trainer:
                               f"(model.base.trainable), which this run's checkpoints would not hold (they read the "
                               f"base from its files): set model.base.trainable=true")
         self.initialised = load_weights(self.model, trained, self.cfg.train.init_strict)
+
+    def _log_eval_cut_change(self) -> None:
+        """On a resume with train.eval_max_batches and another evaluation batch size than the run's (data.
+        eval_batch_size 0 follows data.batch_size, which a resume on another number of processes changes): the
+        validation reads other tokens than those best.pt's perplexity was measured on."""
+        data, cut = (self.trained_with or {}).get("data", {}), self.cfg.train.eval_max_batches
+        before = data.get("eval_batch_size") or data.get("batch_size")
+        now = self.cfg.data.eval_batch_size or self.cfg.data.batch_size
+        if cut and before and before != now:
+            self.log.info(f"train.eval_max_batches={cut}: validation now reads one process's first {cut} batches of "
+                          f"{now} rows, not of {before} as before the resume: other tokens than those of best.pt's "
+                          f"perplexity; resume with data.eval_batch_size={before} to keep them")
 
     def _log_init(self) -> None:
         if self.resumed and self.cfg.train.init_from:

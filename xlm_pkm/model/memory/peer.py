@@ -122,7 +122,7 @@ class PeerExperts(ValueStore):
 
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__(cfg, input_dim, output_dim, n_slots)
-        if cfg.shard_values:
+        if cfg.shard_values is True:
             raise ValueError("memory.values=peer: PEER's expert tables are not sharded; "
                              "set memory.shard_values=false")
         self.activation_name = cfg.peer.activation

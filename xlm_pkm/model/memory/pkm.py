@@ -33,9 +33,9 @@ their sections, beside their code: PeerConfig, TuckerConfig, ExpandedConfig), ch
   - sparse_values (attribute, default False): the value tables' gradients are sparse tensors with one
     row per distinct slot read in the step (value_read.py), for optimizers on row-sparse gradients
     (LazyAdam): the step cost does not grow with the table. TransformerLM.set_sparse_values sets it.
-  - cfg.shard_values: the table holds this rank's columns of every row (value_shards.py), and forward
+  - cfg.shard_values=true: the table holds this rank's columns of every row (value_shards.py), and forward
     exchanges lookups and output slices with the other ranks (sharded_read.py); every rank must call it
-    together.
+    together. Its default, auto, reads as false here until a run resolves it (train/build.py).
   - The value-read backend (cfg.value_read) is resolved for the table's device when the layer is
     built or moved (`_apply`), into `read_backend`; forward only reads it.
   - query_norm="batchnorm" in training mode computes its statistics over all positions of the
@@ -110,8 +110,10 @@ class MemoryConfig:
     temperature: float = field(default=1.0, metadata=architecture(positive()))
     # all memory layers of the model read one value table
     share_values: bool = field(default=False, metadata=architecture())
-    # each of W processes holds 1/W of every value row and of its optimizer state (model/memory/value_shards.py)
-    shard_values: bool = False
+    # each of W processes holds 1/W of every value row and of its optimizer state (model/memory/value_shards.py);
+    # auto: true under train.parallel=fsdp on W > 1 processes where the tables can be (the table store, its width
+    # divisible by W), else false, resolved when a run starts (train/build.resolved_config; unresolved: false)
+    shard_values: Literal["auto", True, False] = "auto"
     # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/memory/value_read.py)
     value_read: Literal["auto", "torch", "triton"] = "auto"
     # the Triton read's backward: two_pass (a kernel for each gradient) | one_pass (one kernel, each row read once)

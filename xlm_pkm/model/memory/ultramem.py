@@ -273,7 +273,7 @@ class ExpandedValues(ValueStore):
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__(cfg, input_dim, output_dim, n_slots)
         E, C, D_v = cfg.expanded.expansion, cfg.tucker.cores, cfg.expanded.value_dim or output_dim
-        if cfg.shard_values:
+        if cfg.shard_values is True:
             raise ValueError("memory.values=expanded is not sharded: the sharded read exchanges column slices of "
                              "one plain table, while each block's projection needs its whole pooled value; "
                              "set memory.shard_values=false")

@@ -107,11 +107,11 @@ class TableValues(ValueStore):
 
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__(cfg, input_dim, output_dim, n_slots)
-        shard = current_shard(output_dim) if cfg.shard_values else ValueShard(0, 1)
+        shard = current_shard(output_dim) if cfg.shard_values is True else ValueShard(0, 1)
         weight = torch.empty(n_slots, shard.width(output_dim))
         init_shard(weight, output_dim, shard)
         self.weight = mark_memory_value(nn.Parameter(weight))
-        if cfg.shard_values:
+        if cfg.shard_values is True:
             self.weight.value_shard = shard
         self.read = functools.partial(read_values, read_backward=cfg.read_backward, read_op=cfg.read_op)
         self.inference_bfloat16 = cfg.inference_values == "bfloat16"
