@@ -3,6 +3,7 @@
 # corpus (the Python documentation, tokenized by the model's tokenizer) with the base frozen, against the base alone
 # on the same held-out test windows. Run from the repository root after `make install`, on the CPU; writes
 # results/retrofit/memory/ (the runs' small files and the figures) and logs every command to commands.txt.
+# STEPS (default 500, the config's) sets train.max_steps; results/retrofit/README.md reports the run of STEPS=250.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
@@ -19,10 +20,8 @@ run() { echo "$*" >> "$out/commands.txt"; "$@"; }
   --output "$data" --tokenizer models/smollm2 --workers 2
 [ -f "$out/base_test.json" ] || run $PY results/retrofit/base_perplexity.py --config configs/retrofit.yaml \
   data.path=$data --split test --json "$out/base_test.json"
-[ -f "$out/base_valid.json" ] || run $PY results/retrofit/base_perplexity.py --config configs/retrofit.yaml \
-  data.path=$data --split valid --json "$out/base_valid.json"
 start=$(date +%s)
-run $PY train.py --config configs/retrofit.yaml data.path=$data train.exp_id=memory --no-test
+run $PY train.py --config configs/retrofit.yaml data.path=$data train.exp_id=memory train.max_steps=${STEPS:-500} --no-test
 echo "train.py wall seconds: $(( $(date +%s) - start ))" >> "$out/commands.txt"
 run $PY evaluate.py --checkpoint dumped/retrofit/memory/best.pt --split test --json "$out/memory_test.json"
 cp dumped/retrofit/memory/{config.yaml,metrics.jsonl,train.log} "$out/"
