@@ -57,6 +57,7 @@ def test_the_tiny_study_file_re_makes_the_committed_tiny_runs_with_tuned_learnin
     (key by key of runs/<cell>/tiny-seed0/config.yaml), on ≥ 1.6M tokens, 3 seeds, the divergence rule and the
     robustness runs declared, its claims' cells among them; it writes beside the old report, not over it."""
     from xlm_pkm.config import load_config, to_dict
+    from xlm_pkm.train.build import shard_values_choice
 
     def flat(d, prefix=""):
         return {k: v for key, value in d.items() for k, v in (flat(value, f"{prefix}{key}.").items()
@@ -69,7 +70,8 @@ def test_the_tiny_study_file_re_makes_the_committed_tiny_runs_with_tuned_learnin
     for cell in study.cells:
         run = study.run(cell, 1.0, 0)
         assert run.steps * run.tokens_per_step >= 1_600_000, cell
-        ours = flat(to_dict(load_config(REPO / run.run.config, run.run.overrides)))
+        cfg = load_config(REPO / run.run.config, run.run.overrides)
+        ours = flat(to_dict(cfg)) | {"model.memory.shard_values": shard_values_choice(cfg, 1)[0]}  # auto, resolved
         old = flat(yaml.safe_load((REPO / "results/tiny/runs" / cell / "tiny-seed0/config.yaml").read_text()))
         differ = {k for k, v in old.items() if k.split(".")[0] in ("model", "data", "optim") and k in ours
                   and ours[k] != v and k != "model.vocab_size"}  # the vocabulary is resolved when a run starts
@@ -389,6 +391,26 @@ def test_a_run_trained_before_the_study_file_changed_is_stale_not_reused(tmp_pat
             assert len(err) == 1 and f"{path}: 2 trained run(s) are not the runs this study file asks for now" in err[0]
             assert differs in err[0] and "move away their results and run directories" in err[0]
     assert not (tmp_path / "out").exists()  # no report written
+
+
+def test_how_a_run_computed_does_not_make_it_stale(tmp_path):
+    """A setting of how a run computes, not what (settings.execution: read_op, half_topk, fused_values...), whose
+    default changed after the runs (issue 59: read_op eager -> custom_op) leaves them the study's; the same edit of
+    an architecture key (knn) makes them stale."""
+    study = load_study(write_study(tmp_path, lr_grid=[1], seeds=[0]))
+    for cell in study.cells:
+        fake_trained(study.run(cell, 1, 0), [30.0], test=100.0)
+    config = study.run("pkm", 1, 0).results / "config.yaml"
+    saved = yaml.safe_load(config.read_text())
+    for key, value in (("read_op", "eager"), ("half_topk", "torch"), ("shard_values", False)):
+        saved["model"]["memory"][key] = value
+    saved["optim"]["fused_values"] = True
+    config.write_text(yaml.safe_dump(saved))
+    assert not study.stale_runs()
+    knn = saved["model"]["memory"]["knn"]
+    saved["model"]["memory"]["knn"] = knn + 1
+    config.write_text(yaml.safe_dump(saved))
+    assert [(r.cell, c) for r, c in study.stale_runs()] == [("pkm", [f"model.memory.knn: {knn + 1} -> {knn}"])]
 
 
 def test_the_report_counts_the_model_as_trained(tmp_path):

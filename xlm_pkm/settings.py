@@ -32,7 +32,7 @@ from typing import Callable, Literal
 
 from xlm_pkm.errors import ConfigError
 
-RULE, CHOICES, ARCHITECTURE = "rule", "choices", "architecture"  # the metadata keys
+RULE, CHOICES, ARCHITECTURE, EXECUTION = "rule", "choices", "architecture", "execution"  # the metadata keys
 
 
 def _each(test: Callable[[object], bool], what: str) -> dict:
@@ -73,6 +73,18 @@ def architecture(rule: dict | None = None) -> dict:
 def architecture_keys(section, prefix: str = "") -> dict:
     """{dotted key: value} of the fields of `section` (and its sub-sections) marked architecture()."""
     return {key: value for key, f, _, value in _leaves(section, prefix) if f.metadata.get(ARCHITECTURE)}
+
+
+def execution(rule: dict | None = None) -> dict:
+    """Field metadata: the key chooses how a computation runs (a kernel, a fused optimizer, a layout of the tables),
+    not what it computes (the same result up to float rounding), so a study's trained runs stay its runs when it
+    changes (experiments/study_plan.StudyRun's changes); `rule` is the field's other metadata, if any."""
+    return {**(rule or {}), EXECUTION: True}
+
+
+def execution_keys(section, prefix: str = "") -> set[str]:
+    """The dotted keys of the fields of `section` (and its sub-sections) marked execution()."""
+    return {key for key, f, _, _ in _leaves(section, prefix) if f.metadata.get(EXECUTION)}
 
 
 def choices(f: dataclasses.Field, tp) -> list | None:

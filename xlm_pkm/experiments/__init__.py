@@ -16,6 +16,6 @@
     study_report.py     a study's report: lr choices, learning curves, compute, paired comparisons
     paired.py           paired differences over seeds: t interval, Holm's correction, verdict words
 
-May import: errors, utils, config, registry, runtime, data, model, optim, checkpoint, finetune, train,
+May import: errors, utils, settings, config, registry, runtime, data, model, optim, checkpoint, finetune, train,
 inference, launch, runs.
 """

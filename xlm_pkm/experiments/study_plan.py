@@ -65,7 +65,9 @@ trained, test.json once evaluated.
 A trained run counts for the study only while its resolved config (its config.yaml) is the one the study
 asks of it now: after the study file changes (tokens, `set:`, a cell's config), a run trained before is
 stale (Study.changes): `plan` shows it with the settings that differ, and `run` and `report` refuse
-until it is moved away (its results and run directory) to be trained again, or the file is restored.
+until it is moved away (its results and run directory) to be trained again, or the file is restored. Settings
+of how a run computes, not what (settings.execution: a kernel, a fused optimizer, a table layout; their defaults
+change as GPUs measure them) do not count.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ from xlm_pkm.config import Config, load_config, load_config_dict, to_dict
 from xlm_pkm.errors import UserError
 from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scale_overrides
 from xlm_pkm.runs.run_record import read_json_lines, read_yaml
+from xlm_pkm.settings import execution_keys
 from xlm_pkm.train.run_dir import config_changes
 
 # The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to them follow them).
@@ -283,7 +286,8 @@ class Study:
         for section, key in RESOLVED:
             if key != "vocab_size" or not planned[section][key]:  # a vocabulary size given in the plan counts
                 trained[section][key] = planned[section][key]
-        return config_changes(trained, planned)
+        how = execution_keys(self.base_config(run.cell))  # how it ran (a kernel, a layout), not what it computed
+        return [change for change in config_changes(trained, planned) if change.split(":")[0] not in how]
 
     def stale_runs(self) -> list[tuple[StudyRun, list[str]]]:
         """(run, its changes) of every trained run in the results whose config is not the one the study asks of it

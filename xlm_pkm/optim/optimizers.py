@@ -57,7 +57,7 @@ from xlm_pkm.optim.fused_rows import FusedLazyAdam, FusedSparseAdagrad
 from xlm_pkm.optim.lazy_adam import LazyAdam
 from xlm_pkm.optim.schedule import SCHEDULES, scheduled_lr, values_lr
 from xlm_pkm.registry import Registry
-from xlm_pkm.settings import non_negative, one_of, positive, probability
+from xlm_pkm.settings import execution, non_negative, one_of, positive, probability
 from xlm_pkm.utils.dtensors import is_dtensor
 
 
@@ -209,8 +209,9 @@ class OptimConfig:
     # with a non-finite loss or norm skipped on the device (train/step.py), so no host sync when every group's is.
     # The values' (and Engram tables') update in one pass over the rows read, repeated rows summed in it (Triton on
     # CUDA; optim/fused_rows.py): lazy_adam, adagrad; adam: torch's fused AdamW
-    fused_values: bool = False
-    fused_dense: bool = False  # the dense group's torch AdamW with fused=True (one kernel; optim.optimizer=adam)
+    fused_values: bool = field(default=False, metadata=execution())
+    # the dense group's torch AdamW with fused=True (one kernel; optim.optimizer=adam)
+    fused_dense: bool = field(default=False, metadata=execution())
     # rank > 0: adapters only (optim.trainable must be all; a retrofit's memories train too, or what its patterns name)
     lora: LoraConfig = field(default_factory=LoraConfig)
 

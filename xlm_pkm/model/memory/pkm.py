@@ -65,7 +65,7 @@ from xlm_pkm.model.memory.stats import OutputNorms, SlotStats, abs_sum
 from xlm_pkm.model.memory.ultramem import ExpandedConfig, TuckerConfig
 from xlm_pkm.model.memory.value_read import choose_backend, resolve_backend
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore
-from xlm_pkm.settings import architecture, check, one_of, positive, probability
+from xlm_pkm.settings import architecture, check, execution, one_of, positive, probability
 
 
 @dataclass
@@ -97,13 +97,13 @@ class MemoryConfig:
     qk_layernorm: bool = field(default=False, metadata=architecture())
     # product keys: the pairs of the halves' knn best scored, all knn² | winnable: only those that can be among the
     # knn best, (a+1)(b+1) <= knn for ranks a, b (keys.py; the same slots)
-    pair_candidates: Literal["all", "winnable"] = "all"
+    pair_candidates: Literal["all", "winnable"] = field(default="all", metadata=execution())
     # the products that choose the keys (product: half scores, flat: scores) in float32 | tf32 (CUDA) | bfloat16,
     # the chosen keys' scores then recomputed in float32 (selected_scores.py)
     score_precision: Literal["float32", "tf32", "bfloat16"] = "float32"
     # product keys: each half's knn best sub-keys by torch.topk | triton (a selection kernel, triton_topk.py) | auto
     # (triton on CUDA where Triton is installed, torch elsewhere: a 4.7 ms shorter step on an H200, issue 59)
-    half_topk: Literal["auto", "torch", "triton"] = "auto"
+    half_topk: Literal["auto", "torch", "triton"] = field(default="auto", metadata=execution())
     # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
     share_keys: bool = field(default=False, metadata=architecture())
     # softmax(scores / temperature) over the selected keys; 1: the paper
@@ -113,15 +113,15 @@ class MemoryConfig:
     # each of W processes holds 1/W of every value row and of its optimizer state (model/memory/value_shards.py);
     # auto: true under train.parallel=fsdp on W > 1 processes where the tables can be (the table store, its width
     # divisible by W), else false, resolved when a run starts (train/build.resolved_config; unresolved: false)
-    shard_values: Literal["auto", True, False] = "auto"
+    shard_values: Literal["auto", True, False] = field(default="auto", metadata=execution())
     # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/memory/value_read.py)
-    value_read: Literal["auto", "torch", "triton"] = "auto"
+    value_read: Literal["auto", "torch", "triton"] = field(default="auto", metadata=execution())
     # the Triton read's backward: two_pass (a kernel for each gradient) | one_pass (one kernel, each row read once)
     # | auto (one_pass where the read is Triton's, two_pass with torch's: 6% faster steps on an H200, issue 59)
-    read_backward: Literal["auto", "two_pass", "one_pass"] = "auto"
+    read_backward: Literal["auto", "two_pass", "one_pass"] = field(default="auto", metadata=execution())
     # the table read as: custom_op (one node of a compiled graph: 11% faster compiled steps on an H200, issue 59) |
     # eager (torch.compile breaks its graph around it; the same computation)
-    read_op: Literal["custom_op", "eager"] = "custom_op"
+    read_op: Literal["custom_op", "eager"] = field(default="custom_op", metadata=execution())
     # the table read without gradients (evaluation, generation): table (as stored) | bfloat16 (a bfloat16 copy,
     # made again when the table changes: half the bytes a read moves; value_stores.py)
     inference_values: Literal["table", "bfloat16"] = "table"
