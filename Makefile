@@ -52,8 +52,8 @@ demo: data
 
 # The linter first (pyproject.toml's [tool.ruff]: `$(PY) -m ruff check --fix .` mends what it can), then the tests.
 # The tests a change is checked with (~2 minutes on 2 cores): all but those marked slow (whole commands in
-# several processes, torchrun, torch.compile, benchmarks, a fresh Python without xlm_pkm), which test-slow
-# runs (~3 minutes); .ci/run runs both, then test-cluster.
+# several processes, torchrun, torch.compile, benchmarks, a fresh Python without xlm_pkm, and any test over
+# about 3 s on 2 idle cores), which test-slow runs (~20 minutes); .ci/run runs both, then test-cluster.
 test: install
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q -n 2 -m "not slow" tests

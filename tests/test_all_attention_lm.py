@@ -42,6 +42,7 @@ def layer_params(d, n_persistent, ffn=0):
     ("wikitext103.yaml", WT103_VOCAB, 132.5, 36 * layer_params(512, 2048) + 64 * 2048
      + 20000 * 512 + 20000 * 128 + 160000 * 32 + 67735 * 8 + 512 * (512 + 128 + 32 + 8) + WT103_VOCAB + 512 * 3 + 3),
 ])
+@pytest.mark.slow
 def test_paper_parameter_counts(config, vocab, millions, expected):
     cfg = load_config(CONFIGS / config, [f"model.vocab_size={vocab}"])
     total = on_meta(cfg.model).param_counts()["total"]

@@ -41,6 +41,7 @@ def char_overrides(char_data):
     return [f"data.path={char_data}", *ALL_ATTENTION]
 
 
+@pytest.mark.slow
 def test_resume_with_stream_caches_equals_the_uninterrupted_run(tiny_run, train_losses, char_overrides, tmp_path):
     full = tiny_run(tmp_path, "train.exp_id=full", *char_overrides)
     tiny_run(tmp_path, "train.exp_id=cut", "train.max_steps=3", *char_overrides)
@@ -87,6 +88,7 @@ def test_shuffled_blocks_are_refused_for_a_model_that_carries_a_cache(char_overr
         load_config(None, [*char_overrides, "data.shuffle_blocks=true"])
 
 
+@pytest.mark.slow
 def test_two_evaluation_passes_on_a_model_already_in_eval_mode_are_equal(char_overrides, char_data):
     """evaluate() starts new evaluation streams at every pass, not only on a train -> eval switch."""
     cfg = load_config(None, char_overrides)

@@ -132,6 +132,7 @@ def test_sharded_values_arithmetic():
     assert rows[32]["replicated_dense_allreduce_bytes_per_token"] == round(2 * 31 / 32 * 2**20 * 4096 / 8192)
 
 
+@pytest.mark.slow
 def test_checkpoint_cost(tmp_path):
     """It reports the bytes of checkpoint.pt and its tensors' folder, and leaves neither behind."""
     result = run_benchmark("checkpoint_cost", tmp_path / "ckpt.json", "--vocab", "100", "--repeats", "2",

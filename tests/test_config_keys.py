@@ -32,6 +32,7 @@ def test_the_listed_defaults_are_the_defaults_as_overrides_read_them():
     assert all(json.loads(o.split("=", 1)[1]) is not None for o in overrides)
 
 
+@pytest.mark.slow
 def test_keys_of_one_section_and_a_wrong_section(capsys):
     assert train_main(["--keys", "model.memory"]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -105,6 +106,7 @@ def test_a_stored_config_of_an_earlier_version_is_migrated():
     assert cfg.model.memory.tucker.rank == 3 and cfg.model.memory.expanded.value_dim == 64
 
 
+@pytest.mark.slow
 def test_every_config_of_the_repository_loads():
     """configs/ and the studies' own config files load (a study file, study.yaml, through the study loader, its
     cells' configs too); the configs the study runs recorded (results/**/config.yaml, some of an earlier version)

@@ -101,6 +101,7 @@ def test_greedy_matches_agree_with_greedy_generation(tiny_lm):
     assert greedy_matches(tiny_lm, pairs, pad=2, batch_size=3) == expected
 
 
+@pytest.mark.slow
 def test_facts_data_uses_the_pretraining_vocabulary_and_scores(tiny_data_dir, tiny_lm, tmp_path):
     out = write_facts_data(tmp_path / "facts", 20, seed=0, codes=str(tiny_data_dir / "codes"),
                            vocab=str(tiny_data_dir / "vocab"))
@@ -169,6 +170,7 @@ def test_shuffled_subjects_pair_each_fact_with_another_of_its_relation(facts_dat
     assert all(j != i and facts[j].relation == facts[i].relation for i, j in enumerate(partner))
 
 
+@pytest.mark.slow
 def test_fact_scores_split_em_by_uncommon_object_and_position(facts_data):
     codec, facts, model = facts_data
     scores = fact_scores(model, codec, facts)
@@ -451,6 +453,7 @@ FACTS_MODEL = [*(o for o in TINY if o.startswith("model.")), "model.max_len=32",
                "model.memory.k_dim=32", "model.memory.n_keys=16", "model.memory.query_norm=batchnorm"]
 
 
+@pytest.mark.slow
 def test_the_shipped_facts_setting_learns_the_example_above_the_subject_blind_guess(tiny_data_dir, tmp_path, capsys):
     """docs/finetuning.md's loop with what the repository ships, data/facts/example.jsonl (5 facts of one relation,
     5 answers) and configs/finetune/facts.yaml unchanged, from a tiny model pretrained for 400 steps: the facts

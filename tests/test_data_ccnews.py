@@ -8,9 +8,12 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_get_ccnews_local_steps(tmp_path):
     raw = tmp_path / "raw"
     raw.mkdir()

@@ -105,6 +105,7 @@ def test_held_out_split_is_disjoint_seeded_and_worker_independent(tmp_path):
     assert docs_of(c, "valid") != valid
 
 
+@pytest.mark.slow
 def test_multiple_inputs_text_gz_and_more_workers_than_files(tmp_path):
     jsonl = write_jsonl(tmp_path / "a.jsonl", 10)
     text = tmp_path / "b.txt.gz"

@@ -19,6 +19,7 @@ def run_script(name, *args, cwd, **env):
                           env=dict(os.environ, **env))
 
 
+@pytest.mark.slow
 def test_preprocess_sh_with_relative_paths(tmp_path):
     write_jsonl(tmp_path / "in.jsonl", 8)
     result = run_script("preprocess.sh", "out", "in.jsonl", "--", "--bpe-codes", "20", "--valid-docs", "1",
@@ -27,6 +28,7 @@ def test_preprocess_sh_with_relative_paths(tmp_path):
     assert (tmp_path / "out" / "meta.json").exists()
 
 
+@pytest.mark.slow
 def test_get_ccnews_sh_with_a_relative_data_dir(tmp_path):
     raw = tmp_path / "cc" / "raw"
     raw.mkdir(parents=True)

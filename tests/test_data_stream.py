@@ -132,6 +132,7 @@ def evaluate_cut(rank: int, world: int, folder: str) -> None:
         (Path(folder) / f"evaluated{world}.json").write_text(json.dumps(result))
 
 
+@pytest.mark.slow
 def test_validation_cut_to_n_batches_reads_the_same_tokens_on_1_and_2_processes(tiny_data_dir, tiny_overrides,
                                                                                 tmp_path):
     """Issue 62.10: the tiny model's validation (train.eval_max_batches=4, data.eval_batch_size=32) on 1 and on 2
@@ -147,6 +148,7 @@ def test_validation_cut_to_n_batches_reads_the_same_tokens_on_1_and_2_processes(
     assert two["memories"][0]["usage"] == pytest.approx(one["memories"][0]["usage"], rel=1e-6)
 
 
+@pytest.mark.slow
 def test_a_resume_whose_evaluation_batch_changed_says_validation_reads_other_tokens(tiny_run, tiny_trainer, tmp_path):
     """data.eval_batch_size=0 follows data.batch_size, which a resume on another number of processes changes (here
     eval_batch_size given on resume: the same change on one process): the cut validation then reads other tokens

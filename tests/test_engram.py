@@ -157,6 +157,7 @@ def test_module_output_and_gradients_equal_the_naive_equations():
         torch.testing.assert_close(g, w, rtol=0, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_incremental_decoding_equals_the_whole_forward(stream_tokens):
     windows, dictionary = stream_tokens
     torch.manual_seed(0)

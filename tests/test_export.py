@@ -89,6 +89,7 @@ def test_generation_from_the_exported_folder_equals_the_checkpoint(reference_run
     assert generate(a.model, prompt, **kw) == generate(b.model, prompt, **kw)
 
 
+@pytest.mark.slow
 def test_evaluating_the_exported_folder_gives_the_checkpoints_figures(reference_run, tiny_data_dir, tmp_path):
     """evaluate.py on an exported folder: the run's data by default (or --data), the same perplexity, usage
     and KL as on the checkpoint it was exported from."""

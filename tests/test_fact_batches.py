@@ -190,6 +190,7 @@ def test_background_documents_have_the_recorded_length_and_do_not_mix(finetune_s
     assert len(err) == 1 and "is not a file of slot counts" in err[0] and best.read_bytes() == kept
 
 
+@pytest.mark.slow
 def test_a_sparse_fact_batch_run_cut_and_resumed_equals_the_uninterrupted_one(finetune_source, facts_dir, tiny_run,
                                                                               train_losses, tmp_path):
     """Stopped after 3 of 8 steps (mid-epoch) and resumed: the same losses and weights, bit for bit."""

@@ -292,6 +292,7 @@ def reset_peak() -> None:
         f.write("5")
 
 
+@pytest.mark.slow
 def test_fsdp_builds_each_ranks_shards_on_the_meta_device_with_the_whole_builds_weights(tmp_path):
     """On 2 gloo processes, build_model under fsdp builds the model on the meta device, makes its FSDP units and
     draws each rank's shards (runtime/fsdp.build_sharded): the weights of the whole build bit for bit, for PKM, Engram

@@ -173,6 +173,7 @@ def test_evaluate_json_on_a_disk_that_fills_while_evaluating_fails_after(referen
     (600, 2, r"work/0000[01]\.train\.bpe"),  # applying BPE, in the workers
     (1200, 1, r"train\.00[01]\.bin"),  # binarizing
 ])
+@pytest.mark.slow
 def test_preprocessing_on_a_full_disk_is_one_line(tiny_corpus, small_filesystem, capfd, size_kb, workers, failing):
     from xlm_pkm.data.preprocess import main
 

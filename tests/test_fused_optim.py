@@ -258,6 +258,7 @@ def test_fused_settings_need_an_optimizer_with_a_fused_step():
         Optimizers(model, OptimConfig(optimizer="adagrad", fused_dense=True))
 
 
+@pytest.mark.slow
 def test_a_tiny_run_with_fused_steps_has_the_losses_of_the_unfused_one(reference_run, tiny_run, train_losses, tmp_path):
     settings = ("optim.values_optimizer=lazy_adam", "optim.clip_grad_norm=0.5")
     expected = train_losses(reference_run(*settings).run_dir)

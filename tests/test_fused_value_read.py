@@ -58,6 +58,7 @@ def assert_close_scaled(actual, expected, dtype):
     torch.testing.assert_close(actual.double(), expected, rtol=0, atol=TOLERANCE[dtype] * scale)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("sparse", [False, True])
 def test_fused_read_matches_dense_recomputation(dtype, sparse):
@@ -75,6 +76,7 @@ def test_fused_read_matches_dense_recomputation(dtype, sparse):
     assert_close_scaled(grad_table, ref_table, dtype)
 
 
+@pytest.mark.slow
 def test_fused_read_all_lookups_on_one_slot():
     """A collapsed memory: every lookup hits one slot, whose gradient row sums all of them."""
     table, indices, weights, grad_out = lookups(n_slots=50, dim=8, tokens=30, per_token=12, dtype=torch.float32)
@@ -86,6 +88,7 @@ def test_fused_read_all_lookups_on_one_slot():
         assert_close_scaled(actual, expected, torch.float32)
 
 
+@pytest.mark.slow
 def test_fused_read_is_deterministic_and_matches_the_torch_path():
     table, indices, weights, grad_out = lookups(n_slots=200, dim=16, tokens=32, per_token=8, dtype=torch.float32)
     first, second = (fused(table, indices, weights, grad_out, sparse=True) for _ in range(2))
@@ -132,6 +135,7 @@ def test_one_pass_backward_matches_dense_recomputation_and_two_passes(dtype, spa
     assert_backward_matches(table, indices, weights, grad_out, sparse)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [False, True])
 def test_one_pass_backward_with_tiles_smaller_than_a_row_and_a_run(monkeypatch, sparse):
     """2 lookups x 16 columns a tile: a hot slot's run (19 of 24 lookups) spans 10 tiles of lookups, each row 3 of
@@ -209,6 +213,7 @@ def test_inference_values_read_a_bfloat16_copy_made_again_when_the_table_changes
                 m.values.weight.index_add_(0, torch.arange(8, device=DEVICE), torch.ones(8, 12, device=DEVICE))
 
 
+@pytest.mark.slow
 def test_compiled_memory_layer_runs_the_kernels_eagerly(monkeypatch):
     """Dynamo traces around the kernels (they run eagerly) and never resolves the backend in the forward.
     On CPU the graphs are handed to aot_eager: what is checked is their structure, and inductor's C++

@@ -183,6 +183,7 @@ def test_all_attention_cached_and_uncached_decoders_give_the_same_tokens():
     assert generate(model, [0, 5, 6], use_cache=True, **kw) == generate(model, [0, 5, 6], use_cache=False, **kw)
 
 
+@pytest.mark.slow
 def test_generate_command_prints_samples_and_fails_in_one_line(reference_run, tmp_path, capsys):
     best = reference_run().best_path
     capsys.readouterr()  # the training run's log
@@ -214,6 +215,7 @@ def test_prompt_from_stdin_and_stop_at_line_end(reference_run, monkeypatch, caps
     assert out.startswith("import the module") and out.count("\n") == 1
 
 
+@pytest.mark.slow
 def test_generation_speed_benchmark_writes_both_decoders(tmp_path, monkeypatch):
     out = tmp_path / "generation.json"
     monkeypatch.setattr(sys, "argv", ["generation_speed.py", "--device", "cpu", "--seq", "8", "--min-time", "0.01",

@@ -33,6 +33,7 @@ def exported(reference_run, tmp_path_factory):
     return best, export(best, tmp_path_factory.mktemp("harness") / "exported")
 
 
+@pytest.mark.slow
 @needs_harness
 def test_the_harness_log_likelihood_of_a_document_is_evaluate_pys(exported, tiny_data_dir, tmp_path):
     """A one-document test split (the run's vocabulary): evaluate.py's summed NLL of its tokens after <s> (the

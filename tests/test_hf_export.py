@@ -120,6 +120,7 @@ def _auto_model(folder):
     return transformers.AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", KINDS)
 def test_transformers_runs_the_export_as_our_model(kind, tiny_data_dir, tmp_path):
     original = random_checkpoint(tiny_data_dir, tmp_path / "random.pt", KINDS[kind]).eval()
@@ -166,6 +167,7 @@ def test_an_export_comes_back_as_the_same_checkpoint(reference_run, tmp_path, ca
     assert len(err) == 1 and "not a folder written by python -m xlm_pkm.inference.export" in err[0]
 
 
+@pytest.mark.slow
 def test_the_exported_tokenizer_gives_our_ids_and_text(reference_run, tiny_data_dir, tmp_path):
     """AutoTokenizer of an exported folder against TextCodec on the corpus's held-out documents."""
     from xlm_pkm.data.text_codec import TextCodec

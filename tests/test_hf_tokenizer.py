@@ -139,6 +139,7 @@ def encoded(data_dir, texts) -> list[list[int]]:
     return [codec.encode(text) for text in texts]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["package", "folder"])
 def test_the_tokenizer_encodes_as_text_codec(source, tokenizers, texts, encoded):
     tokenizer = tokenizers[source]
@@ -154,6 +155,7 @@ def test_the_tokenizer_encodes_as_text_codec(source, tokenizers, texts, encoded)
     assert specials == (0, 1, 2, 3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["package", "folder"])
 def test_the_tokenizer_decodes_as_text_codec(source, tokenizers, data_dir, encoded):
     tokenizer, codec = tokenizers[source], TextCodec(data_dir)
@@ -164,6 +166,7 @@ def test_the_tokenizer_decodes_as_text_codec(source, tokenizers, data_dir, encod
     assert tokenizer.decode(mixed, skip_special_tokens=True) == codec.decode([i for i in mixed if i not in (0, 2, 3)])
 
 
+@pytest.mark.slow
 def test_the_tokenizer_gives_the_ids_preprocessing_wrote(tokenizers, data_dir, corpus):
     """The first valid documents (BPE limited to the vocabulary) and train documents (BPE without limit) of the
     folder's shards: each the tokenizer's ids of the raw document, then the </s> that ends its last line."""

@@ -75,6 +75,7 @@ def test_a_tensor_of_another_shape_is_named(trained, tiny_trainer, tmp_path):
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.slow
 def test_bad_sources_are_one_line(trained, tiny_overrides, tmp_path, capsys):
     best = trained["memory"].run_dir / "best.pt"
     other_vocab = checkpoint.load(best) | {"vocab_fingerprint": "0" * 16}
@@ -91,6 +92,7 @@ def test_bad_sources_are_one_line(trained, tiny_overrides, tmp_path, capsys):
         assert code == 2 and len(err) == 1 and message in err[0], (name, err)
 
 
+@pytest.mark.slow
 def test_a_finetuning_run_resumes_exactly(trained, tiny_overrides, tiny_run, train_losses, tmp_path,
                                          monkeypatch, signal_at_step):
     init = f"train.init_from={trained['memory'].run_dir / 'best.pt'}"

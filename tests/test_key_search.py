@@ -163,6 +163,7 @@ def test_selection_differences_counts_the_slots_float32_would_not_choose():
     assert share == pytest.approx(missing / low.numel(), abs=1e-12) and 0 < share < 0.1
 
 
+@pytest.mark.slow
 def test_tf32_scores_op_has_a_faithful_fake():
     from xlm_pkm.model.memory.selected_scores import register_tf32_scores
 

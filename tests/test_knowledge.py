@@ -60,6 +60,7 @@ def own_continuations(model, codec, questions: list[Fact]) -> list[Fact]:
     return out
 
 
+@pytest.mark.slow
 def test_knowledge_em_is_greedy_generation_token_by_token_on_a_retrofit(tiny_base, tiny_base_data):
     """The shipped questions tokenised by a retrofit's tokenizer, scored in right-padded batches, against one
     sequence at a time; the memory wired in (its gate open), and questions the model answers among them."""
@@ -101,6 +102,7 @@ def _greedy_word(model, codec, prompt: str) -> str | None:
     return word if word.isalpha() and prompt_and_object(codec, prompt, word)[1] == [token] else None
 
 
+@pytest.mark.slow
 def test_continual_score_keeps_the_baseline_s_answers_and_remembers_them(finetune_source, tiny_corpus, tiny_data_dir,
                                                                           tmp_path, capsys):
     """A hand-made file whose answers are the baseline's greedy words on some questions and another model's on
@@ -156,6 +158,7 @@ def test_continual_score_keeps_the_baseline_s_answers_and_remembers_them(finetun
     assert len(remembered[0]["key"]["knowledge"]) == 32  # the file's blake2b: another file is scored anew
 
 
+@pytest.mark.slow
 def test_the_report_gives_knowledge_kept_from_the_pretrained_row_where_rows_have_hits(tmp_path):
     """Rows scored with --knowledge: knowledge kept from the pretrained row of the same seed (a column of the
     sweep and of the seeds' table); rows without hits (an older scores file) leave the report as it was."""

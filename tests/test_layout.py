@@ -49,6 +49,7 @@ def _imports(path: Path, package: str, annotations: bool = True) -> set[str]:
     return found
 
 
+@pytest.mark.slow
 def test_no_import_cycle_between_the_package_modules():
     """Between the imports that run: a module may name, for its annotations only, a class of a module that
     imports it (keys.py's MemoryConfig, of pkm.py); the layers below hold those too."""
@@ -144,6 +145,7 @@ def test_every_module_has_a_place_and_is_listed_by_its_package():
                 assert f"{sub.name}/" in doc, f"{package}/__init__.py does not list {sub.name}/"
 
 
+@pytest.mark.slow
 def test_no_registry_is_imported_by_a_module_name_string():
     """A settings field holds its registry itself (settings.one_of(KEY_SEARCHES)), never "module:NAME" looked up
     with importlib: an exported folder carries copies of these modules under other names, and the import

@@ -26,6 +26,7 @@ def test_lora_with_another_trainable_set_is_rejected(tiny_trainer, tmp_path):
         tiny_trainer(tmp_path, *LORA, "optim.trainable=memory_values")
 
 
+@pytest.mark.slow
 def test_lora_trains_adapters_only_and_best_pt_is_the_merged_model(tiny_trainer, tmp_path):
     pytest.importorskip("peft")
     trainer = tiny_trainer(tmp_path, *LORA, "train.exp_id=lora", "train.eval_every=8")
@@ -54,6 +55,7 @@ def test_lora_trains_adapters_only_and_best_pt_is_the_merged_model(tiny_trainer,
     assert evaluate_main(["--checkpoint", str(trainer.run_dir / "best.pt"), "--max-batches", "2"]) == 0
 
 
+@pytest.mark.slow
 def test_lora_run_resumes_exactly(tiny_run, reference_run, tmp_path):
     pytest.importorskip("peft")
     full = reference_run(*LORA)

@@ -72,6 +72,7 @@ def one_step(cfg):
     ["model.memory.values=peer", "optim.values_optimizer=sgd", "optim.values_lr=0.1", "optim.trainable=memory"],
     ["optim.lora.rank=2"],  # the adapters alone train
 ], ids=["pkm", "engram_adagrad", "values_only", "peer_frozen_dense", "lora"])
+@pytest.mark.slow
 def test_parameters_gradients_and_optimizer_state_are_those_of_the_built_model(extra):
     cfg = tiny_config(*extra)
     model, optimizers, grads = one_step(cfg)

@@ -136,6 +136,7 @@ def test_two_processes_with_sharded_values_update_the_rows_of_one_process(finetu
     assert logged == [e["slots_updated"] for e in read_events(single.run_dir)] == [3, 3, 3, 3]
 
 
+@pytest.mark.slow
 def test_bad_settings_are_one_line(finetune_source, tiny_overrides, tmp_path, capsys):
     best, background = finetune_source
     other = Background.from_file(background)

@@ -46,6 +46,7 @@ def direct(path, counter, n, frequent):
     return sums
 
 
+@pytest.mark.slow
 def test_buckets_and_losses_match_a_direct_count(reference_run, tiny_data_dir, tmp_path, capsys):
     pkm = reference_run().run_dir / "best.pt"
     engram = [reference_run(*ENGRAM).run_dir / "best.pt", reference_run(*ENGRAM, "train.seed=1").run_dir]

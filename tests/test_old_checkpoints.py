@@ -8,6 +8,7 @@ import math
 import shutil
 from pathlib import Path
 
+import pytest
 import torch
 
 from xlm_pkm.checkpoint.trained import load_trained
@@ -30,6 +31,7 @@ def test_an_old_best_checkpoint_loads_and_evaluates_to_the_perplexity_its_run_lo
     assert math.isclose(result["ppl"], logged[-1]["ppl"], rel_tol=1e-6), (result["ppl"], logged[-1]["ppl"])
 
 
+@pytest.mark.slow
 def test_an_old_run_checkpoint_resumes_exactly_as_an_uninterrupted_run_of_today(tiny_run, reference_run, train_losses,
                                                                                  tmp_path):
     run_dir = tmp_path / "tiny" / "before_regroup"

@@ -90,6 +90,7 @@ def test_the_own_corpus_page_runs_as_written(tiny_corpus, tmp_path):
     assert mine.returncode == 0 and mine.stdout.startswith("The"), mine.stderr[-2000:]
 
 
+@pytest.mark.slow
 def test_the_small_preset_trains_on_a_small_corpus(tiny_data_dir, tmp_path):
     """configs/small.yaml, the page's preset for a corpus of a few MB (issue 63), as it is (its model, batch and
     schedule), a few steps on the tests' tiny corpus: it builds, trains, validates and saves."""

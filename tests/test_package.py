@@ -73,6 +73,7 @@ def test_the_layer_needs_only_torch():
     assert out.returncode == 0 and out.stdout == "ok\n", out.stderr
 
 
+@pytest.mark.slow
 def test_importing_the_package_changes_no_environment_variable_and_starts_no_thread():
     code = ("import os, threading; e = dict(os.environ); import xlm_pkm, xlm_pkm.config, xlm_pkm.model.memory; "
             "assert dict(os.environ) == e, {k for k in {*e, *os.environ} if e.get(k) != os.environ.get(k)}; "
@@ -115,6 +116,7 @@ NO_TORCH = {"xlm-pkm-preprocess"}  # never imports torch: nothing to set
     ("train.py", None, "1"), ("train.py", "0", "0"),  # each case a fresh Python importing torch: the others slow
     *[pytest.param(c, None, "1", marks=pytest.mark.slow)
       for c in ["evaluate.py", "generate.py", *console_commands(), "slurm-job"]]])
+@pytest.mark.slow
 def test_commands_turn_huge_pages_on_before_torch_is_imported_unless_told(command, given, expected):
     """launch/commands.py: each command that starts a torch process (and a SLURM job's TrainJob) sets
     THP_MEM_ALLOC_ENABLE=1 unless it is set, before torch is imported."""

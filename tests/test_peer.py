@@ -243,6 +243,7 @@ def test_variant_configs_load_and_build(path):
     assert memory.values.down.shape == (mem.n_keys**2, cfg.model.dim)
 
 
+@pytest.mark.slow
 def test_triton_backend_equals_torch_backend(monkeypatch):
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if not triton_usable(device):

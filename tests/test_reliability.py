@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
     (("train.eval_every=5", "train.save_every_steps=4"), NonFiniteError),  # a checkpoint is due before any evaluation
     (("train.max_nonfinite=2",), NonFiniteLossError),  # the run gives up first
 ])
+@pytest.mark.slow
 def test_non_finite_weights_never_overwrite_the_good_checkpoint(tiny_run, tiny_trainer, tmp_path, extra, error):
     tiny_run(tmp_path, "train.exp_id=nan", "train.max_steps=3")
     trainer = tiny_trainer(tmp_path, "train.exp_id=nan", "train.max_steps=20", *extra)
@@ -106,6 +107,7 @@ def test_second_run_in_the_same_directory_is_refused_naming_the_holder(tiny_trai
     assert again.took_over
 
 
+@pytest.mark.slow
 def test_stale_lock_of_a_killed_process_does_not_block(tmp_path):
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from pathlib import Path; "
                                "from xlm_pkm.train.run_dir import lock_run_directory; "
@@ -248,6 +250,7 @@ def test_a_memory_only_run_of_a_model_without_memory_is_refused(tiny_overrides, 
                                        "over parameter names\n")
 
 
+@pytest.mark.slow
 def test_a_run_directory_without_checkpoint_is_not_overwritten(tiny_run, tiny_overrides, tmp_path, capsys):
     """best.pt of step 8 and the metrics stay as they were when checkpoint.pt is gone (deleted, or the run
     stopped before its first one) and the same command runs again."""
@@ -261,6 +264,7 @@ def test_a_run_directory_without_checkpoint_is_not_overwritten(tiny_run, tiny_ov
     assert outputs() == before
 
 
+@pytest.mark.slow
 def test_temporary_files_of_a_killed_writer_are_removed_at_the_next_start(tiny_run, tiny_trainer, tmp_path):
     run_dir = tiny_run(tmp_path, "train.exp_id=tmp", "train.max_steps=4").run_dir
     leftover = run_dir / "checkpoint.pt.999999.0badc0de.tmp"  # a kill -9 during a write leaves one
@@ -278,6 +282,7 @@ def test_evaluating_a_folder_that_is_not_an_export_says_what_is_expected(tmp_pat
                                        f"best.pt)\n")
 
 
+@pytest.mark.slow
 def test_resuming_on_other_data_says_what_to_do(tiny_run, tiny_trainer, tiny_corpus, tiny_data_dir, tmp_path):
     from xlm_pkm.data.preprocess import preprocess
 
@@ -291,6 +296,7 @@ def test_resuming_on_other_data_says_what_to_do(tiny_run, tiny_trainer, tiny_cor
         tiny_trainer(tmp_path, "train.exp_id=moved", f"data.path={other}")
 
 
+@pytest.mark.slow
 def test_torch_file_that_is_not_a_run_checkpoint(tmp_path, capsys):
     torch.save(torch.zeros(3), tmp_path / "weights.pt")
     assert evaluate_main(["--checkpoint", str(tmp_path / "weights.pt"), "--device", "gpu"]) == 2
@@ -304,6 +310,7 @@ def test_torch_file_that_is_not_a_run_checkpoint(tmp_path, capsys):
 
 
 # ---- logs after a crash and resume ----------------------------------------------------------------------
+@pytest.mark.slow
 def test_metrics_after_a_crash_and_resume_read_like_the_uninterrupted_run(tiny_trainer, tiny_run, reference_run,
                                                                           train_losses, tmp_path, monkeypatch):
     trainer = tiny_trainer(tmp_path, "train.exp_id=crash", "train.eval_every=4")

@@ -28,6 +28,7 @@ def one_line(capsys) -> str:
 
 
 # ---- 1. evaluate.py --json never overwrites a file it did not write ------------------------------------
+@pytest.mark.slow
 def test_evaluate_json_on_a_checkpoint_is_refused_before_evaluating(reference_run, capsys, monkeypatch, tmp_path):
     import xlm_pkm.launch.cli
 
@@ -63,6 +64,7 @@ def rewrite_tensor(path: Path, name: str, change) -> None:
     save(tensors, checkpoint_id=folder, no_dist=True)
 
 
+@pytest.mark.slow
 def test_a_nan_weight_is_refused_by_evaluate_generate_and_resume(reference_run, tiny_run, tiny_trainer, tmp_path,
                                                                  capsys):
     damaged = tmp_path / "damaged.pt"
@@ -103,6 +105,7 @@ def wait_for(condition, timeout: float = 120) -> None:
         time.sleep(0.01)
 
 
+@pytest.mark.slow
 def test_sighup_checkpoints_and_exits_75(tiny_overrides, tmp_path):
     run = start_training(tiny_overrides, tmp_path, "hup")
     metrics = tmp_path / "tiny" / "hup" / "metrics.jsonl"
@@ -120,6 +123,7 @@ def test_sighup_checkpoints_and_exits_75(tiny_overrides, tmp_path):
     pytest.param(signal.SIGUSR1, 75, "train.py: error: stopped by SIGUSR1 ", marks=pytest.mark.slow),
     pytest.param(signal.SIGINT, 130, "train.py: error: interrupted (Ctrl-C)", marks=pytest.mark.slow),
 ])
+@pytest.mark.slow
 def test_a_signal_during_start_up_is_one_line_and_the_same_command_runs_again(tiny_overrides, tmp_path, signum,
                                                                               status, line):
     """Sent while torch is imported or the trainer is built (before the training loop's handlers): it used to
@@ -163,6 +167,7 @@ def test_a_start_up_signal_python_swallows_is_raised_again_without_a_traceback(n
     assert done.returncode == 0 and done.stderr == ""
 
 
+@pytest.mark.slow
 def test_a_stop_signal_in_the_last_step_ends_a_finished_run_with_0(tiny_overrides, tmp_path, signal_at_step):
     signal_at_step(8, signal.SIGTERM)  # the tiny run's max_steps
     assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=last_step")]) == 0
@@ -175,6 +180,7 @@ def test_bptt_longer_than_max_len_is_refused_with_the_config(tiny_overrides, tmp
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.slow
 def test_a_run_that_failed_at_its_first_step_is_taken_over_by_the_same_command(tiny_overrides, tmp_path, capsys,
                                                                                monkeypatch):
     from xlm_pkm.errors import UserError
@@ -291,6 +297,7 @@ def train_under_address_space_limit(tiny_overrides, tmp_path, limit_bytes: int, 
                           preexec_fn=limit, timeout=300)
 
 
+@pytest.mark.slow
 def test_the_memory_estimate_compares_with_rlimit_as(tiny_overrides, tmp_path):
     """1.5 GiB of address space, a value table needing 1.5 GiB more: refused before anything is allocated (it
     compared with the machine's MemAvailable, passed, and ended in an allocator traceback)."""
@@ -420,6 +427,7 @@ def test_a_pipe_as_preprocessing_input_is_told_as_such(tmp_path):
         os.close(write)
 
 
+@pytest.mark.slow
 def test_learnbpe_out_of_memory_is_told_as_such(tmp_path, monkeypatch, fastbpe_bin):
     """fastBPE's learnbpe under a real `ulimit -v` (std::bad_alloc): it was "failed writing .../codes"."""
     import random

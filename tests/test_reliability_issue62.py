@@ -20,6 +20,7 @@ def one_line(capsys) -> str:
 
 
 # ---- 62.12: an export loaded in bf16 or fp16 runs ------------------------------------------------------
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("kind", VARIANTS)
 def test_an_export_loaded_in_half_precision_runs_its_memory_in_float32(kind, dtype, tiny_data_dir, tmp_path):
@@ -47,6 +48,7 @@ def test_an_export_loaded_in_half_precision_runs_its_memory_in_float32(kind, dty
 
 
 # ---- 62.1: a re-export replaces only the files the previous export wrote -------------------------------
+@pytest.mark.slow
 def test_a_reexport_keeps_the_users_own_files_and_removes_only_its_own(reference_run, tmp_path, capsys):
     """`export best.pt E; echo 'print(1)' > E/analyze.py; export checkpoint.pt E` removed analyze.py (every *.py was
     taken for the previous export's code). The export lists what it wrote in export_manifest.json: only those files
@@ -81,6 +83,7 @@ def test_a_reexport_keeps_the_users_own_files_and_removes_only_its_own(reference
 
 
 # ---- 62.11: an edited export config.json is refused by our loader and by the folder's own code -----------
+@pytest.mark.slow
 def test_an_edited_export_config_is_refused_by_both_loaders(reference_run, tmp_path, capsys):
     """n_heads 2 -> 4 in an exported config.json keeps every shape: it loaded and evaluated. The export records a
     hash of config.json's model section with the weights; both loaders compare, and an export without that hash
@@ -216,6 +219,7 @@ def resume_argv(dump, *extra):
 
 @pytest.mark.parametrize("text, why", [("model: [dim: 3\n", "not valid YAML"),
                                        ("- a\n- b\n", "expected a mapping at the top level")])
+@pytest.mark.slow
 def test_a_damaged_config_yaml_on_resume_is_one_line(text, why, tiny_overrides, tmp_path, capsys):
     from xlm_pkm.launch.cli import train_main
 
@@ -229,6 +233,7 @@ def test_a_damaged_config_yaml_on_resume_is_one_line(text, why, tiny_overrides, 
                          "line's config (checked against the checkpoint's)")
 
 
+@pytest.mark.slow
 def test_a_hand_edited_config_yaml_is_logged_on_resume_and_no_test_is_kept(tiny_overrides, tmp_path):
     """config.yaml edited by hand (optim.lr 0.003 -> 0.5) applied on `exp_id=last` without a word: the 'resumed with
     another config' line compared the resumed config with config.yaml, the file it starts from, so it listed only

@@ -45,6 +45,7 @@ DAMAGES = {"empty": lambda p: p.write_bytes(b""), "not a torch file": lambda p: 
            "a folder": lambda p: p.mkdir()}
 
 
+@pytest.mark.slow
 def test_an_unreadable_latest_checkpoint_is_one_line_naming_it(tiny_overrides, tmp_path, capsys, monkeypatch):
     """train.exp_id=last on a run whose checkpoint.pt cannot be read: an OSError traceback (Errno 22) or a
     RuntimeError from torch.load's mmap, raised on rank 0 outside the one-line handler. One line naming the file

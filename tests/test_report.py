@@ -77,6 +77,7 @@ def row(report: str, heading: str, label: str) -> list[str]:
     return [c.strip() for c in line.strip("|").split("|")][1:]
 
 
+@pytest.mark.slow
 def test_report_tables_directions_and_figures(runs_dir, tmp_path):
     bench = tmp_path / "bench.json"
     bench.write_text(json.dumps({"settings": {"dtype": "fp32"}, "table4": {"rows": [
@@ -134,6 +135,7 @@ def t_quantile_df2(level: float) -> float:
     return level * math.sqrt(2 / (1 - level**2))
 
 
+@pytest.mark.slow
 def test_directions_are_paired_by_seed_with_t_intervals_and_holm(tmp_path):
     """3 seeds whose cells spread widely across seeds but differ consistently within each: the memory is 2.0
     better (holds), product keys 4.0 worse than flat keys (reversed), usage equal (inconclusive); mean and

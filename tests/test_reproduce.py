@@ -41,6 +41,7 @@ def test_paper_scale_is_the_config_itself():
     assert (m.n_layers, m.dim, resolve_memory_layers(m), m.memory.n_keys) == (16, 1024, [6, 12], 512)
 
 
+@pytest.mark.slow
 def test_cells_sharing_a_config_share_a_run(tmp_path):
     runs, skipped = plan("table3", SCALES["tiny"], tmp_path)
     assert skipped == []
@@ -54,6 +55,7 @@ def test_cells_sharing_a_config_share_a_run(tmp_path):
     assert base.run_dir in {r.run_dir for r in table2_runs}
 
 
+@pytest.mark.slow
 def test_cells_that_cannot_be_scaled_are_named(tmp_path):
     runs, skipped = plan("table1", SCALES["tiny"], tmp_path)
     assert len(runs) == 13
@@ -61,6 +63,7 @@ def test_cells_that_cannot_be_scaled_are_named(tmp_path):
                        "tiny (3 layers)"]
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_commands(tmp_path, capsys):
     assert main(["table3", "--scale", "tiny", "--dump", str(tmp_path), "--only", "table3_position1",
                  "--set", "train.num_threads=1", "--dry-run"]) == 0
@@ -75,6 +78,7 @@ def test_dry_run_prints_the_commands(tmp_path, capsys):
     assert not (tmp_path / "table3_position1").exists()
 
 
+@pytest.mark.slow
 def test_data_given_replaces_the_scales_data_path_in_the_commands(tmp_path, capsys):
     assert main(["table3", "--scale", "tiny", "--dump", str(tmp_path), "--only", "table3_position1",
                  "--data", str(tmp_path / "mine"), "--dry-run"]) == 0
@@ -82,6 +86,7 @@ def test_data_given_replaces_the_scales_data_path_in_the_commands(tmp_path, caps
     assert train.count("data.path=") == 1 and f"data.path={tmp_path / 'mine'} " in train
 
 
+@pytest.mark.slow
 def test_seeds_make_one_run_per_seed_in_its_own_directory(tmp_path, capsys):
     assert main(["table3", "--scale", "tiny", "--dump", str(tmp_path), "--only", "table3_position1",
                  "--seeds", "0", "7", "--dry-run"]) == 0
@@ -98,6 +103,7 @@ def test_bad_cell_is_one_line(tmp_path, capsys):
     assert "--only table2_keys128_none: not a cell of table3" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_debug_array_runs_a_cell_skips_it_when_done_and_resumes_it(tiny_data_dir, tmp_path):
     argv = ["table3", "--scale", "tiny", "--dump", str(tmp_path / "runs"), "--data", str(tiny_data_dir),
             "--only", "table3_position1", "--test-max-batches", "4", "--set", *TINY_RUN, "--slurm",

@@ -19,6 +19,7 @@ def run_files(run_dir) -> dict[str, bytes]:
             if p.is_file() and p.name != ".lock"}
 
 
+@pytest.mark.slow
 def test_another_optimizer_is_refused_naming_old_and_new_and_a_compatible_change_resumes(tiny_run, tiny_overrides,
                                                                                           tmp_path, capsys):
     run_dir = tiny_run(tmp_path, "train.exp_id=opt", "train.max_steps=4").run_dir  # Adam and Adam, stopped at 4

@@ -147,6 +147,7 @@ def test_a_second_ctrl_c_during_a_checkpoint_write_waits_for_the_file_to_be_whol
     assert not [p for p in path.parent.iterdir() if p.name.endswith(".tmp")]
 
 
+@pytest.mark.slow
 def test_exp_id_last_resumes_the_latest_unfinished_run_and_refuses_otherwise(tiny_overrides, tmp_path, capsys,
                                                                              signal_at_step):
     last = ["--no-test", *tiny_overrides(tmp_path, "train.exp_id=last")]
@@ -168,6 +169,7 @@ def test_exp_id_last_resumes_the_latest_unfinished_run_and_refuses_otherwise(tin
     assert checkpoint.load(tmp_path / "tiny" / "older" / "checkpoint.pt")["step"] == 3  # untouched
 
 
+@pytest.mark.slow
 def test_a_run_resumes_from_its_own_config_with_none_of_its_overrides_retyped(tiny_overrides, reference_run, tmp_path,
                                                                               capsys, signal_at_step, monkeypatch):
     """Started with the tiny overrides and stopped at step 4, the run resumes from `train.exp_id=last` with only
@@ -182,6 +184,7 @@ def test_a_run_resumes_from_its_own_config_with_none_of_its_overrides_retyped(ti
     assert not list(run_dir.glob("config.until-step*.yaml"))  # nothing changed: the same config
 
 
+@pytest.mark.slow
 def test_an_override_on_resume_applies_on_top_of_the_runs_own_config(tiny_overrides, tmp_path, capsys):
     assert train_main(["--no-test", *tiny_overrides(tmp_path, "train.exp_id=more", "train.max_steps=2")]) == 0
     assert train_main(["--no-test", f"train.dump_path={tmp_path}", "train.exp_name=tiny", "train.exp_id=more",

@@ -167,6 +167,7 @@ def test_a_retrofit_resumes_exactly(full_run, retrofit_trainer):
 FULL = ["model.base.trainable=true", "optim.trainable=[base.model.layers.1.mlp.*,beside.*]", "optim.lr=1e-2"]
 
 
+@pytest.mark.slow
 def test_full_finetuning_trains_the_base_s_named_weights_and_its_checkpoints_hold_them(retrofit_trainer, tiny_base,
                                                                                       tmp_path):
     """model.base.trainable: the base's weights that optim.trainable names train (here one layer's MLP), the others
@@ -199,6 +200,7 @@ def test_full_finetuning_trains_the_base_s_named_weights_and_its_checkpoints_hol
         assert torch.equal(p, resumed.model.state_dict()[name]), name
 
 
+@pytest.mark.slow
 def test_full_finetuning_starts_from_a_retrofit_whose_base_was_frozen_not_the_reverse(full_run, retrofit_trainer):
     frozen = full_run[0].run_dir / "best.pt"
     full = retrofit_trainer("from_frozen", "model.base.trainable=true", f"train.init_from={frozen}")
@@ -220,6 +222,7 @@ def test_with_lora_a_retrofit_may_train_its_adapters_alone(retrofit_trainer):
     assert names and all(".lora_" in n for n in names)
 
 
+@pytest.mark.slow
 def test_evaluate_generate_and_export_a_retrofit(full_run, tmp_path, capsys):
     best = str(full_run[0].run_dir / "best.pt")
     assert evaluate_main(["--checkpoint", best, "--split", "valid", "--json", str(tmp_path / "r.json")]) == 0

@@ -98,6 +98,7 @@ def test_impossible_requests_are_refused_before_submitting(tmp_path, monkeypatch
     (("train.save_every_minutes=1e-9",), [1, 2, 3, 4, 5, 6, 7]),
     ((), [7]),
 ])
+@pytest.mark.slow
 def test_checkpoint_interval_independent_of_evaluations(tiny_run, tmp_path, monkeypatch, extra, saved):
     steps, save = [], Trainer.save_checkpoint
     monkeypatch.setattr(Trainer, "save_checkpoint", lambda self: (steps.append(self.step), save(self))[1])
@@ -105,6 +106,7 @@ def test_checkpoint_interval_independent_of_evaluations(tiny_run, tmp_path, monk
     assert steps == saved
 
 
+@pytest.mark.slow
 def test_resume_with_another_config_names_the_changes_and_keeps_the_old_one(tiny_run, tiny_trainer, tmp_path):
     first = tiny_run(tmp_path, "train.exp_id=changed", "train.max_steps=2")
     trainer = tiny_trainer(tmp_path, "train.exp_id=changed", "train.max_steps=4", "optim.lr=1e-3")

@@ -35,6 +35,7 @@ def write_study(tmp_path, data_dir=None, **changes) -> Path:
     return path
 
 
+@pytest.mark.slow
 def test_the_variants_study_file_reads(tmp_path):
     study = load_study(REPO / "results/variants/study.yaml")
     assert {"dense_params", "dense_flops", "pkm", "memory_plus", "peer", "ultramem_step5_value_lr_decay",
@@ -52,6 +53,7 @@ def test_the_variants_study_file_reads(tmp_path):
     assert load(step5).optim.values_lr_decay_steps == step5.steps  # the decay spans the longer run
 
 
+@pytest.mark.slow
 def test_the_tiny_study_file_re_makes_the_committed_tiny_runs_with_tuned_learning_rates(tmp_path):
     """results/tiny/study.yaml (issue 61): every cell at ×1 is the committed 400-step run's model, data and optimizer
     (key by key of runs/<cell>/tiny-seed0/config.yaml), on ≥ 1.6M tokens, 3 seeds, the divergence rule and the

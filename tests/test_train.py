@@ -22,6 +22,7 @@ from xlm_pkm.train.trainer import Trainer
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.mark.slow
 def test_loss_falls_and_run_directory_is_complete(tiny_run, train_losses, tmp_path):
     trainer = tiny_run(tmp_path, "train.max_steps=100", "train.eval_every=50", "train.log_every=10",
                   "train.exp_id=learn", "optim.lr=1e-2", "optim.warmup_steps=20",
@@ -42,6 +43,7 @@ def test_loss_falls_and_run_directory_is_complete(tiny_run, train_losses, tmp_pa
 
 @pytest.mark.parametrize("stop_at, extra", [(3, ()), (5, ("optim.accumulate=2",)),
                                             (4, ("optim.values_optimizer=lazy_adam", "optim.accumulate=2"))])
+@pytest.mark.slow
 def test_resume_equals_uninterrupted_run(tiny_run, reference_run, train_losses, tmp_path, stop_at, extra):
     full = reference_run(*extra)
     tiny_run(tmp_path, "train.exp_id=cut", f"train.max_steps={stop_at}", *extra)
@@ -51,6 +53,7 @@ def test_resume_equals_uninterrupted_run(tiny_run, reference_run, train_losses, 
         assert torch.equal(p, resumed.model.state_dict()[name]), name
 
 
+@pytest.mark.slow
 def test_a_resume_on_another_cpu_thread_count_says_its_losses_will_differ(tiny_run, tmp_path):
     tiny_run(tmp_path, "train.exp_id=threads", "train.max_steps=3")  # TINY: one thread
     tiny_run(tmp_path, "train.exp_id=threads", "train.max_steps=5")
@@ -58,6 +61,7 @@ def test_a_resume_on_another_cpu_thread_count_says_its_losses_will_differ(tiny_r
     assert log.count("CPU thread(s), saved on") == 1 and "resumed on 2 CPU thread(s), saved on 1: " in log, log
 
 
+@pytest.mark.slow
 def test_stop_signal_saves_exits_75_and_resumes_exactly(tiny_overrides, tiny_run, reference_run, train_losses,
                                                         tmp_path, monkeypatch, signal_at_step):
     signal_at_step(4)
@@ -120,6 +124,7 @@ def test_torch_compile_matches_eager(reference_run, tiny_run, train_losses, tmp_
         assert math.isclose(eager[step], loss, rel_tol=1e-4), (step, eager[step], loss)
 
 
+@pytest.mark.slow
 def test_train_cli_then_evaluate_cli_json(tiny_overrides, tmp_path, capsys):
     overrides = tiny_overrides(tmp_path, "train.exp_id=cli", "train.max_steps=6")
     # options and overrides in any order
@@ -142,6 +147,7 @@ def test_train_cli_then_evaluate_cli_json(tiny_overrides, tmp_path, capsys):
     assert math.isclose(result["ppl"], logged["ppl"], rel_tol=1e-9)
 
 
+@pytest.mark.slow
 def test_bad_input_gets_one_line_errors(tiny_overrides, tmp_path, capsys):
     cases = [
         (["data.path=/nonexistent/dir"], "/nonexistent/dir"),

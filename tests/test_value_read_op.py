@@ -47,6 +47,7 @@ def reader(sparse, backend, read_op, read_backward="two_pass"):
     return lambda table, indices, weights: read_values(table, indices, weights, sparse, backend, read_backward, read_op)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -60,6 +61,7 @@ def test_custom_op_equals_the_eager_read_bit_for_bit(backend, sparse, dtype):
     assert_equal(read(reader(sparse, backend, "custom_op"), table, indices, weights, grad_out), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_custom_op_gives_only_the_gradients_asked_for(backend, sparse):
@@ -81,6 +83,7 @@ def test_custom_op_reads_an_empty_batch(backend, sparse):
                  read(reader(sparse, backend, "eager"), table, indices, weights, grad_out))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif("triton" not in BACKENDS, reason="needs Triton")
 @pytest.mark.parametrize("sparse", [False, True])
 def test_custom_op_runs_the_one_pass_backward(sparse):
@@ -89,6 +92,7 @@ def test_custom_op_runs_the_one_pass_backward(sparse):
     assert_equal(read(reader(sparse, "triton", "custom_op", "one_pass"), table, indices, weights, grad_out), expected)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sparse", [False, True])
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_compiled_whole_with_the_custom_op(backend, sparse):
@@ -110,6 +114,7 @@ def test_compiled_whole_with_the_custom_op(backend, sparse):
         torch.testing.assert_close(a, b, rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("read_op", ["eager", "custom_op"])
 def test_memory_forward_has_no_graph_break_from_the_read(read_op):
     """torch._dynamo.explain of a memory's forward with sparse value gradients: the eager read breaks the graph

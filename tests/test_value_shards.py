@@ -351,6 +351,7 @@ def truncated_shard(run: Path, overrides: list[str], dump: Path, capsys) -> None
     assert len(err) == 1 and re.fullmatch("evaluate.py: error: " + damaged, err[0]), err
 
 
+@pytest.mark.slow
 def test_sharded_best_on_one_process_is_kept_whole_when_a_shard_cannot_be_written(tiny_run, tiny_trainer,
                                                                                        tmp_path, monkeypatch):
     run = tiny_run(tmp_path, "model.memory.shard_values=true", "train.max_steps=2", "train.exp_id=one").run_dir
@@ -448,6 +449,7 @@ def train_then_resume_by_default(rank: int, world: int, folder: str) -> None:
         trainer.close()
 
 
+@pytest.mark.slow
 def test_fsdp_shards_the_values_by_default_and_resumes_a_run_saved_replicated(tiny_overrides, tmp_path):
     """Under fsdp on 2 processes the tiny PKM's 32-wide table is sharded by default (the log says so and why); a run
     saved with shard_values=false (the default before) resumes with the default: each rank loads its columns of

@@ -20,6 +20,7 @@ VARIANTS = {  # overrides of the tiny config (tests/conftest.py), with the value
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", VARIANTS)
 def test_variant_resumes_exactly_evaluates_and_initialises_a_run(name, tiny_run, reference_run, train_losses,
                                                                   tiny_overrides, tmp_path, capsys):

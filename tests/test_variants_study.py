@@ -10,6 +10,7 @@ from xlm_pkm.experiments.study_plan import load_study
 from xlm_pkm.optim.schedule import values_lr
 
 
+@pytest.mark.slow
 def test_every_variant_config_is_a_cell_and_builds():
     papers = sorted(p.stem for p in (REPO / "configs/variants/paper").glob("*.yaml"))
     assert [c.name for c in TABLES["variants"]] == papers and {"pkm", *MATCHED} <= set(papers)
@@ -18,6 +19,7 @@ def test_every_variant_config_is_a_cell_and_builds():
         assert model_size(cfg, cfg.data.bptt)["total"] > 0, path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scale", ["tiny", "paper"])
 def test_matched_cells_match_the_pkm_cell_at_the_runs_scale(tmp_path, scale):
     runs = {next(c.name for c in r.cells if c.table == "variants"): r
@@ -42,6 +44,7 @@ def test_matched_cells_match_the_pkm_cell_at_the_runs_scale(tmp_path, scale):
         assert abs(model_size(cfg, cfg.data.bptt)["total"] - target["total"]) / target["total"] < 0.005
 
 
+@pytest.mark.slow
 def test_the_values_lr_decay_spans_the_scaled_run(tmp_path):
     (run,), _ = plan("variants", SCALES["tiny"], tmp_path, only=["ultramem"])
     cfg = load_config(REPO / run.config, run.overrides)

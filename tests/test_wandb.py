@@ -55,6 +55,7 @@ def _flat(prefix: str, value) -> dict:
     return {prefix: value} if isinstance(value, (int, float)) and not isinstance(value, bool) else {}
 
 
+@pytest.mark.slow
 def test_wandb_logs_the_metrics_and_the_config_of_the_run(tiny_run, wandb_runs, tmp_path):
     run_dir = tiny_run(tmp_path, *WANDB, "train.exp_id=w", "train.max_steps=4", "train.eval_every=2").run_dir
     (wandb_run,) = wandb_runs
@@ -75,6 +76,7 @@ def test_wandb_logs_the_metrics_and_the_config_of_the_run(tiny_run, wandb_runs, 
     assert list((run_dir / "wandb").glob(f"offline-run-*-{run_id}"))  # W&B's files: in the run directory
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_its_wandb_run(tiny_run, wandb_runs, signal_at_step, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wandb_dir"))
     train_step = Trainer.train_step
