@@ -7,18 +7,12 @@
 # The setting is chosen on the example's own scores, as a user's loop does (there are no held-out facts there).
 # Every command is logged to commands.txt and scores.jsonl is rewritten; a run with a best.pt is not retrained.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-PY=${PYTHON:-.venv/bin/python}
-OUT=results/facts_default
+COMMANDS=results/facts_default/commands.txt
+# shellcheck source=setup.sh
+source "$(dirname "$0")/setup.sh"  # PY, OUT, DEMO, DATA, BACKGROUND, run, count_background
 DUMP=dumped/facts_default
-DEMO=dumped/default/demo/best.pt
-DATA=data/processed/sample
-BACKGROUND=dumped/default/demo/slot_counts_48.pt  # the file configs/finetune/facts.yaml names
 mkdir -p "$DUMP"
-: > "$OUT/commands.txt"
 : > "$OUT/scores.jsonl"
-
-run() { echo "$*" >> "$OUT/commands.txt"; echo "== $*"; "$@"; }
 
 for facts in example heldout; do
   file=data/facts/example.jsonl; [[ $facts == heldout ]] && file=$OUT/heldout.jsonl
@@ -27,8 +21,7 @@ for facts in example heldout; do
   run "$PY" -m xlm_pkm.experiments.continual score "$DEMO" --facts "$DUMP/$facts" --data "$DATA" \
       --model demo --method pretrained --setting "facts=$facts" --out "$OUT/scores.jsonl"
 done
-[[ -e $BACKGROUND ]] || run "$PY" -m xlm_pkm.finetune.slot_counts "$DEMO" --data "$DATA" --split train \
-    --doc-tokens 48 --documents 2000 --out "$BACKGROUND"
+count_background
 
 # finetune FACTS NAME METHOD [OVERRIDES...]: configs/finetune/facts.yaml with the overrides on FACTS, then its scores
 finetune() {
