@@ -54,3 +54,44 @@ def test_the_report_pairs_each_files_em_with_its_prior(heldout_sets, tmp_path, c
     assert "| a | 5 | 320 | 60% | 20% | 60% | 20% | 20% | 0% | 100.00 (+10.00) | 85.00 (+5.00) |" in out
     # EM − prior per file: +40, 0, +20 points: mean 20, sd 20, se 11.547, t(0.975, 2) = 4.3027: ± 49.68
     assert "mean +20.0 points over 3 files, 95% interval [-29.7, +69.7]" in out
+
+
+@pytest.mark.slow
+def test_overlap_counts_the_slots_the_last_prompt_position_reads_in_the_models_own_forward(
+        heldout_sets, tiny_run, tmp_path, capsys):
+    """The reference: lookup's indices recorded inside the model's ordinary forward (a wrapper on lookup), at
+    each prompt's last position, and every pair's shared count taken from those sets."""
+    import itertools
+
+    import torch
+
+    from xlm_pkm.checkpoint.trained import load_trained
+    from xlm_pkm.data.text_codec import text_codec
+
+    run_dir = Path(tiny_run(tmp_path, "train.exp_id=r").run_dir)
+    heldout_sets.write(tmp_path / "files")
+    facts = read_own_facts(tmp_path / "files" / "n5_set0.jsonl")
+    capsys.readouterr()  # the training's log
+    heldout_sets.overlap(run_dir / "best.pt", [tmp_path / "files" / "n5_set0.jsonl"])
+    printed = capsys.readouterr().out.strip()
+
+    trained = load_trained(run_dir / "best.pt")
+    codec, (_, memory) = text_codec(trained.data_dir), next(iter(trained.model.memories()))
+    lookup, recorded = memory.lookup, []
+
+    def recording(x):
+        weights, indices = lookup(x)
+        recorded.append(indices)
+        return weights, indices
+
+    memory.lookup = recording
+    read = []
+    with torch.no_grad():
+        for fact in facts:
+            trained.model(torch.tensor([codec.encode(fact.prompt)]))
+            last = recorded[-1].reshape(-1, memory.heads * memory.knn)[-1]  # one row: the prompt's last position
+            read.append(set(last.tolist()))
+    shared = [len(a & b) for a, b in itertools.combinations(read, 2)]
+    sizes = [len(r) for r in read]
+    assert printed == (f"n5_set0: slots read {min(sizes)}-{max(sizes)}, shared with another subject's prompt "
+                       f"{min(shared)}-{max(shared)}")

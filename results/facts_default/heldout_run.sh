@@ -36,3 +36,4 @@ for file in n5_tools n5_set0 n5_set1 n5_set2 n5_set3 n5_set4 n10_set0 n10_set1 n
 done
 cat "$DUMP"/scores/*.jsonl > "$OUT/heldout_scores.jsonl"
 "$PY" "$OUT/heldout_sets.py" report "$OUT/heldout_scores.jsonl"
+"$PY" "$OUT/heldout_sets.py" overlap "$DEMO" "$DUMP"/files/n5_*.jsonl  # the slots the prompts share

@@ -14,16 +14,25 @@ the config's "64 × N steps" tested beyond N = 5.
 The report pairs each file's EM with its em_prior, and its forced choice with the same after shuffled subjects
 (fc_shuffled: learnt the relation's answers but not which subject has which), as one-sample t intervals over
 files (experiments/paired.py); heldout.jsonl (the 5 tools, run before issue 61) joins the N = 5 files.
+`overlap` counts, for each file, the memory slots that a fact's prompt reads at its last position (the one that
+predicts the answer; every head's top k, on the model before finetuning) and how many of them the prompt of
+another fact of the file reads too: the rows sparse memory finetuning could move for one subject alone.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 import sys
 from pathlib import Path
 
-from xlm_pkm.experiments.facts import RELATIONS, invented_names, paraphrases
+import torch
+
+from xlm_pkm.checkpoint.trained import load_trained
+from xlm_pkm.data.text_codec import text_codec
+from xlm_pkm.experiments.facts import RELATIONS, invented_names, paraphrases, read_own_facts
+from xlm_pkm.experiments.introspect import _memory_inputs
 from xlm_pkm.experiments.paired import paired
 
 BLOCK = 5  # facts of one relation in a row, with distinct objects
@@ -89,11 +98,31 @@ def report(scores: Path) -> None:
                           {k: r["fc_shuffled"] for k, r in group.items()}))
 
 
+@torch.no_grad()
+def overlap(checkpoint: Path, files: list[Path]) -> None:
+    """Per file: the slots each prompt reads at its last position, and the fewest and most of them another
+    prompt of the file reads too (the first memory layer)."""
+    trained = load_trained(checkpoint)
+    model, codec = trained.model.eval(), text_codec(trained.data_dir)
+    layer, memory = next(iter(model.memories()))
+    for path in files:
+        read = []
+        for fact in read_own_facts(path):
+            inputs = _memory_inputs(model, torch.tensor([codec.encode(fact.prompt)]))[layer]  # (1, T, dim)
+            _, indices = memory.lookup(inputs[0, -1:])  # (1, heads, knn)
+            read.append(set(indices.flatten().tolist()))
+        shared = [len(a & b) for a, b in itertools.combinations(read, 2)]
+        print(f"{path.stem}: slots read {min(map(len, read))}-{max(map(len, read))}, shared with another "
+              f"subject's prompt {min(shared)}-{max(shared)}")
+
+
 if __name__ == "__main__":
-    command, path = sys.argv[1:3] if len(sys.argv) == 3 else (None, None)
-    if command == "write":
-        write(Path(path))
-    elif command == "report":
-        report(Path(path))
+    command, paths = (sys.argv[1], [Path(p) for p in sys.argv[2:]]) if len(sys.argv) > 2 else (None, [])
+    if command == "write" and len(paths) == 1:
+        write(paths[0])
+    elif command == "report" and len(paths) == 1:
+        report(paths[0])
+    elif command == "overlap" and len(paths) > 1:
+        overlap(paths[0], paths[1:])
     else:
         sys.exit(__doc__.split("\n\n")[1])
