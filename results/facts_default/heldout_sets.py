@@ -32,7 +32,7 @@ import torch
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.data.text_codec import text_codec
 from xlm_pkm.experiments.facts import RELATIONS, invented_names, paraphrases, read_own_facts
-from xlm_pkm.experiments.introspect import _memory_inputs
+from xlm_pkm.experiments.introspect import memory_inputs
 from xlm_pkm.experiments.paired import paired
 
 BLOCK = 5  # facts of one relation in a row, with distinct objects
@@ -108,7 +108,7 @@ def overlap(checkpoint: Path, files: list[Path]) -> None:
     for path in files:
         read = []
         for fact in read_own_facts(path):
-            inputs = _memory_inputs(model, torch.tensor([codec.encode(fact.prompt)]))[layer]  # (1, T, dim)
+            inputs = memory_inputs(model, torch.tensor([codec.encode(fact.prompt)]))[layer]  # (1, T, dim)
             _, indices = memory.lookup(inputs[0, -1:])  # (1, heads, knn)
             read.append(set(indices.flatten().tolist()))
         shared = [len(a & b) for a, b in itertools.combinations(read, 2)]

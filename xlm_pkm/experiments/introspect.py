@@ -25,7 +25,7 @@ from xlm_pkm.runtime.distributed import DistEnv
 from xlm_pkm.train.build import build_stream
 
 
-def _memory_inputs(model: TransformerLM, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
+def memory_inputs(model: TransformerLM, tokens: torch.Tensor) -> dict[int, torch.Tensor]:
     """{layer: (B, T, dim) input of that layer's memory} for one forward of tokens (B, T)."""
     captured, hooks = {}, []
     for layer, memory in model.memories():
@@ -64,7 +64,7 @@ def slot_contexts(path: str | Path, split: str = "test", top_slots: int = 8, per
     best = {layer: [[] for _ in t] for layer, t in top.items()}  # per top slot: [(weight, batch, row, pos)]
     for b, x in enumerate(batches):
         B, T = x.shape
-        for layer, inputs in _memory_inputs(model, x).items():
+        for layer, inputs in memory_inputs(model, x).items():
             weights, indices = memories[layer].lookup(inputs.reshape(-1, inputs.shape[-1]))  # (N, H, K) each
             for s, slot in enumerate(top[layer].tolist()):
                 per_position = (weights * (indices == slot)).sum(dim=(1, 2))  # (N,) summed over heads
