@@ -3,11 +3,15 @@
 file readable as one's own facts), and its report's intervals are paired.py's over files."""
 
 import importlib.util
+import itertools
 import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from xlm_pkm.checkpoint.trained import load_trained
+from xlm_pkm.data.text_codec import text_codec
 from xlm_pkm.experiments.fact_scores import prior_em
 from xlm_pkm.experiments.facts import read_own_facts
 
@@ -61,13 +65,6 @@ def test_overlap_counts_the_slots_the_last_prompt_position_reads_in_the_models_o
         heldout_sets, tiny_run, tmp_path, capsys):
     """The reference: lookup's indices recorded inside the model's ordinary forward (a wrapper on lookup), at
     each prompt's last position, and every pair's shared count taken from those sets."""
-    import itertools
-
-    import torch
-
-    from xlm_pkm.checkpoint.trained import load_trained
-    from xlm_pkm.data.text_codec import text_codec
-
     run_dir = Path(tiny_run(tmp_path, "train.exp_id=r").run_dir)
     heldout_sets.write(tmp_path / "files")
     facts = read_own_facts(tmp_path / "files" / "n5_set0.jsonl")

@@ -2,6 +2,7 @@
 
     python results/facts_default/heldout_sets.py write DIR       # DIR/n{N}_set{i}.jsonl, the files below
     python results/facts_default/heldout_sets.py report SCORES   # the markdown table and intervals of README.md
+    python results/facts_default/heldout_sets.py overlap CHECKPOINT FILE...   # the memory slots subjects share
 
 The setting was chosen on data/facts/example.jsonl's 5 facts; these files were never used to choose. Each holds
 N made-up facts (experiments/facts.py's relations and invented subjects) in the facts-file format
