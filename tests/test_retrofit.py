@@ -88,6 +88,24 @@ def test_at_step_0_the_logits_are_the_base_s_and_the_gate_opens_first(tiny_base,
     assert (opened(x) - base(x).logits).abs().max() > 1e-3  # the memory is wired in
 
 
+def test_the_shift_beside_a_memory_adds_its_vector_to_the_mlp_s_output(tiny_base):
+    """model.base.shift: 0 at step 0 (the base's logits), trained from the first step with the gate; set to v with
+    the gate shut, the model is the base whose layer-2 MLP output has v added (a hook on a plain base)."""
+    cfg = load_config(None, model_overrides(tiny_base, "model.base.shift=true")).model
+    model = RetrofitLM(resolved(cfg), load_base(cfg.base))
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_base)
+    x = torch.randint(0, model.cfg.vocab_size, (2, 12))
+    assert (model(x) - base(x).logits).abs().max() <= 1e-5
+    model(x, targets=x).mean().backward()
+    assert {name for name, p in model.named_parameters() if p.grad is not None and bool(p.grad.any())} == \
+        {"beside.2.gate", "beside.2.shift"}
+    v = torch.randn(32)
+    model.load_state_dict({**model.state_dict(), "beside.2.shift": v})
+    base.model.layers[1].mlp.register_forward_hook(lambda mlp, args, out: out + v)
+    with torch.no_grad():
+        assert (model(x) - base(x).logits).abs().max() <= 1e-5
+
+
 def test_a_qwen2_base_takes_a_memory_as_well(tmp_path):
     """Qwen2 (biases in attention, its own names) as a Llama: the base's logits at step 0, its cache in decoding."""
     config = transformers.Qwen2Config(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=3,

@@ -4,10 +4,15 @@
 # on the same held-out test windows. Run from the repository root after `make install`, on the CPU; writes
 # results/retrofit/memory/ (the runs' small files and the figures) and logs every command to commands.txt.
 # STEPS (default 500, the config's) sets train.max_steps; results/retrofit/README.md reports the run of STEPS=250.
+# CONFIG (default configs/retrofit.yaml) and NAME (default memory: the run dumped/retrofit/NAME, its files in
+# results/retrofit/NAME) train another memory, e.g. CONFIG=configs/retrofit_fixed_routing.yaml NAME=fixed_routing.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PYTHON:-.venv/bin/python}
-out=results/retrofit/memory
+config=${CONFIG:-configs/retrofit.yaml}
+name=${NAME:-memory}
+out=results/retrofit/$name
+base_test=results/retrofit/memory/base_test.json  # the base alone: one file for every memory
 data=data/processed/sample-smollm2
 mkdir -p "$out"
 run() { echo "$*" >> "$out/commands.txt"; "$@"; }
@@ -18,10 +23,10 @@ run() { echo "$*" >> "$out/commands.txt"; "$@"; }
 }
 [ -f "$data/meta.json" ] || run $PY -m xlm_pkm.data.preprocess --input data/sample/python-docs.jsonl.xz \
   --output "$data" --tokenizer models/smollm2 --workers 2
-[ -f "$out/base_test.json" ] || run $PY results/retrofit/base_perplexity.py --config configs/retrofit.yaml \
-  data.path=$data --split test --json "$out/base_test.json"
+[ -f "$base_test" ] || run $PY results/retrofit/base_perplexity.py --config configs/retrofit.yaml \
+  data.path=$data --split test --json "$base_test"
 start=$(date +%s)
-run $PY train.py --config configs/retrofit.yaml data.path=$data train.exp_id=memory train.max_steps=${STEPS:-500} --no-test
+run $PY train.py --config "$config" data.path=$data train.exp_id="$name" train.max_steps=${STEPS:-500} --no-test
 echo "train.py wall seconds: $(( $(date +%s) - start ))" >> "$out/commands.txt"
-run $PY evaluate.py --checkpoint dumped/retrofit/memory/best.pt --split test --json "$out/memory_test.json"
-cp dumped/retrofit/memory/{config.yaml,metrics.jsonl,train.log} "$out/"
+run $PY evaluate.py --checkpoint "dumped/retrofit/$name/best.pt" --split test --json "$out/memory_test.json"
+cp "dumped/retrofit/$name"/{config.yaml,metrics.jsonl,train.log} "$out/"

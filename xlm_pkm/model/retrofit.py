@@ -70,6 +70,10 @@ class BaseConfig:
     # (the paper's top memory: model/transformer.memory_layers), set when the run starts
     layers: list[int] = field(default_factory=list, metadata=architecture(positive()))
     gate_init: float = 0.0  # every memory's output gate (one per channel) starts here; 0: the base's logits at step 0
+    # a learnt (dim,) vector added beside each memory (its parameter: beside.LAYER.shift), 0 at step 0: it takes the
+    # part of the change that is the same for every token (a shift to the new text's domain), so the memory's
+    # slots need not (results/retrofit/README.md measures it)
+    shift: bool = field(default=False, metadata=architecture())
     # the base's own weights train too, as any weight (optim.trainable), and checkpoints hold them (full finetuning);
     # false: frozen, and checkpoints hold what trains beside it only
     trainable: bool = field(default=False, metadata=architecture())
@@ -257,16 +261,19 @@ def resolved(cfg: ModelConfig) -> ModelConfig:
 
 
 class MemoryBeside(nn.Module):
-    """A memory and its output gate beside an MLP: mlp(u) + gate ⊙ memory(u), added by a forward hook on the MLP."""
+    """A memory and its output gate beside an MLP: mlp(u) + gate ⊙ memory(u) (+ shift, model.base.shift), added by a
+    forward hook on the MLP."""
 
-    def __init__(self, memory: ProductKeyMemory, dim: int, gate_init: float):
+    def __init__(self, memory: ProductKeyMemory, dim: int, gate_init: float, shift: bool = False):
         super().__init__()
         self.memory = memory
         self.gate = nn.Parameter(torch.full((dim,), float(gate_init)))  # (dim,)
+        self.shift = nn.Parameter(torch.zeros(dim)) if shift else None  # (dim,)
 
     def add_to_output(self, mlp: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
         """The MLP's forward hook: args[0] is its input u (B, T, dim), out its output (B, T, dim)."""
-        return out + self.gate * self.memory(args[0])
+        out = out + self.gate * self.memory(args[0])
+        return out if self.shift is None else out + self.shift
 
 
 class RetrofitLM(MemoryHost, nn.Module):
@@ -289,7 +296,7 @@ class RetrofitLM(MemoryHost, nn.Module):
         shared = shared_state(cfg, [["memory"]])  # with memory.share_values, one value store for every memory
         self.beside = nn.ModuleDict()
         for layer in cfg.base.layers:
-            beside = MemoryBeside(SUBLAYERS["memory"](cfg, shared), cfg.dim, cfg.base.gate_init)
+            beside = MemoryBeside(SUBLAYERS["memory"](cfg, shared), cfg.dim, cfg.base.gate_init, cfg.base.shift)
             self.beside[str(layer)] = beside
             layers[layer - 1].mlp.register_forward_hook(beside.add_to_output)
         self.ngram_hash = None  # no Engram (the trainer and TransformerLM's callers read it)
