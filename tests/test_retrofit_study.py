@@ -20,7 +20,8 @@ TINY = ["model.memory.n_keys=8", "model.memory.k_dim=16", "model.memory.heads=2"
 def test_the_retrofit_study_runs_and_resumes(tiny_base, tiny_base_data, tmp_path):
     pytest.importorskip("peft")
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHON": sys.executable}
-    start = subprocess.run([sys.executable, "train.py", "--config", "configs/retrofit.yaml", "--no-test",
+    start = subprocess.run([sys.executable, "train.py", "--config", "configs/retrofit_fixed_routing.yaml",
+                            "--no-test",
                             f"model.base.path={tiny_base}", f"data.path={tiny_base_data}", *TINY,
                             f"train.dump_path={tmp_path}", "train.exp_id=start", "data.batch_size=4",
                             "train.max_steps=10", "train.eval_every=10"], cwd=ROOT, env=env, capture_output=True,

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Issue 60's continual study on a real model: new facts taught to SmolLM2-135M-Instruct with a retrofitted memory,
 # against what it forgets, the protocol of Lin et al. 2025 as results/continual/run.sh runs it at tiny scale.
-# From the repository root, after results/retrofit/run_memory.sh (its run dumped/retrofit/memory is the start):
+# From the repository root, after CONFIG=configs/retrofit_fixed_routing.yaml NAME=fixed_routing
+# results/retrofit/run_memory.sh (its run dumped/retrofit/fixed_routing is the start: a memory whose routing did not
+# collapse, results/retrofit/README.md):
 #   results/retrofit/study/run.sh
 # 1. write FACTS made-up facts per seed with the base's tokenizer (python -m xlm_pkm.experiments.facts
 #    --tokenizer): seed SELECT (3) for choosing settings only, seeds 0, 1, 2 for the verdict;
@@ -28,7 +30,8 @@ cd "$(dirname "$0")/../../.."
 PY=${PYTHON:-.venv/bin/python}
 DUMP=${DUMP:-dumped/retrofit_study}
 OUT=${STUDY_OUT:-results/retrofit/study}
-START=${START:-dumped/retrofit/memory/best.pt}  # results/retrofit/run_memory.sh's run
+START=${START:-dumped/retrofit/fixed_routing/best.pt}  # results/retrofit/run_memory.sh's run
+START_ARGS=${START_ARGS:-model.base.shift=true}  # where the start's model differs from configs/retrofit.yaml's
 BASE=${BASE:-models/smollm2}  # the start's base: its tokenizer writes the facts
 DATA=${DATA:-data/processed/sample-smollm2}
 KNOWLEDGE=${KNOWLEDGE:-data/knowledge/world.jsonl}  # what the base knew: kept where it answered right
@@ -95,11 +98,12 @@ done
 # end (best.pt is the last step), constant lr after 10 warmup steps; then its score
 finetune() {
   local seed=$1 method=$3 setting=$4; shift 4
-  local name=ft_${method}_${setting//[^A-Za-z0-9.]/_}_seed$seed extra
+  local name=ft_${method}_${setting//[^A-Za-z0-9.]/_}_seed$seed extra start_args
   if [[ -s $(score_file memory "$method" "$setting" "$seed") ]]; then touch "$DUMP/done/$name"; fi
   read -r -a extra <<< "${FT_ARGS:-}"
+  read -r -a start_args <<< "$START_ARGS"
   run "$name" "$PY" train.py --config configs/finetune/retrofit_facts.yaml --no-test train.dump_path="$DUMP" \
-    train.exp_name="$name" train.exp_id=run train.seed="$seed" train.init_from="$START" \
+    train.exp_name="$name" train.exp_id=run train.seed="$seed" train.init_from="$START" "${start_args[@]}" \
     data.path="$DUMP/facts$seed" data.fact_batches="$PARAPHRASES" train.max_steps="$STEPS" \
     train.eval_every="$STEPS" train.log_every=10 optim.schedule=linear_warmup optim.warmup_steps=10 \
     optim.memory_finetune.seed="$seed" "$@" "${extra[@]}"
