@@ -19,8 +19,8 @@
 # 5. score every model (EM, forced choice and its shuffled-subject control, EM on uncommon objects and by third of
 #    the stream; perplexity on the pretraining corpus's valid and held-out test splits, next-token accuracy on the
 #    test split) and write report.md + learning_forgetting.png here.
-# Every run's command is logged to commands.txt. A finished run is skipped and an interrupted one resumes,
-# so re-running the script finishes what is missing. Each model's scores are written to scores/ here as it is
+# Every run's command is logged to commands.txt. A finished run is skipped and an interrupted one resumes (or
+# starts over if it saved no checkpoint yet), so re-running the script finishes what is missing. Each model's scores are written to scores/ here as it is
 # scored, to be committed as they come: a finetuning run whose scores are there is not run again, on any
 # machine (a fresh one pretrains again first: the same command and seed give the same weights). PYTHON, DUMP, JOBS (finetuning runs at once, default 2)
 # override the defaults; PRETRAIN_ARGS adds overrides to every pretraining run and FT_ARGS to every

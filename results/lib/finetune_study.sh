@@ -5,11 +5,13 @@
 # finetune SEED MODEL METHOD SETTING OVERRIDES... (one finetuning run and its score).
 
 # run NAME COMMAND...: logs the command, runs it unless NAME finished before (its output in $DUMP/logs), on
-# 2 / JOBS threads
+# 2 / JOBS threads. A training run ($DUMP/NAME/run) stopped before its first checkpoint.pt starts over: it saved
+# nothing to resume from, and train.py refuses to write over its logs
 run() {
   local name=$1; shift
   echo "$*" >> "$OUT/commands.txt"
   if [[ -e $DUMP/done/$name ]]; then echo "== $name: done before"; return; fi
+  if [[ -d $DUMP/$name/run && ! -e $DUMP/$name/run/checkpoint.pt ]]; then rm -r "${DUMP:?}/$name/run"; fi
   echo "== $name"
   OMP_NUM_THREADS=$((2 / JOBS > 0 ? 2 / JOBS : 1)) "$@" > "$DUMP/logs/$name.log" 2>&1 || {
     echo "$name failed: see $DUMP/logs/$name.log"; tail -n 5 "$DUMP/logs/$name.log"; return 1; }
