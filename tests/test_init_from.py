@@ -48,6 +48,7 @@ def test_retrofit_loads_the_shared_tensors_and_lists_new_and_dropped(trained, ti
     with pytest.raises(ConfigError, match="set train.init_strict=false") as e:
         tiny_trainer(tmp_path, "train.exp_id=strict", f"train.init_from={path}", test=False)
     assert "\n" not in str(e.value) and "new: blocks.1.sublayers.1.keys.weight" in str(e.value)
+    assert "the trained model's settings: model.mem_layers=[] (here: " in str(e.value)  # the override it differs by
     fresh = tiny_trainer(tmp_path, "train.exp_id=fresh", test=False)  # the same model, not initialised
     trainer = tiny_trainer(tmp_path, "train.exp_id=retro", f"train.init_from={path}", "train.init_strict=false",
                            test=False)

@@ -94,6 +94,8 @@ def test_the_shift_beside_a_memory_adds_its_vector_to_the_mlp_s_output(tiny_base
     cfg = load_config(None, model_overrides(tiny_base, "model.base.shift=true")).model
     model = RetrofitLM(resolved(cfg), load_base(cfg.base))
     base = transformers.AutoModelForCausalLM.from_pretrained(tiny_base)
+    counts = model.param_counts()  # the log's parts of the dense parameters: the shift has its own
+    assert counts["shifts"] == 32 and counts["dense"] == counts["base"] + counts["memory"] + counts["gates"] + 32
     x = torch.randint(0, model.cfg.vocab_size, (2, 12))
     assert (model(x) - base(x).logits).abs().max() <= 1e-5
     model(x, targets=x).mean().backward()
@@ -104,6 +106,21 @@ def test_the_shift_beside_a_memory_adds_its_vector_to_the_mlp_s_output(tiny_base
     base.model.layers[1].mlp.register_forward_hook(lambda mlp, args, out: out + v)
     with torch.no_grad():
         assert (model(x) - base(x).logits).abs().max() <= 1e-5
+
+
+def test_a_retrofit_with_a_shift_exports_and_a_run_from_it_is_told_its_settings(retrofit_trainer, tmp_path):
+    """The trained shift goes into the export (transformers' logits are ours); a run started from the checkpoint
+    without model.base.shift is refused with the setting that gives it the trained model's tensors."""
+    best = trained(retrofit_trainer("shift", "model.base.shift=true", "train.max_steps=2")).run_dir / "best.pt"
+    trained_model = load_trained(best)
+    assert trained_model.model.beside["2"].shift.abs().sum() > 0
+    with pytest.raises(ConfigError, match=r"dropped: beside.2.shift; the trained model's settings: "
+                                          r"model.base.shift=true \(here: false\)\)"):
+        retrofit_trainer("from_shift", f"train.init_from={best}")
+    x = torch.tensor([trained_model.codec().encode("The module said")])
+    hf = transformers.AutoModelForCausalLM.from_pretrained(export(best, tmp_path / "exported"), trust_remote_code=True)
+    with torch.no_grad():
+        assert torch.equal(hf(x).logits, trained_model.model(x))
 
 
 def test_a_qwen2_base_takes_a_memory_as_well(tmp_path):

@@ -21,6 +21,7 @@ The trained model is loaded by each rank alone (checkpoint/trained.py), its shar
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +30,8 @@ from torch import nn
 from xlm_pkm.checkpoint.trained import TrainedModel
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.retrofit import RetrofitLM
+from xlm_pkm.model.transformer import ModelConfig
+from xlm_pkm.settings import architecture_keys
 
 
 @dataclass
@@ -66,11 +69,24 @@ def load_weights(model: nn.Module, trained: TrainedModel, strict: bool = True) -
                          + "; ".join(mismatched[:5])
                          + (f" (and {len(mismatched) - 5} more)" if len(mismatched) > 5 else ""))
     if strict and (new or dropped):
+        settings = differing_model_settings(trained.cfg.model, model.cfg)
         raise ConfigError(f"train.init_from {trained.source}: this model differs from the trained one (new: "
-                          f"{summarize(new) or 'none'}; dropped: {summarize(dropped) or 'none'}); set "
-                          f"train.init_strict=false to load the tensors both have (retrofit)")
+                          f"{summarize(new) or 'none'}; dropped: {summarize(dropped) or 'none'}"
+                          + (f"; the trained model's settings: {settings}" if settings else "")
+                          + "); give this model the trained one's settings, or set train.init_strict=false to load "
+                            "the tensors both have (retrofit)")
     model.load_state_dict(matching, strict=False)
     return InitReport(trained.source, trained.step, sorted(matching), new, dropped)
+
+
+def differing_model_settings(trained: ModelConfig, own: ModelConfig, limit: int = 5) -> str:
+    """'model.key=value (here: value)' for each architecture setting (settings.architecture) where the trained
+    model differs from this one, at most `limit`: the overrides that would give this model the trained one's
+    tensors."""
+    theirs, mine = architecture_keys(trained, "model."), architecture_keys(own, "model.")
+    keys = [k for k in theirs if theirs[k] != mine.get(k)]
+    shown = [f"{k}={json.dumps(theirs[k])} (here: {json.dumps(mine.get(k))})" for k in keys[:limit]]
+    return ", ".join(shown) + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def summarize(names: list[str], limit: int = 8) -> str:

@@ -386,17 +386,19 @@ class RetrofitLM(MemoryHost, nn.Module):
 
     def param_counts(self) -> dict[str, int]:
         """total = dense + memory_values (sharded tables whole); then the base's own weights, the memories' other
-        parameters, their gates, and LoRA's adapters (when added)."""
+        parameters, their gates, their shifts and LoRA's adapters (each of these two when added): the parts of
+        dense."""
         values = self.memory_value_count()
         dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
         base = sum(p.numel() for name, p in self.base.named_parameters() if ".lora_" not in name)
         gates = sum(b.gate.numel() for b in self.beside.values())
         memory = sum(p.numel() for b in self.beside.values() for p in b.memory.parameters()
                      if not is_memory_value(p))
-        counts = {"total": dense + values, "dense": dense, "memory_values": values, "base": base, "memory": memory,
-                  "gates": gates}
+        shifts = sum(b.shift.numel() for b in self.beside.values() if b.shift is not None)
         adapters = sum(p.numel() for p in self.base.parameters()) - base
-        return {**counts, **({"lora_adapters": adapters} if adapters else {})}
+        counts = {"total": dense + values, "dense": dense, "memory_values": values, "base": base, "memory": memory,
+                  "gates": gates, "shifts": shifts, "lora_adapters": adapters}
+        return {name: n for name, n in counts.items() if n or name not in ("shifts", "lora_adapters")}
 
     def dense_flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, as TransformerLM counts them: 6 per weight of the base (its input embedding, a
