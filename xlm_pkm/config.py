@@ -371,6 +371,14 @@ def to_dict(cfg) -> dict:
     return dataclasses.asdict(cfg)
 
 
+def flat(tree: dict, prefix: str = "") -> dict:
+    """{dotted.key: value} of each leaf of a nested dict (a config's to_dict, a config file's YAML)."""
+    out = {}
+    for key, value in tree.items():
+        out |= flat(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
+    return out
+
+
 def save_config(cfg: Config, path: str | Path) -> None:
     """The resolved config as YAML, written to a temporary name and renamed."""
     import yaml

@@ -13,7 +13,7 @@ import json
 import textwrap
 import tokenize
 
-from xlm_pkm.config import Config, to_dict
+from xlm_pkm.config import Config, flat, to_dict
 from xlm_pkm.errors import ConfigError
 
 
@@ -57,7 +57,7 @@ def describe_keys(section: str = "", cfg: Config | None = None) -> str:
     """The keys of `section` (model, model.memory, optim...; empty: all), one per line: `key = value  # doc`, as
     they are written in overrides (key=value) and YAML files; the value is `cfg`'s (a resolved config: what a
     command would train), with the built-in default after the doc where it differs; the default without `cfg`."""
-    values = dict(_leaves(to_dict(cfg))) if cfg is not None else {}
+    values = flat(to_dict(cfg)) if cfg is not None else {}
     rows = [(k, values.get(k, v), d + (f" (built-in default {json.dumps(v)})" if values.get(k, v) != v else ""))
             for k, v, d in keys() if not section or k == section or k.startswith(section + ".")]
     if not rows:
@@ -66,9 +66,3 @@ def describe_keys(section: str = "", cfg: Config | None = None) -> str:
     width = max(len(f"{k} = {json.dumps(v)}") for k, v, _ in rows)
     return "\n".join((f"{k} = {json.dumps(v)}".ljust(width) + f"  # {d}" if d else f"{k} = {json.dumps(v)}")
                      for k, v, d in rows)
-
-
-def _leaves(tree: dict, prefix: str = ""):
-    """(dotted key, value) of each leaf of a nested dict."""
-    for key, value in tree.items():
-        yield from _leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else [(f"{prefix}{key}", value)]

@@ -16,7 +16,7 @@ import io
 import math
 from dataclasses import dataclass
 
-from xlm_pkm.config import DEFAULT_CONFIG, load_config, to_dict
+from xlm_pkm.config import DEFAULT_CONFIG, flat, load_config, to_dict
 from xlm_pkm.runs.run_record import RunRecord
 from xlm_pkm.runs.sizes import count_text, model_size
 
@@ -50,23 +50,15 @@ def measure(values) -> Measure | None:
     return Measure(present) if present else None
 
 
-def leaves(tree: dict, prefix: str = "") -> dict:
-    """{dotted.key: value} of a nested dict."""
-    out = {}
-    for key, value in tree.items():
-        out |= leaves(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value}
-    return out
-
-
 def flat_config(run: RunRecord) -> dict:
     """The run's resolved config as {dotted.key: value}, in today's keys."""
-    return leaves(to_dict(run.config))
+    return flat(to_dict(run.config))
 
 
 @functools.cache
 def default_config() -> dict:
     """configs/default.yaml, resolved, as {dotted.key: value}."""
-    return leaves(to_dict(load_config(DEFAULT_CONFIG)))
+    return flat(to_dict(load_config(DEFAULT_CONFIG)))
 
 
 def launched_with(run: RunRecord) -> list[str]:

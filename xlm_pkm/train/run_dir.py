@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from xlm_pkm.config import Config, migrate, save_config, to_dict
+from xlm_pkm.config import Config, flat, migrate, save_config, to_dict
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.runtime import slurm_env
 from xlm_pkm.runtime.distributed import DistEnv, broadcast_object
@@ -146,20 +146,9 @@ def remove_temporary_files(run_dir: Path) -> int:
     return len(stale) + len(partial)
 
 
-def _leaves(tree: dict, prefix: str = "") -> dict:
-    """{dotted.key: value} of a nested dict."""
-    out = {}
-    for key, value in tree.items():
-        if isinstance(value, dict):
-            out |= _leaves(value, f"{prefix}{key}.")
-        else:
-            out[f"{prefix}{key}"] = value
-    return out
-
-
 def config_changes(old: dict, new: dict) -> list[str]:
     """'key: old -> new' for every leaf that differs between two resolved configs."""
-    before, after = _leaves(old), _leaves(new)
+    before, after = flat(old), flat(new)
     return [f"{key}: {before.get(key, '(absent)')} -> {after.get(key, '(absent)')}"
             for key in sorted(before.keys() | after.keys()) if before.get(key) != after.get(key)]
 
