@@ -6,6 +6,6 @@
     memory_finetune.py  optim.memory_finetune: sparse memory finetuning (Lin et al. 2025), top-t slots by TF-IDF
     slot_counts.py      the background slot counts it ranks against (python -m xlm_pkm.finetune.slot_counts)
 
-May import: errors, utils, config, runtime, data, model, optim, checkpoint (their settings, LoraConfig and
+May import: errors, utils, settings, config, runtime, data, model, optim, checkpoint (their settings, LoraConfig and
 MemoryFinetuneConfig, are optim/'s: this package sits above config.py).
 """
