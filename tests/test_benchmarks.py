@@ -23,7 +23,7 @@ TIMING = ["--batch", "2", "--seq", "8", "--min-time", "0.01", "--rounds", "1"]
 def run_benchmark(name: str, out, *args: str) -> dict:
     """One thread: tiny models run no faster on more, and far slower when the cores are shared."""
     subprocess.run([sys.executable, str(REPO / "benchmarks" / f"{name}.py"), *TIMING, "--out", str(out), *args],
-                   check=True, capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                   check=True, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     return json.loads(out.read_text())
 
 
