@@ -77,6 +77,16 @@ def tokenizer_dictionary(tokenizer) -> Dictionary:
     return Dictionary(words, {role: eos if ids[role] is None else ids[role] for role in ROLES})
 
 
+def surface_forms(tokenizer, size: int) -> list[str]:
+    """The text of each of `size` ids (a model's embedding rows) for Engram's tokenizer compression
+    (model/memory/token_compression.py), as the Engram reference decodes its tokens: the decoded id, or a name of
+    its own (<id:N>) where that is not text (a byte-level piece of a character decodes to U+FFFD) and for an id
+    past the tokenizer's (an embedding row it never gives)."""
+    texts = [tokenizer.decode([i]) for i in range(min(size, len(tokenizer)))]
+    return [text if "\ufffd" not in text else f"<id:{i}>" for i, text in enumerate(texts)] + \
+        [f"<id:{i}>" for i in range(len(texts), size)]
+
+
 def tokenizer_digest(tokenizer) -> str:
     """sha256 of the tokenizer's whole definition (tokenizer.json's content) and its specials' ids: what a re-run
     of preprocessing must find unchanged."""

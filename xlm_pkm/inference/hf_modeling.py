@@ -172,8 +172,11 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
         return {"input_ids": input_ids, "cache": cache, "use_cache": use_cache}
 
     def _owns(self, cache) -> bool:
-        """Whether `cache` is of the model's own kind (a KVCache; a retrofit's, transformers' DynamicCache)."""
-        return isinstance(cache, DynamicCache if isinstance(self.lm, RetrofitLM) else KVCache)
+        """Whether `cache` is of the model's own kind (a KVCache; a retrofit's, transformers' DynamicCache with the
+        windows RetrofitLM.new_cache adds)."""
+        if isinstance(self.lm, RetrofitLM):
+            return isinstance(cache, DynamicCache) and hasattr(cache, "windows")
+        return isinstance(cache, KVCache)
 
 
 def _cached(cache: KVCache | DynamicCache) -> int:

@@ -17,14 +17,31 @@ import torch.nn.functional as F
 from torch import nn
 
 
-class KVCache:
-    """The past of an incremental decode: per attention sublayer its keys and values (B, n_heads, S, head_dim),
-    per windowed module (Engram's N-gram hash and convolution) its last inputs, and the number of positions
-    already fed (S = offset for every sublayer between forwards)."""
+class Windows:
+    """Per windowed module (Engram's N-gram hash and convolution) its last inputs, between the forwards of an
+    incremental decode: KVCache's, and a retrofit's beside transformers' cache (model/retrofit.py)."""
 
     def __init__(self):
+        self.inputs: dict[nn.Module, torch.Tensor] = {}
+
+    def window(self, layer: nn.Module, x: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
+        """x (B, T, ...) of the new positions -> (B, P + T, ...): the P = initial.shape[1] inputs before them
+        (`initial` at the first call), then x; keeps the last P for the next call."""
+        P = initial.shape[1]
+        out = torch.cat([self.inputs.get(layer, initial), x], 1)
+        self.inputs[layer] = out[:, out.shape[1] - P:]
+        return out
+
+
+class KVCache(Windows):
+    """The past of an incremental decode: per attention sublayer its keys and values (B, n_heads, S, head_dim),
+    per windowed module its last inputs (Windows), and the number of positions already fed (S = offset for every
+    sublayer between forwards)."""
+
+    def __init__(self):
+        super().__init__()
         self.offset = 0
-        self.layers: dict[nn.Module, tuple[torch.Tensor, torch.Tensor] | torch.Tensor] = {}
+        self.layers: dict[nn.Module, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def extend(self, layer: nn.Module, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """k, v: (B, nh, T, hd) of the new positions -> (B, nh, offset + T, hd), the past included, kept."""
@@ -33,14 +50,6 @@ class KVCache:
             k, v = torch.cat([past_k, k], dim=2), torch.cat([past_v, v], dim=2)
         self.layers[layer] = k, v
         return k, v
-
-    def window(self, layer: nn.Module, x: torch.Tensor, initial: torch.Tensor) -> torch.Tensor:
-        """x (B, T, ...) of the new positions -> (B, P + T, ...): the P = initial.shape[1] inputs before them
-        (`initial` at the first call), then x; keeps the last P for the next call."""
-        P = initial.shape[1]
-        out = torch.cat([self.layers.get(layer, initial), x], 1)
-        self.layers[layer] = out[:, out.shape[1] - P:]
-        return out
 
 
 class SelfAttention(nn.Module):

@@ -5,6 +5,7 @@ its `memories()` and `engrams()`, whatever the network around them (TransformerL
         def memories(self): return [(layer, memory), ...]      # 1-indexed layers, in layer order
     model.set_sparse_values(True)           # value gradients as the values optimizer wants them
     model.set_memory_stats(True)            # evaluation: per-slot statistics from zero
+    model.set_token_compression(words)      # Engram's canonical token ids (a host with an ngram_hash)
     model.memory_value_parameters()         # the values optimizer's group
 """
 
@@ -14,6 +15,7 @@ from torch import nn
 
 from xlm_pkm.model.memory.engram import Engram
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
+from xlm_pkm.model.memory.token_compression import compress_vocabulary
 from xlm_pkm.model.memory.value_shards import ValueShard
 from xlm_pkm.model.memory.value_stores import is_memory_value
 
@@ -28,6 +30,12 @@ class MemoryHost:
     def engrams(self) -> list[tuple[int, Engram]]:
         """[(1-indexed layer, Engram)] in layer order."""
         return []
+
+    def set_token_compression(self, words: list[str]) -> None:
+        """Engram's canonical ids from the vocabulary `words` (token_compression.py), stored in the model's
+        N-gram hash `ngram_hash` (saved with it); nothing without Engram layers."""
+        if self.ngram_hash is not None:
+            self.ngram_hash.set_compression(compress_vocabulary(words))
 
     def memory_value_parameters(self) -> list[nn.Parameter]:
         """The value tables' parameters (marked is_memory_value), each once (also when shared); every other

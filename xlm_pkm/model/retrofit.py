@@ -17,8 +17,13 @@ base's logits at step 0 while the gate's gradient, memory(u) · dL/dout, is not 
 step, then the memory trains through it. The memory and its gate are one MemoryBeside module, added to the
 MLP's output by a forward hook on it: the base's modules, and so the names of its weights, stay as they are
 (its tensors are the base's own, and `base/` of an export is a plain folder of that model). Every memory design
-of model.memory works (PKM and its options, PEER, UltraMem); Engram does not (it reads the token ids before
-attention and needs its own N-gram cache beside transformers' one: not built).
+of model.memory works (PKM and its options, PEER, UltraMem). Engram (model.engram.layers) goes beside the MLP
+too, with a gate of its own (its Y of memory/engram.py in place of memory(u), u its hidden state): the rows it
+reads are hashed from the token ids once per forward (ngram_hash.py; a document starts after the base's
+end-of-text token, as the tokenizer's data has it: data/tokenized.py), and in decoding the cache is transformers'
+DynamicCache with the N-gram and convolution windows beside it (`windows`: attention.Windows). The Engram paper
+places it before the attention; beside the MLP, as the product-key memory, is where a zero gate leaves the base
+as it was. The tokenizer compression reads the tokens' decoded text (data/tokenized.surface_forms).
 
 The base's weights are marked (is_base_weight) and never train (finetune/trainable.py), so optim.trainable=all
 trains the memories and gates, and LoRA's adapters with them. A checkpoint holds what trains, not the base:
@@ -46,7 +51,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from xlm_pkm.errors import ConfigError
+from xlm_pkm.model.attention import Windows
 from xlm_pkm.model.blocks import SUBLAYERS, shared_state
+from xlm_pkm.model.memory.engram import Engram
+from xlm_pkm.model.memory.ngram_hash import NgramHash
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.memory_host import MemoryHost
@@ -244,6 +252,9 @@ def sized(cfg: ModelConfig, base_config) -> ModelConfig:
     bad = [layer for layer in cfg.base.layers if not 1 <= layer <= n_layers]
     if bad:
         raise ConfigError(f"model.base.layers: the base has decoder layers 1 to {n_layers}, got {cfg.base.layers}")
+    bad = [layer for layer in cfg.engram.layers if not 1 <= layer <= n_layers]
+    if bad:
+        raise ConfigError(f"model.engram.layers: the base has decoder layers 1 to {n_layers}, got {cfg.engram.layers}")
     layers = cfg.base.layers or [n_layers - n_layers // 4]
     return dataclasses.replace(
         cfg, base=dataclasses.replace(cfg.base, layers=layers), dim=base_config.hidden_size, n_layers=n_layers,
@@ -262,17 +273,19 @@ def resolved(cfg: ModelConfig) -> ModelConfig:
 
 class MemoryBeside(nn.Module):
     """A memory and its output gate beside an MLP: mlp(u) + gate ⊙ memory(u) (+ shift, model.base.shift), added by a
-    forward hook on the MLP."""
+    forward hook on the MLP. An Engram reads engram(u, rows, windows) instead: `ngram_inputs`, which RetrofitLM sets
+    before each forward of the base."""
 
-    def __init__(self, memory: ProductKeyMemory, dim: int, gate_init: float, shift: bool = False):
+    def __init__(self, memory: ProductKeyMemory | Engram, dim: int, gate_init: float, shift: bool = False):
         super().__init__()
         self.memory = memory
         self.gate = nn.Parameter(torch.full((dim,), float(gate_init)))  # (dim,)
         self.shift = nn.Parameter(torch.zeros(dim)) if shift else None  # (dim,)
+        self.ngram_inputs: tuple = ()  # an Engram's (rows (B, T, (N-1)·K), windows or None) of this forward
 
     def add_to_output(self, mlp: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor:
         """The MLP's forward hook: args[0] is its input u (B, T, dim), out its output (B, T, dim)."""
-        out = out + self.gate * self.memory(args[0])
+        out = out + self.gate * self.memory(args[0], *self.ngram_inputs)
         return out if self.shift is None else out + self.shift
 
 
@@ -294,33 +307,80 @@ class RetrofitLM(MemoryHost, nn.Module):
                 setattr(p, BASE_WEIGHT, True)
         self.base = base
         shared = shared_state(cfg, [["memory"]])  # with memory.share_values, one value store for every memory
-        self.beside = nn.ModuleDict()
+        self.beside = nn.ModuleDict()  # product-key memories by layer
         for layer in cfg.base.layers:
             beside = MemoryBeside(SUBLAYERS["memory"](cfg, shared), cfg.dim, cfg.base.gate_init, cfg.base.shift)
             self.beside[str(layer)] = beside
             layers[layer - 1].mlp.register_forward_hook(beside.add_to_output)
-        self.ngram_hash = None  # no Engram (the trainer and TransformerLM's callers read it)
+        self.ngram_hash = None  # Engram's rows of every layer (the trainer and TransformerLM's callers read it)
+        self.engram_beside = nn.ModuleDict()  # Engrams by layer
+        if cfg.engram.layers:
+            eos = base.config.eos_token_id
+            eos = eos[0] if isinstance(eos, list) else eos  # the tokenizer's data ends each document with it
+            pad = base.config.pad_token_id
+            self.ngram_hash = NgramHash(cfg.engram, cfg.vocab_size, document_start=None, document_end=eos,
+                                        pad=eos if pad is None else pad)
+        for i, layer in enumerate(cfg.engram.layers):
+            engram = Engram(cfg.engram, cfg.dim, self.ngram_hash.layer_rows(i))
+            beside = MemoryBeside(engram, cfg.dim, cfg.base.gate_init, cfg.base.shift)
+            self.engram_beside[str(layer)] = beside
+            layers[layer - 1].mlp.register_forward_hook(beside.add_to_output)
 
     def forward(self, tokens: torch.Tensor, cache=None, targets: torch.Tensor | None = None) -> torch.Tensor:
         """tokens (B, T) int64 -> logits (B, T, vocab); with targets (B, T), the float32 negative log-likelihood of
         each (B, T) instead. With a cache (new_cache()), tokens are the positions after those it holds."""
-        logits = self.base(input_ids=tokens, cache=cache, use_cache=cache is not None).logits  # (B, T, vocab)
+        with self.engrams_fed(tokens, cache):
+            logits = self.base(input_ids=tokens, cache=cache, use_cache=cache is not None).logits  # (B, T, vocab)
         if targets is None:
             return logits
         return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), reduction="none").view(targets.shape)
 
     def hidden(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
         """tokens (B, T) int64 -> the last hidden states (B, T, dim), before the base's output layer."""
-        return self.base.get_decoder()(input_ids=tokens, cache=cache, use_cache=cache is not None).last_hidden_state
+        with self.engrams_fed(tokens, cache):
+            return self.base.get_decoder()(input_ids=tokens, cache=cache,
+                                           use_cache=cache is not None).last_hidden_state
+
+    @contextmanager
+    def engrams_fed(self, tokens: torch.Tensor, cache):
+        """Inside, each Engram beside has the rows of `tokens` (B, T) and the cache's windows (ngram_inputs)."""
+        if self.ngram_hash is None:
+            yield
+            return
+        windows = None
+        if cache is not None:
+            windows = getattr(cache, "windows", None)
+            if windows is None:
+                raise ValueError("a retrofit with Engram decodes with its own cache (new_cache()): this one has "
+                                 "no N-gram windows")
+        rows = self.ngram_hash(tokens, windows)  # (B, T, engrams, (N-1)·K)
+        besides = list(self.engram_beside.values())
+        for i, beside in enumerate(besides):
+            beside.ngram_inputs = (rows[:, :, i], windows)
+        try:
+            yield
+        finally:
+            for beside in besides:
+                beside.ngram_inputs = ()
 
     def new_cache(self):
-        """An empty key/value cache of the base (transformers' DynamicCache) for forward(tokens, cache)."""
+        """An empty key/value cache of the base (transformers' DynamicCache) for forward(tokens, cache), with the
+        windows of Engram's N-gram hash and convolution beside it (`windows`)."""
         from transformers import DynamicCache
 
-        return DynamicCache(config=self.base.config)
+        cache = DynamicCache(config=self.base.config)
+        cache.windows = Windows()
+        return cache
 
     def memories(self) -> list[tuple[int, ProductKeyMemory]]:
         return [(int(layer), beside.memory) for layer, beside in self.beside.items()]
+
+    def engrams(self) -> list[tuple[int, Engram]]:
+        return [(int(layer), beside.memory) for layer, beside in self.engram_beside.items()]
+
+    def besides(self) -> list[MemoryBeside]:
+        """Every memory's and Engram's MemoryBeside."""
+        return [*self.beside.values(), *self.engram_beside.values()]
 
     # ---- what a checkpoint holds -----------------------------------------------------------------
     @staticmethod
@@ -391,10 +451,9 @@ class RetrofitLM(MemoryHost, nn.Module):
         values = self.memory_value_count()
         dense = sum(p.numel() for p in self.parameters() if not is_memory_value(p))
         base = sum(p.numel() for name, p in self.base.named_parameters() if ".lora_" not in name)
-        gates = sum(b.gate.numel() for b in self.beside.values())
-        memory = sum(p.numel() for b in self.beside.values() for p in b.memory.parameters()
-                     if not is_memory_value(p))
-        shifts = sum(b.shift.numel() for b in self.beside.values() if b.shift is not None)
+        gates = sum(b.gate.numel() for b in self.besides())
+        memory = sum(p.numel() for b in self.besides() for p in b.memory.parameters() if not is_memory_value(p))
+        shifts = sum(b.shift.numel() for b in self.besides() if b.shift is not None)
         adapters = sum(p.numel() for p in self.base.parameters()) - base
         counts = {"total": dense + values, "dense": dense, "memory_values": values, "base": base, "memory": memory,
                   "gates": gates, "shifts": shifts, "lora_adapters": adapters}
@@ -410,7 +469,7 @@ class RetrofitLM(MemoryHost, nn.Module):
             weights -= embedding.numel()
         attention = 12.0 * seq_len * self.cfg.dim * self.cfg.n_layers
         return 6.0 * weights + attention + sum(6.0 * b.gate.numel() + b.memory.flops_per_token(seq_len)
-                                               for b in self.beside.values())
+                                               for b in self.besides())
 
 
 if __name__ == "__main__":

@@ -60,7 +60,6 @@ from xlm_pkm.model.attention import KVCache
 from xlm_pkm.model.blocks import CONTEXT_SUBLAYERS, SUBLAYERS, Block, shared_state
 from xlm_pkm.model.memory.engram import Engram, EngramConfig
 from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
-from xlm_pkm.model.memory.token_compression import compress_vocabulary
 from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.memory_host import MemoryHost
 from xlm_pkm.model.retrofit import BaseConfig
@@ -139,8 +138,10 @@ class ModelConfig:
                               f"(first in each of those layers)")
         if not e.layers:
             return
-        if any(not 1 <= layer <= self.n_layers for layer in e.layers) or len(set(e.layers)) != len(e.layers):
-            raise ConfigError(f"{prefix}engram.layers must be distinct layers in [1, {self.n_layers}], got {e.layers}")
+        n_layers = "the base's layers" if self.base.path else self.n_layers  # a retrofit's: retrofit.sized checks
+        if (not self.base.path and any(not 1 <= layer <= self.n_layers for layer in e.layers)) or \
+                len(set(e.layers)) != len(e.layers):
+            raise ConfigError(f"{prefix}engram.layers must be distinct layers in [1, {n_layers}], got {e.layers}")
         if self.family != "transformer":
             raise ConfigError(f"{prefix}engram needs {prefix}family=transformer: the all_attention family's streams "
                               f"continue from one batch to the next, and Engram's N-gram window starts afresh at "
@@ -149,14 +150,12 @@ class ModelConfig:
     def _check_retrofit(self, prefix: str) -> None:
         """A retrofit (model.base) places its memories beside the base's MLPs: none of this model's own layout."""
         own = [(key, value) for key, value in (("n_memories", self.n_memories), ("mem_layers", self.mem_layers),
-                                               ("engram.layers", self.engram.layers),
                                                ("adaptive_cutoffs", self.adaptive_cutoffs))
                if value]
         if own:
             key, value = own[0]
             raise ConfigError(f"{prefix}{key}={value}: a retrofit ({prefix}base.path) places its memories at "
-                              f"{prefix}base.layers, beside the base's MLPs"
-                              + (" (Engram is not retrofitted)" if key == "engram.layers" else ""))
+                              f"{prefix}base.layers (Engram: {prefix}engram.layers), beside the base's MLPs")
         if self.family != "transformer":
             raise ConfigError(f"{prefix}family={self.family}: a retrofit ({prefix}base.path) is the base's network")
 
@@ -331,12 +330,6 @@ class TransformerLM(MemoryHost, nn.Module):
     def engrams(self) -> list[tuple[int, Engram]]:
         return [(layer, f) for layer, block in enumerate(self.blocks, 1)
                 for f in block.sublayers if isinstance(f, Engram)]
-
-    def set_token_compression(self, words: list[str]) -> None:
-        """Engram's canonical ids from the vocabulary `words` (token_compression.py), stored in the model's
-        N-gram hash (saved with it); nothing without Engram layers."""
-        if self.ngram_hash is not None:
-            self.ngram_hash.set_compression(compress_vocabulary(words))
 
     def param_counts(self) -> dict[str, int]:
         """total = dense + memory_values; then the dense parameters of each sublayer type (summed over

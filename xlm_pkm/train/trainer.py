@@ -33,6 +33,8 @@ from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.fact_batches import PAD_TARGET
 from xlm_pkm.data.meta import file_digest
 from xlm_pkm.data.shard import ShardError
+from xlm_pkm.data.text_codec import text_codec
+from xlm_pkm.data.tokenized import UNIT, surface_forms
 from xlm_pkm.errors import ConfigError, UserError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.init_from import load_weights, summarize
@@ -123,7 +125,7 @@ class Trainer:
             if self.train_stream.unit == "byte":
                 raise ConfigError(f"model.engram: {cfg.data.path} is character-level data (one token per byte), "
                                   f"whose tokens have no surface form to compress; Engram needs BPE or word data")
-            self.model.set_token_compression(self.dictionary.words)
+            self.model.set_token_compression(self.token_surface_forms())
         self.checkpoints = RunCheckpoints(self.run_dir, self.model, self.env, self.device)
         self.ckpt_path, self.best_path = self.checkpoints.last_path, self.checkpoints.best_path
         self.resumed = self.ckpt_path.exists()
@@ -340,6 +342,13 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         ranks = state["train_state"] if "train_state" in state else from_earlier_version(state)
         self.state.load_state_dict(resharded_states(ranks, self.env.world_size, self.cfg.train.seed)[self.env.rank])
+
+    def token_surface_forms(self) -> list[str]:
+        """The text of each token id, for Engram's tokenizer compression: the vocabulary's words, or for a
+        tokenizer's data (a retrofit) each id decoded by that tokenizer, one per row of the model's embedding."""
+        if self.train_stream.unit != UNIT:
+            return self.dictionary.words
+        return surface_forms(text_codec(self.cfg.data.path, UNIT).tokenizer, self.cfg.model.vocab_size)
 
     def initialise(self, path: str) -> None:
         """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""

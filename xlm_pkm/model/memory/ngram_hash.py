@@ -19,9 +19,11 @@ multiplicative-XOR hash, engram_demo_v1.py; the paper names it only):
 * Table sizes: p_{n,k} are the next primes above table_size / K - 1, distinct across every head, order and
   layer of the model (searched layer by layer, order by order, head by head, as the reference does).
   Each layer's (N-1)·K tables are one table of Σ p rows (offsets: prefix sums).
-* Padding: a position before the window, or before the <s> that starts its token's document, takes the
-  canonical id of <pad> (the reference pads the sequence start with its pad token; a new document is a new
-  sequence here). The window is the batch's T tokens, or in decoding the cache's last N-1 tokens and the new.
+* Padding: a position before the window, or before the start of its token's document, takes the canonical id
+  of <pad> (the reference pads the sequence start with its pad token; a new document is a new sequence here).
+  A document starts at a <s> (our data: data/dictionary.py), or, for a tokenizer's data (a retrofit:
+  data/tokenized.py), right after the end-of-text token that closes the one before. The window is the batch's
+  T tokens, or in decoding the cache's last N-1 tokens and the new.
 """
 
 from __future__ import annotations
@@ -91,9 +93,13 @@ class NgramHash(nn.Module):
     """The rows every Engram layer reads, from the token ids (module docstring). Buffers, saved with the
     model: canonical (V,) the compression, multipliers (L, N), primes (L, N-1, K), offsets (L, (N-1)·K)."""
 
-    def __init__(self, cfg: EngramConfig, vocab_size: int):
+    def __init__(self, cfg: EngramConfig, vocab_size: int, document_start: int | None = BOS,
+                 document_end: int | None = None, pad: int = PAD):
+        """The documents of the token stream start at `document_start` and after `document_end` (either None:
+        not that rule); a position outside its token's document reads as `pad`."""
         super().__init__()
         self.cfg = cfg
+        self.document_start, self.document_end, self.pad = document_start, document_end, pad
         self.sizes = table_primes(cfg)  # as Python ints: known also on the meta device
         primes = torch.tensor(self.sizes, dtype=torch.int64)  # (L, N-1, K)
         flat = primes.flatten(1)  # (L, (N-1)·K): order-major, as the rows are concatenated
@@ -116,13 +122,18 @@ class NgramHash(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache=None) -> torch.Tensor:
         """tokens (B, T) int64 -> rows (B, T, L, (N-1)·K) int64 of each Engram layer's table; with a
-        cache (attention.KVCache), the window starts with the N-1 tokens fed before (padding at first)."""
+        cache (attention.Windows: a KVCache, or a retrofit's windows), the window starts with the N-1 tokens fed
+        before (padding at first)."""
         B, T = tokens.shape
         N = self.cfg.max_ngram
-        past = tokens.new_full((B, N - 1), PAD)
+        past = tokens.new_full((B, N - 1), self.pad)
         window = torch.cat([past, tokens], 1) if cache is None else cache.window(self, tokens, past)  # (B, N-1+T)
-        documents = (window == BOS).cumsum(1)  # (B, N-1+T): documents begun up to each position
-        pad = self.canonical[PAD]
+        starts = torch.zeros_like(window, dtype=torch.bool) if self.document_start is None \
+            else window == self.document_start  # (B, N-1+T): a document starts there
+        if self.document_end is not None:
+            starts[:, 1:] |= window[:, :-1] == self.document_end
+        documents = starts.cumsum(1)  # (B, N-1+T): documents begun up to each position
+        pad = self.canonical[self.pad]
         back = [torch.where(documents[:, N - 1 - j: N - 1 - j + T] == documents[:, N - 1:],
                             self.canonical[window[:, N - 1 - j: N - 1 - j + T]], pad)
                 for j in range(N)]  # x'_{t-j}, (B, T) each: pad before the window or the document
