@@ -1,7 +1,9 @@
 """Engram retrofitted beside a pretrained model's MLP (model.engram.layers with model.base: model/retrofit.py), on the
 tiny random Llama and its byte-level BPE (conftest.tiny_base): the base's logits at step 0, the gated output wired
 where the docstring says, N-gram windows that restart after the end-of-text token, decoding through the cache,
-the tokenizer compression from decoded tokens, and a trained run exported to transformers."""
+the tokenizer compression from decoded tokens, and a trained run evaluated and exported to transformers."""
+
+import json
 
 import pytest
 import torch
@@ -13,6 +15,7 @@ from xlm_pkm.data.tokenized import load_tokenizer, surface_forms
 from xlm_pkm.inference.export import export
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
+from xlm_pkm.launch.cli import evaluate_main
 from xlm_pkm.model.memory.token_compression import compress_vocabulary
 from xlm_pkm.model.retrofit import RetrofitLM, load_base, resolved
 
@@ -108,13 +111,16 @@ def test_the_compression_merges_tokens_whose_decoded_text_differs_only_in_case_a
     assert all(canonical[i] != canonical[j] for i, j in distinct)
 
 
-def test_a_retrofit_with_engram_trains_and_exports_to_transformers(tiny_base, tiny_base_data, tmp_path):
+def test_a_retrofit_with_engram_trains_evaluates_and_exports_to_transformers(tiny_base, tiny_base_data, tmp_path):
     run = trained(make_trainer(tiny_base, tiny_base_data, tmp_path, "engram", *ENGRAM, "train.max_steps=2"))
     best = run.run_dir / "best.pt"
     model = load_trained(best)
     hash_ = model.model.ngram_hash
     assert int(hash_.canonical.max()) + 1 < model.model.cfg.vocab_size  # the compression, saved with the model
     assert model.model.engram_beside["1"].gate.abs().sum() > 0
+    assert evaluate_main(["--checkpoint", str(best), "--split", "valid", "--json", str(tmp_path / "r.json")]) == 0
+    engrams = json.loads((tmp_path / "r.json").read_text())["engrams"]
+    assert [e["layer"] for e in engrams] == [1] and 0 < engrams[0]["usage"] <= 100
     x = torch.tensor([model.codec().encode("The module said")])
     hf = transformers.AutoModelForCausalLM.from_pretrained(export(best, tmp_path / "exported"), trust_remote_code=True)
     with torch.no_grad():
