@@ -45,7 +45,7 @@ class EngramConfig:
     """Engram (DeepSeek-AI 2026, arXiv 2601.07372): hashed N-gram embeddings added to the residual stream at
     `layers` (this module; the hash: ngram_hash.py): model.engram. Off while `layers` is empty."""
 
-    # 1-indexed layers; the paper's 27B model: [2, 15] of 30
+    # 1-indexed layers; the paper's 27B model: [2, 15] of 30 (a retrofit's: the base's decoder layers, beside the MLP)
     layers: list[int] = field(default_factory=list, metadata=architecture(positive()))
     # N: the orders 2..N are hashed (the paper's and the reference's 3)
     max_ngram: int = field(default=3, metadata=architecture())
