@@ -127,6 +127,7 @@ def test_the_dead_ranks_are_those_whose_process_is_gone_and_did_not_end_on_their
     started = [_started(p.pid) for p in processes]
     for p in processes:
         p.kill()
+    os.waitid(os.P_PID, processes[0].pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped: a zombie (kill() only sends)
     processes[1].wait()  # reaped: gone
     recorded = {1: f"{host} {processes[0].pid} {started[0]}", 2: f"{host} {os.getpid()} {_started(os.getpid())}",
                 3: f"{host} {processes[1].pid} {started[1]}", 4: f"elsewhere {processes[2].pid} {started[2]}",
