@@ -4,6 +4,7 @@ where the docstring says, N-gram windows that restart after the end-of-text toke
 the tokenizer compression from decoded tokens, and a trained run evaluated and exported to transformers."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -12,6 +13,7 @@ from test_retrofit import make_trainer, model_overrides, trained
 from xlm_pkm.checkpoint.trained import load_trained
 from xlm_pkm.config import load_config
 from xlm_pkm.data.tokenized import load_tokenizer, surface_forms
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.inference.export import export
 from xlm_pkm.inference.generation import generate
 from xlm_pkm.inference.sampling import Sampling
@@ -129,3 +131,15 @@ def test_a_retrofit_with_engram_trains_evaluates_and_exports_to_transformers(tin
     eos = model.dictionary.eos
     ours = generate(model.model, x[0].tolist(), 4, Sampling(greedy=True), stop=eos)[0]
     assert new in (ours, [*ours, eos])
+
+
+def test_a_base_whose_end_of_text_is_not_the_data_s_is_refused(tiny_base, tiny_base_data, tmp_path):
+    """Engram's documents end where the base's config says; data whose tokenizer ends them with another id would
+    have its N-grams cross documents: a one-line error names both ids."""
+    base = tmp_path / "base"
+    shutil.copytree(tiny_base, base)
+    config = json.loads((base / "config.json").read_text())
+    eos = config["eos_token_id"]
+    (base / "config.json").write_text(json.dumps({**config, "eos_token_id": eos + 1}))
+    with pytest.raises(ConfigError, match=rf"^model.engram.layers: .*\(id {eos + 1}, .* with id {eos} "):
+        make_trainer(base, tiny_base_data, tmp_path, "eos", *ENGRAM)

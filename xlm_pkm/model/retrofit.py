@@ -271,6 +271,15 @@ def resolved(cfg: ModelConfig) -> ModelConfig:
     return dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, digest=digest))
 
 
+def engram_ids(base_config) -> tuple[int, int]:
+    """(the end-of-text id after which Engram's N-grams start again, the id of a position outside a document): the
+    base's EOS (its first, where it has several) and its pad token, or the EOS where it has none."""
+    eos = base_config.eos_token_id
+    eos = eos[0] if isinstance(eos, list) else eos
+    pad = base_config.pad_token_id
+    return eos, eos if pad is None else pad
+
+
 class MemoryBeside(nn.Module):
     """A memory and its output gate beside an MLP: mlp(u) + gate ⊙ memory(u) (+ shift, model.base.shift), added by a
     forward hook on the MLP. An Engram reads engram(u, rows, windows) instead: `ngram_inputs`, which RetrofitLM sets
@@ -315,11 +324,8 @@ class RetrofitLM(MemoryHost, nn.Module):
         self.ngram_hash = None  # Engram's rows of every layer (the trainer and TransformerLM's callers read it)
         self.engram_beside = nn.ModuleDict()  # Engrams by layer
         if cfg.engram.layers:
-            eos = base.config.eos_token_id
-            eos = eos[0] if isinstance(eos, list) else eos  # the tokenizer's data ends each document with it
-            pad = base.config.pad_token_id
-            self.ngram_hash = NgramHash(cfg.engram, cfg.vocab_size, document_start=None, document_end=eos,
-                                        pad=eos if pad is None else pad)
+            eos, pad = engram_ids(base.config)
+            self.ngram_hash = NgramHash(cfg.engram, cfg.vocab_size, document_start=None, document_end=eos, pad=pad)
         for i, layer in enumerate(cfg.engram.layers):
             engram = Engram(cfg.engram, cfg.dim, self.ngram_hash.layer_rows(i))
             beside = MemoryBeside(engram, cfg.dim, cfg.base.gate_init, cfg.base.shift)

@@ -94,6 +94,12 @@ def resolved_base(cfg: Config, dictionary: Dictionary | int) -> ModelConfig:
                               f"{base.path} (vocabulary {dictionary.fingerprint()}, the base's {own}): preprocess "
                               f"it with python -m xlm_pkm.data.preprocess --tokenizer {base.path}")
     model = retrofit.resolved(cfg.model)
+    if model.engram.layers and isinstance(dictionary, Dictionary):
+        eos, _ = retrofit.engram_ids(retrofit.load_base_config(base))
+        if dictionary.eos != eos:
+            raise ConfigError(f"model.engram.layers: the N-grams start again after the base's end-of-text token "
+                              f"(id {eos}, its config's eos_token_id), but {cfg.data.path} ends its documents with "
+                              f"id {dictionary.eos} (its tokenizer's EOS): make the two agree")
     vocab_size = dictionary if isinstance(dictionary, int) else len(dictionary)
     if cfg.model.vocab_size not in (0, model.vocab_size) or vocab_size > model.vocab_size:
         raise ConfigError(f"model.vocab_size: the base's embedding has {model.vocab_size} rows, for the "
