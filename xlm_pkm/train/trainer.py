@@ -33,8 +33,7 @@ from xlm_pkm.config import Config, to_dict
 from xlm_pkm.data.fact_batches import PAD_TARGET
 from xlm_pkm.data.meta import file_digest
 from xlm_pkm.data.shard import ShardError
-from xlm_pkm.data.text_codec import text_codec
-from xlm_pkm.data.tokenized import UNIT, surface_forms
+from xlm_pkm.data.tokenized import UNIT, load_tokenizer, surface_forms
 from xlm_pkm.errors import ConfigError, UserError
 from xlm_pkm.finetune import lora
 from xlm_pkm.finetune.init_from import load_weights, summarize
@@ -348,7 +347,7 @@ class Trainer:
         tokenizer's data (a retrofit) each id decoded by that tokenizer, one per row of the model's embedding."""
         if self.train_stream.unit != UNIT:
             return self.dictionary.words
-        return surface_forms(text_codec(self.cfg.data.path, UNIT).tokenizer, self.cfg.model.vocab_size)
+        return surface_forms(load_tokenizer(self.cfg.data.path), self.cfg.model.vocab_size)
 
     def initialise(self, path: str) -> None:
         """The weights of the trained model at `path` (train.init_from), checked against the data's vocabulary."""
