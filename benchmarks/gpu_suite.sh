@@ -17,12 +17,13 @@
 # layer's kernels by device time, fp32 and under bf16 autocast), tiles (value_read_tiles.py: the fused
 # read's kernels over tiles and warps; key_search_speed.py: the key search's top-k and backward),
 # variants (variants_speed.py: every cell of results/variants at its scale, training tokens/s).
-# Issue 59's steps, each with its settings off and on (step_breakdown.py --show on: the overrides): tests59
+# Issue 59's steps, each with its settings off (as before the issue), at this checkout's defaults and on
+# (step_breakdown.py --show off|default|on: the overrides): tests59
 # (the GPU tests of the fused optimizer, the one-pass read, the key search), breakdown (step_breakdown.py: the
 # 12-layer d=1024 bf16 compiled step split into phases, host syncs and graph breaks, every setting alone and all
 # together, in one process), breakdown_dense (the same with dense value gradients and AdamW), keysearch59
 # (key_search_speed.py at 128, 512 and 1,024 sub-keys, every pair/precision option), read59
-# (value_read_bandwidth.py, both backwards), infer59 (inference_speed.py's Table 4 and Figure 4 off, then on).
+# (value_read_bandwidth.py, both backwards), infer59 (inference_speed.py's Table 4 and Figure 4 at the defaults, off, on).
 # all: the steps in the order the GPU issue needs them (or GPU_STEPS="step:seconds ..."), each under its
 # own time limit and none started past GPU_DEADLINE seconds (default 480); a step whose log in OUT_DIR
 # already ends in rc=0 is skipped, so the same command on a machine still warm picks up what is left;
@@ -81,10 +82,10 @@ case $step in
       tests/test_value_read_op.py tests/test_key_search.py tests/test_slot_groups.py tests/test_cuda.py \
       tests/test_hardware.py 2>&1 | tee "$out/gpu_tests59.txt" | tail -25 ;;
   breakdown)
-    $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --variants off on fused_values fused_dense one_pass \
-      custom_op winnable tf32 half_topk --out "$out/step_breakdown_cuda.json" ;;
+    $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --variants off default on fused_values fused_dense \
+      one_pass custom_op winnable tf32 half_topk --probe off default on --out "$out/step_breakdown_cuda.json" ;;
   breakdown_dense)
-    $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --values dense --variants off on \
+    $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --values dense --variants off default on \
       --out "$out/step_breakdown_dense_cuda.json" ;;
   keysearch59)
     $PY benchmarks/key_search_speed.py --device cuda --n-keys 128 512 1024 --out "$out/key_search_speed_cuda.json"
@@ -93,11 +94,12 @@ case $step in
   read59)
     $PY benchmarks/value_read_bandwidth.py --dtypes fp32 bf16 --out "$out/value_read_bandwidth_cuda.json" ;;
   infer59)
-    $PY benchmarks/inference_speed.py --dtype bf16 --parts table4 figure4 --keys 128 512 1024 --flat-max-keys 1024 \
-      --layers 12 24 --dims 1024 --memories 0 1 --out "$out/inference_speed_cuda_off.json"
-    $PY benchmarks/inference_speed.py --dtype bf16 --parts table4 figure4 --keys 128 512 1024 --flat-max-keys 128 \
-      --layers 12 24 --dims 1024 --memories 0 1 --override $($PY benchmarks/step_breakdown.py --show on) \
-      --out "$out/inference_speed_cuda_on.json" ;;
+    for variant in default off on; do  # the defaults first: issue 59 chose them but no call measured them together
+      # shellcheck disable=SC2046  # the variant's overrides are words
+      $PY benchmarks/inference_speed.py --dtype bf16 --parts table4 figure4 --keys 128 512 1024 \
+        --flat-max-keys 1024 --layers 12 24 --dims 1024 --memories 0 1 \
+        --override $($PY benchmarks/step_breakdown.py --show $variant) --out "$out/inference_speed_cuda_$variant.json"
+    done ;;
   all)
     deadline=$((SECONDS + ${GPU_DEADLINE:-480}))
     for entry in ${GPU_STEPS:-setup:90 tests:180 read:45 infer:120 train:240 fsdp:120 shard:60 profile:45 tiles:60 variants:90}; do

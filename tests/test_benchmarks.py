@@ -3,6 +3,7 @@ requested entry, positive speeds, and ratios that match their rows (recomputed h
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -157,6 +158,29 @@ def test_results_go_beside_the_committed_ones_unless_asked(tmp_path, monkeypatch
     assert not (tmp_path / "benchmarks").exists()
 
 
+def test_step_breakdown_variants_set_each_setting_as_before_issue_59_or_on(monkeypatch):
+    """"off" is the code before issue 59 also where a setting's default has moved since, "default" this
+    checkout's defaults, "on" every setting on, and each setting's own variant "off" with that one on."""
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    import step_breakdown
+
+    from xlm_pkm.config import load_config
+
+    def resolved(overrides):
+        cfg = load_config(step_breakdown.CONFIGS[1], overrides)
+        return {name: str(functools.reduce(getattr, key.split("."), cfg)).lower()
+                for name, (key, _, _) in step_breakdown.SETTINGS.items()}
+
+    settings = step_breakdown.SETTINGS
+    before = {name: value for name, (_, value, _) in settings.items()}
+    after = {name: value for name, (_, _, value) in settings.items()}
+    variants = step_breakdown.VARIANTS
+    assert resolved(variants["off"]) == before and resolved(variants["on"]) == after
+    assert resolved(variants["default"]) == resolved([]) != before  # read_op, read_backward, half_topk moved
+    for name in settings:
+        assert resolved(variants[name]) == {**before, name: after[name]}
+
+
 @pytest.mark.slow
 def test_step_breakdown(tiny_data_dir, tmp_path):
     """Every variant a row after the memoryless one, with its phases (the probed runs) and share (recomputed)."""
@@ -168,7 +192,8 @@ def test_step_breakdown(tiny_data_dir, tmp_path):
     rows = result["rows"]
     assert not [r["error"] for r in rows if "error" in r]
     assert [r["variant"] for r in rows] == ["no memory", *variants] and [r["memories"] for r in rows] == [0, 1, 1]
-    assert result["settings"]["variants"]["off"] == [] and result["settings"]["variants"]["on"]
+    assert "model.memory.read_op=eager" in result["settings"]["variants"]["off"]  # as before issue 59
+    assert "model.memory.read_op=custom_op" in result["settings"]["variants"]["on"]
     for row in rows[1:]:
         assert row["memory_step_share"] == round(1 - row["tokens_per_s"] / rows[0]["tokens_per_s"], 3)
         assert set(row["phases_ms"]) == {"memory_forward", "memory_backward", "norms_and_clip", "optimizer_dense",
