@@ -1,5 +1,6 @@
 """The training step of the Table 1 model with one memory, split into phases, with issue 59's settings off (as
-before the issue), at this checkout's defaults and on, side by side in one process: where the memory's cost is, and how much of it each setting removes.
+before the issue), at this checkout's defaults and on, side by side in one process: where the memory's cost is,
+and how much of it each setting removes.
 
     python3 benchmarks/step_breakdown.py [--device cuda] [--precision bf16] [--compile] [--variants off on]
 
