@@ -23,7 +23,8 @@
 # 12-layer d=1024 bf16 compiled step split into phases, host syncs and graph breaks, every setting alone and all
 # together, in one process), breakdown_dense (the same with dense value gradients and AdamW), keysearch59
 # (key_search_speed.py at 128, 512 and 1,024 sub-keys, every pair/precision option), read59
-# (value_read_bandwidth.py, both backwards), infer59 (inference_speed.py's Table 4 and Figure 4 at the defaults, off, on).
+# (value_read_bandwidth.py, both backwards), infer59 (inference_speed.py's Table 4 and Figure 4 at the defaults,
+# off, on).
 # all: the steps in the order the GPU issue needs them (or GPU_STEPS="step:seconds ..."), each under its
 # own time limit and none started past GPU_DEADLINE seconds (default 480); a step whose log in OUT_DIR
 # already ends in rc=0 is skipped, so the same command on a machine still warm picks up what is left;

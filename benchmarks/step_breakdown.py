@@ -67,6 +67,7 @@ def variant(on: set[str]) -> list[str]:
 VARIANTS = {"off": variant(set()), "default": [], "on": variant(set(SETTINGS)),
             **{name: variant({name}) for name in SETTINGS}}
 
+
 class Marks:
     """Named time points of one step: CUDA events on a GPU (read after the step), wall clock on the CPU."""
 
