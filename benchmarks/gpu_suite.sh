@@ -18,11 +18,11 @@
 # read's kernels over tiles and warps; key_search_speed.py: the key search's top-k and backward),
 # variants (variants_speed.py: every cell of results/variants at its scale, training tokens/s).
 # Issue 59's steps, each with its settings off (as before the issue), at this checkout's defaults and on
-# (step_breakdown.py --show off|default|on: the overrides): tests59
-# (the GPU tests of the fused optimizer, the one-pass read, the key search), breakdown (step_breakdown.py: the
-# 12-layer d=1024 bf16 compiled step split into phases, host syncs and graph breaks, every setting alone and all
-# together, in one process), breakdown_dense (the same with dense value gradients and AdamW), keysearch59
-# (key_search_speed.py at 128, 512 and 1,024 sub-keys, every pair/precision option), read59
+# (step_breakdown.py --show off|default|on: the overrides): tests59 (the GPU tests of the fused optimizer, the
+# one-pass read, the key search), breakdown (step_breakdown.py: the 12-layer d=1024 bf16 compiled step split into
+# phases, host syncs and graph breaks, every setting alone and all together, in one process), defaults59 (the
+# same, off, at the defaults and on only), breakdown_dense (the same with dense value gradients and AdamW),
+# keysearch59 (key_search_speed.py at 128, 512 and 1,024 sub-keys, every pair/precision option), read59
 # (value_read_bandwidth.py, both backwards), infer59 (inference_speed.py's Table 4 and Figure 4 at the defaults,
 # off, on).
 # all: the steps in the order the GPU issue needs them (or GPU_STEPS="step:seconds ..."), each under its
@@ -34,7 +34,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp | profile | tiles | variants | tests59 | breakdown | breakdown_dense | keysearch59 | read59 | infer59 | all OUT_DIR}
+step=${1:?usage: gpu_suite.sh prepare | setup | tests | read | infer | train | shard | fsdp | profile | tiles | variants | tests59 | breakdown | defaults59 | breakdown_dense | keysearch59 | read59 | infer59 | all OUT_DIR}
 out=${2:-}
 [ "$step" = prepare ] || { [ -n "$out" ] || { echo "gpu_suite.sh $step: give an output directory" >&2; exit 2; }; mkdir -p "$out"; }
 
@@ -85,6 +85,9 @@ case $step in
   breakdown)
     $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --variants off default on fused_values fused_dense \
       one_pass custom_op winnable tf32 half_topk --probe off default on --out "$out/step_breakdown_cuda.json" ;;
+  defaults59)
+    $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --variants off default on --probe off default on \
+      --out "$out/step_breakdown_defaults_cuda.json" ;;
   breakdown_dense)
     $PY benchmarks/step_breakdown.py --compile --min-time 0.5 --values dense --variants off default on \
       --out "$out/step_breakdown_dense_cuda.json" ;;
@@ -95,11 +98,14 @@ case $step in
   read59)
     $PY benchmarks/value_read_bandwidth.py --dtypes fp32 bf16 --out "$out/value_read_bandwidth_cuda.json" ;;
   infer59)
-    for variant in default off on; do  # the defaults first: issue 59 chose them but no call measured them together
+    # the defaults first (issue 59 chose them, no call measured them together), up to 1M flat slots; off (call 7
+    # measured it at 1M) and on up to 16k
+    for entry in default:1024 off:128 on:128; do
+      variant=${entry%:*}
       # shellcheck disable=SC2046  # the variant's overrides are words
       $PY benchmarks/inference_speed.py --dtype bf16 --parts table4 figure4 --keys 128 512 1024 \
-        --flat-max-keys 1024 --layers 12 24 --dims 1024 --memories 0 1 \
-        --override $($PY benchmarks/step_breakdown.py --show $variant) --out "$out/inference_speed_cuda_$variant.json"
+        --flat-max-keys "${entry#*:}" --layers 12 24 --dims 1024 --memories 0 1 \
+        --override $($PY benchmarks/step_breakdown.py --show "$variant") --out "$out/inference_speed_cuda_$variant.json"
     done ;;
   all)
     deadline=$((SECONDS + ${GPU_DEADLINE:-480}))
