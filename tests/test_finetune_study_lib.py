@@ -39,3 +39,16 @@ def test_a_finished_run_is_not_run_again(tmp_path):
     (tmp_path / "dump" / "done").mkdir(parents=True)
     (tmp_path / "dump" / "done" / "ft").touch()
     assert run_once(tmp_path, "ft") == ""
+
+
+def test_a_run_that_ran_is_timed_and_one_done_before_is_not(tmp_path):
+    (tmp_path / "dump" / "done").mkdir(parents=True)
+    (tmp_path / "dump" / "done" / "old").touch()
+    run_once(tmp_path, "old")
+    assert not (tmp_path / "times.tsv").exists()
+    run_once(tmp_path, "ft")
+    run_once(tmp_path, "ft")  # done now: not timed again
+    header, row = (tmp_path / "times.tsv").read_text().splitlines()
+    assert header.split("\t") == ["name", "seconds", "threads", "ended"]
+    name, seconds, threads, ended = row.split("\t")
+    assert (name, threads) == ("ft", "2") and 0 <= int(seconds) < 60 and ended.endswith("Z")

@@ -1,21 +1,29 @@
 # Shared by the finetuning studies (results/continual/run.sh, results/retrofit/study/run.sh); sourced, not run.
 # The sourcing script sets PY, DUMP (where runs go: $DUMP/done marks the finished, $DUMP/logs their output), OUT
-# (where commands.txt is logged), JOBS (runs at once), SCORES (a folder of one JSONL file of scores a run), SELECT
-# (the seed whose facts settings are chosen on), LEVELS (EM levels), and defines
+# (where commands.txt and times.tsv are written), JOBS (runs at once), SCORES (a folder of one JSONL file of scores
+# a run), SELECT (the seed whose facts settings are chosen on), LEVELS (EM levels), and defines
 # finetune SEED MODEL METHOD SETTING OVERRIDES... (one finetuning run and its score).
 
+# took NAME SINCE THREADS: appends NAME, the seconds since SINCE (a $SECONDS), THREADS and the UTC time to
+# $OUT/times.tsv, committed with the scores (dumped/ and its logs are not): how long a study took over its sessions
+took() {
+  [[ -s $OUT/times.tsv ]] || printf 'name\tseconds\tthreads\tended\n' > "$OUT/times.tsv"
+  printf '%s\t%d\t%s\t%s\n' "$1" $((SECONDS - $2)) "$3" "$(date -u +%FT%TZ)" >> "$OUT/times.tsv"
+}
+
 # run NAME COMMAND...: logs the command, runs it unless NAME finished before (its output in $DUMP/logs), on
-# 2 / JOBS threads. A training run ($DUMP/NAME/run) stopped before its first checkpoint.pt starts over: it saved
-# nothing to resume from, and train.py refuses to write over its logs
+# 2 / JOBS threads, and times it (took). A training run ($DUMP/NAME/run) stopped before its first checkpoint.pt
+# starts over: it saved nothing to resume from, and train.py refuses to write over its logs
 run() {
-  local name=$1; shift
+  local name=$1 since=$SECONDS threads=$((2 / JOBS > 0 ? 2 / JOBS : 1)); shift
   echo "$*" >> "$OUT/commands.txt"
   if [[ -e $DUMP/done/$name ]]; then echo "== $name: done before"; return; fi
   if [[ -d $DUMP/$name/run && ! -e $DUMP/$name/run/checkpoint.pt ]]; then rm -r "${DUMP:?}/$name/run"; fi
   echo "== $name"
-  OMP_NUM_THREADS=$((2 / JOBS > 0 ? 2 / JOBS : 1)) "$@" > "$DUMP/logs/$name.log" 2>&1 || {
+  OMP_NUM_THREADS=$threads "$@" > "$DUMP/logs/$name.log" 2>&1 || {
     echo "$name failed: see $DUMP/logs/$name.log"; tail -n 5 "$DUMP/logs/$name.log"; return 1; }
   touch "$DUMP/done/$name"
+  took "$name" "$since" "$threads"
 }
 
 # parallel SEED < LINES: finetune every "MODEL METHOD SETTING OVERRIDES..." line, JOBS at a time; fails if one did

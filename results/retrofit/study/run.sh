@@ -47,7 +47,10 @@ SELECT=3  # the facts settings are chosen on (continual_report.SELECT_SEED), nev
 LEVELS=${LEVELS:-"0.2 0.4 0.6 0.8"}  # EM levels of the equal-learning comparison
 STEPS=$((PASSES * FACTS))
 SCORES=$OUT/scores
-[[ -f $START ]] || { echo "no $START: run results/retrofit/run_memory.sh first (or set START)"; exit 1; }
+# dumped/ is not committed: a fresh clone makes the start again (about 25 minutes on 2 idle cores; git diff then shows
+# whether its figures in results/retrofit/fixed_routing equal the committed ones, README.md says how closely they did)
+[[ -f $START ]] || { echo "no $START: make it with CONFIG=configs/retrofit_fixed_routing.yaml NAME=fixed_routing" \
+  "STEPS=250 results/retrofit/run_memory.sh (or set START)"; exit 1; }
 mkdir -p "$DUMP/done" "$DUMP/logs" "$SCORES"
 : > "$OUT/commands.txt"
 # shellcheck source=../../lib/finetune_study.sh
@@ -57,14 +60,15 @@ score_file() { echo "$SCORES/$1_$2_${3//[^A-Za-z0-9.]/_}_seed$4.jsonl"; }  # MOD
 
 # score CHECKPOINT METHOD SETTING SEED: one row of scores (kept: a re-run does not score again)
 score() {
-  local file extra
+  local file extra since=$SECONDS
   file=$(score_file memory "$2" "$3" "$4")
   read -r -a extra <<< "$SCORE_ARGS"
   echo "$PY -m xlm_pkm.experiments.continual score $1 --facts $DUMP/facts$4 --data $DATA --model memory" \
     "--method $2 --setting $3 --seed $4 --knowledge $KNOWLEDGE $SCORE_ARGS" >> "$OUT/commands.txt"
-  [[ -s $file ]] || "$PY" -m xlm_pkm.experiments.continual score "$1" --facts "$DUMP/facts$4" --data "$DATA" \
-    --model memory --method "$2" --setting "$3" --seed "$4" --knowledge "$KNOWLEDGE" --out "$file" "${extra[@]}" \
-    > /dev/null
+  [[ -s $file ]] && return
+  "$PY" -m xlm_pkm.experiments.continual score "$1" --facts "$DUMP/facts$4" --data "$DATA" --model memory \
+    --method "$2" --setting "$3" --seed "$4" --knowledge "$KNOWLEDGE" --out "$file" "${extra[@]}" > /dev/null
+  took "score_$(basename "$file" .jsonl)" "$since" "${OMP_NUM_THREADS:-torch default}"  # beside JOBS - 1 other runs
 }
 
 run background "$PY" -m xlm_pkm.finetune.slot_counts "$START" --data "$DATA" --split train \
