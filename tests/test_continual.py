@@ -275,17 +275,61 @@ def test_forgetting_at_a_common_em_is_interpolated_per_seed_between_each_sweeps_
     table = common_em(rows)
     # full: seed 0 e* = 0.15 (sparse 1 + 0.5 · 10 = 6, full 10), seed 1 e* = 0.12 (sparse 2, full 10 + 0.2 · 20 = 14),
     # seed 2 e* = 0.30 > 0.24, the top of sparse's sweep: no common EM
-    assert ("| memory | full | lr=1 / lr=2 | 0: 15.0% / 1: 12.0% |  | no common EM on seed(s) 2 |") in table
+    assert ("| the lowest both reach | memory | full | lr=1 / lr=2 | 0: 15.0% / 1: 12.0% |  "
+            "| no common EM on seed(s) 2 |") in table
     # lora: e* = its own and sparse's lowest EMs, Δ 2, 4, 9 against 1, 2, 3
     logs = [math.log(2.0), math.log(2.0), math.log(3.0)]
     mean = sum(logs) / 3
     half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in logs) / 2 / 3)
     # one R in the table: Holm at 95%
     ratio = f"{math.exp(mean):.2f} [{math.exp(mean - half):.2f}, {math.exp(mean + half):.2f}] (holds, 3 seeds)"
-    assert (f"| memory | lora | lr=1 / lr=3 | 0: 10.0% / 1: 12.0% / 2: 14.0% | +1.0 vs +2.0 / +2.0 vs +4.0 / "
-            f"+3.0 vs +9.0 | {ratio} |") in table
+    assert (f"| the lowest both reach | memory | lora | lr=1 / lr=3 | 0: 10.0% / 1: 12.0% / 2: 14.0% | +1.0 vs +2.0 / "
+            f"+2.0 vs +4.0 / +3.0 vs +9.0 | {ratio} |") in table
     assert "sparse_count" not in table  # one setting: no sweep
     assert common_em(rows[:1]).startswith("No method ran two learning rates")
+
+
+def test_forgetting_at_declared_levels_uses_each_sweeps_frontier_and_the_knowledge_lost_too():
+    """At a declared level: Δ test ppl and knowledge lost (1 − the share of the pretrained row's answers kept),
+    each interpolated on the sweep's frontier (a lr that learns less and forgets more than another is left out,
+    below the frontier's lowest EM its value holds), R of each by hand, Holm over the table's 2 × 2 R; a level
+    outside a sweep on a seed leaves it without R; --also-reference's table leaves the main reference out."""
+    pretrained_hits = "1111111111" + "0" * 10  # 10 known answers: knowledge kept counts 10ths
+    rows = [{**_row("memory", "pretrained", "-", 0, 0.0, test_ppl=20.0), "knowledge_hits": pretrained_hits}]
+    sweeps = {  # setting: (EMs, Δ test ppl, answers kept) on seeds 0, 1, 2
+        ("sparse_memory", "t=1,lr=1"): ((0.40, 0.40, 0.40), (1.0, 1.0, 2.0), (9, 9, 9)),
+        ("sparse_memory", "t=1,lr=2"): ((0.80, 0.80, 0.80), (3.0, 3.0, 4.0), (7, 7, 7)),
+        ("lora", "lr=1"): ((0.40, 0.40, 0.40), (20.0, 20.0, 20.0), (1, 1, 1)),  # dominated by lr=2 on both
+        ("lora", "lr=2"): ((0.70, 0.80, 0.90), (10.0, 12.0, 14.0), (6, 5, 4)),
+        ("full", "lr=1"): ((0.50, 0.50, 0.70), (5.0, 5.0, 5.0), (5, 5, 5)),  # 70% on seed 2: above the level
+        ("full", "lr=2"): ((0.90, 0.90, 0.90), (9.0, 9.0, 9.0), (3, 3, 3)),
+    }
+    for (method, setting), (ems, changes, kept) in sweeps.items():
+        rows += [{**_row("memory", method, setting, seed, em, test_ppl=20.0 + change),
+                  "knowledge_hits": "1" * k + "0" * (20 - k)}
+                 for seed, em, change, k in zip((3, 0, 1, 2), (0.9, *ems), (99.0, *changes), (0, *kept))]
+    table = common_em(rows, levels=(0.6,))
+    # sparse at 60%: halfway on every seed; lora: its frontier is lr=2 alone, so its values hold below 70-90%
+    sparse_ppl, sparse_lost = (2.0, 2.0, 3.0), (0.2, 0.2, 0.2)
+    lora_ppl, lora_lost = (10.0, 12.0, 14.0), (0.4, 0.5, 0.6)
+
+    def ratio(ours, theirs):  # both comparisons' t (about 22 and 7.7) pass Holm's 1 − 0.05/2, then 1 − 0.05
+        logs = [math.log(b / a) for a, b in zip(ours, theirs)]
+        mean = sum(logs) / 3
+        half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in logs) / 2 / 3)
+        return f"{math.exp(mean):.2f} [{math.exp(mean - half):.2f}, {math.exp(mean + half):.2f}] (holds, 3 seeds)"
+
+    assert (f"| 60% | memory | lora | lr=1 / lr=2 | 0: 60.0% / 1: 60.0% / 2: 60.0% | +2.0 vs +10.0 / +2.0 vs +12.0 / "
+            f"+3.0 vs +14.0 | {ratio(sparse_ppl, lora_ppl)} | +20.0% vs +40.0% / +20.0% vs +50.0% / "
+            f"+20.0% vs +60.0% | {ratio(sparse_lost, lora_lost)} |") in table
+    assert "| 60% | memory | full | lr=1 / lr=2 | 0: 60.0% / 1: 60.0% |  | no common EM on seed(s) 2 |  |  |" in table
+    assert "knowledge lost there per seed: sparse_memory vs method" in table
+    versus = common_em(rows, reference=("memory", "full"), levels=(0.7, 0.8), skip=("sparse_memory",))
+    assert "| sparse_memory |" not in versus  # the header names it, no row compares it
+    # lora against full at 70%: full 5 + 2/4 · 4 on seeds 0 and 1, its lowest (5) on seed 2; lora's frontier lr=2
+    assert ("| 70% | memory | lora | lr=1 / lr=2 | 0: 70.0% / 1: 70.0% / 2: 70.0% | +7.0 vs +10.0 / +7.0 vs +12.0 / "
+            "+5.0 vs +14.0 |") in versus
+    assert "| 80% | memory | lora | lr=1 / lr=2 | 1: 80.0% / 2: 80.0% |  | no common EM on seed(s) 0 |" in versus
 
 
 def test_learning_beyond_the_priors_is_own_minus_shuffled_paired_fact_by_fact_over_the_verdict_seeds():

@@ -161,6 +161,11 @@ def main(argv: list[str] | None = None) -> int:
     report.add_argument("--levels", type=float, nargs="+", default=list(LEARNING_LEVELS), metavar="EM",
                         help="EM levels (0-1) of the equal-learning comparison (default "
                              f"{' '.join(map(str, LEARNING_LEVELS))})")
+    report.add_argument("--common-levels", type=float, nargs="+", metavar="EM",
+                        help="EM levels (0-1) of the common-EM comparison (default: per seed, the lowest EM both "
+                             "sweeps reach)")
+    report.add_argument("--also-reference", action="append", default=[], metavar="METHOD",
+                        help="adds a common-EM table against METHOD (of the reference's model), e.g. full (repeatable)")
     best = sub.add_parser("best", help="print MODEL METHOD SETTING of each method's best setting, a line each")
     best.add_argument("results")
     best.add_argument("--seed", type=int, default=SELECT_SEED, help=f"the selection seed (default {SELECT_SEED})")
@@ -192,7 +197,8 @@ def main(argv: list[str] | None = None) -> int:
             if any("=" not in item for item in args.background):
                 raise ValueError(f"--background: expected MODEL=FILE, got {args.background}")
             backgrounds = dict(item.split("=", 1) for item in args.background)
-            print(write_report(args.results, args.out, backgrounds, args.select_seed, tuple(args.levels)))
+            print(write_report(args.results, args.out, backgrounds, args.select_seed, tuple(args.levels),
+                               args.common_levels and tuple(args.common_levels), tuple(args.also_reference)))
     except (*USER_ERRORS, OSError) as e:
         return fail(parser.prog, e)
     return 0

@@ -30,9 +30,15 @@ each row gives that difference per seed (`EM − reference's`).
 
 Forgetting at a common EM (`common_em`): where a method ran two or more learning rates of one setting on every
 verdict seed (its sweep: the settings equal once `lr=` is left out), and so did the reference, each seed's
-forgetting is interpolated at an EM both sweeps reach: e* = the larger of the two sweeps' lowest EMs, when it is
-at most the smaller of their highest; Δ(e*) linearly between the two settings whose EMs bracket it (the points
-in EM order). R is then as above, over the seeds that have such an e*, Holm over that table.
+forgetting is interpolated at an EM both sweeps reach: e* = the larger of the two sweeps' lowest EMs, or each
+declared level (--common-levels), when it is at most the smaller of their highest; Δ(e*) linearly between the
+two settings whose EMs bracket it, among the settings no other of the sweep dominates (more EM for less
+forgetting: `frontier`, so a lr that learns less and forgets more than another does not raise the line; below
+the lowest of them, its Δ). Two measures where the rows have both: Δ test ppl,
+and knowledge lost (1 − knowledge kept: the share of the pretrained model's correct world-knowledge answers no
+longer given, the analogue of a benchmark's drop). R is then as above for each, over the seeds that have such
+an e*, Holm over every R of the table. --also-reference METHOD adds the same table with METHOD (of the
+reference's model) as the reference, e.g. full finetuning against LoRA, a Holm family of its own.
 
 Beside it: learning beyond the relation priors (each setting's EM and forced choice after a fact's own
 prompt minus after a shuffled one, paired fact by fact: `beyond_control`), and each control against its
@@ -59,6 +65,7 @@ CHANGES = {"valid_change": "valid_ppl", "test_change": "test_ppl", "acc_change":
 LEARNING = ("em", "em_question", "fc", "fc_shuffled", "em_uncommon", "fc_uncommon", "em_first", "em_middle",
             "em_last")
 KNOWLEDGE = ("knowledge_em", "knowledge_kept")  # scored with --knowledge: what the pretrained model knew, kept
+FORGETTING = (("test_change", "Δ test ppl"), ("knowledge_lost", "knowledge lost"))  # the common-EM table's measures
 
 
 def load_rows(path: str | Path) -> list[dict]:
@@ -75,7 +82,7 @@ def load_rows(path: str | Path) -> list[dict]:
 def with_changes(rows: list[dict]) -> list[dict]:
     """Each row with its forgetting: valid_change, test_change (perplexity) and acc_change (test next-token
     accuracy) from its model's pretrained row of the same seed, else of any seed (the facts do not enter them), and
-    knowledge_kept where both rows have knowledge hits."""
+    knowledge_kept where both rows have knowledge hits (and knowledge_lost, 1 − knowledge_kept)."""
     base = {(r["model"], r["seed"]): r for r in rows if r["method"] == PRETRAINED}
     any_seed = {model: r for (model, _), r in base.items()}
     missing = {r["model"] for r in rows} - set(any_seed)
@@ -87,6 +94,8 @@ def with_changes(rows: list[dict]) -> list[dict]:
         row = {**r, **{change: r[key] - pretrained[key] for change, key in CHANGES.items()}}
         if "knowledge_hits" in r and "knowledge_hits" in pretrained:
             row["knowledge_kept"] = knowledge_kept(r["knowledge_hits"], pretrained["knowledge_hits"])
+            if row["knowledge_kept"] is not None:
+                row["knowledge_lost"] = 1 - row["knowledge_kept"]
         out.append(row)
     return out
 
@@ -148,23 +157,22 @@ def ratio_cell(comparison, holmed) -> str:
             f"({holmed.verdict}, {comparison.n} seeds)")
 
 
-def _append_ratio(cells: list[list[str]], pending: list, cell: list[str], reference: dict[int, float],
-                  other: dict[int, float]) -> None:
-    """cell + its R against the reference (each {seed: Δ test ppl}, paired over the seeds both have): "n/a" if
-    a Δ ≤ 0, else a placeholder `_holm_ratios` fills once every comparison of the table is known."""
+def _append_ratio(pending: list, cell: list[str], reference: dict[int, float], other: dict[int, float]) -> None:
+    """Appends to cell its R against the reference (each {seed: forgetting}, paired over the seeds both have):
+    "n/a" if a Δ ≤ 0, else a placeholder `_holm_ratios` fills once every comparison of the table is known."""
     seeds = sorted(reference.keys() & other.keys())
     if min(min(reference[k], other[k]) for k in seeds) <= 0:
-        cells.append(cell + ["n/a: a Δ ≤ 0"])
+        cell.append("n/a: a Δ ≤ 0")
         return
-    pending.append((len(cells), paired({k: math.log(reference[k]) for k in seeds},
-                                       {k: math.log(other[k]) for k in seeds})))
-    cells.append(cell + [""])
+    pending.append((cell, len(cell), paired({k: math.log(reference[k]) for k in seeds},
+                                             {k: math.log(other[k]) for k in seeds})))
+    cell.append("")
 
 
-def _holm_ratios(cells: list[list[str]], pending: list) -> None:
+def _holm_ratios(pending: list) -> None:
     """Each placeholder of _append_ratio: R [95%] and its verdict after Holm over the table's comparisons."""
-    for (index, comparison), holmed in zip(pending, holm([c for _, c in pending])):
-        cells[index][-1] = ratio_cell(comparison, holmed)
+    for (cell, column, comparison), holmed in zip(pending, holm([c for *_, c in pending])):
+        cell[column] = ratio_cell(comparison, holmed)
 
 
 def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = SELECT_SEED,
@@ -196,10 +204,11 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
                      "·" if (model, method) == reference else mismatch or "-",
                      f"{s['test_change']:+.2f} ± {s['test_change_sd']:.2f}"]
             if (model, method) == reference or not theirs.keys() & ours.keys():
-                cells.append(cell + ["reference" if (model, method) == reference else "-"])
+                cell.append("reference" if (model, method) == reference else "-")
             else:
-                _append_ratio(cells, pending, cell, ours, theirs)
-    _holm_ratios(cells, pending)
+                _append_ratio(pending, cell, ours, theirs)
+            cells.append(cell)
+    _holm_ratios(pending)
     if not cells:
         return f"No method reaches EM {100 * min(levels):.0f}% on the selection facts.\n"
     header = ["EM level", "model", "method", "setting (chosen)", "EM", "EM − reference's per seed, points",
@@ -208,9 +217,9 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
     return markdown(header, cells)
 
 
-def sweeps(rows: list[dict], select_seed: int = SELECT_SEED) -> dict[tuple[str, str, str], dict[int, list]]:
-    """(model, method, setting without `lr=`) -> {seed: [(EM, Δ test ppl, setting), ...] in EM order} for each
-    sweep run at two or more learning rates on every verdict seed it ran (the module docstring's common EM)."""
+def sweeps(rows: list[dict], select_seed: int = SELECT_SEED) -> dict[tuple[str, str, str], dict[int, list[dict]]]:
+    """(model, method, setting without `lr=`) -> {seed: its rows (with_changes), in EM order} for each sweep run at
+    two or more learning rates on every verdict seed it ran (the module docstring's common EM)."""
     groups: dict[tuple[str, str, str], dict[str, dict[int, dict]]] = {}
     for (model, method, setting), by_seed in verdict_runs(with_changes(rows), select_seed).items():
         rest = ",".join(part for part in setting.split(",") if not part.startswith("lr="))
@@ -220,50 +229,78 @@ def sweeps(rows: list[dict], select_seed: int = SELECT_SEED) -> dict[tuple[str, 
     for key, settings in groups.items():
         seeds = set.intersection(*(set(by_seed) for by_seed in settings.values()))
         if len(settings) >= 2 and seeds:
-            out[key] = {seed: sorted((by_seed[seed]["em"], by_seed[seed]["test_change"], setting)
-                                     for setting, by_seed in settings.items()) for seed in sorted(seeds)}
+            out[key] = {seed: sorted((by_seed[seed] for by_seed in settings.values()),
+                                     key=lambda r: (r["em"], r["setting"])) for seed in sorted(seeds)}
     return out
 
 
-def at_em(points: list[tuple], em: float) -> float:
-    """Δ at `em`, linear between the two points (EM, Δ, ...) in EM order that bracket it."""
-    for (e0, d0, *_), (e1, d1, *_) in zip(points, points[1:]):
-        if e0 <= em <= e1:
-            return d0 if e1 == e0 else d0 + (em - e0) / (e1 - e0) * (d1 - d0)
-    raise ValueError(f"EM {em} outside the sweep's {points[0][0]}-{points[-1][0]}")
+def frontier(points: list[dict], key: str) -> list[dict]:
+    """The rows (in EM order) no other row dominates: none reaches at least their EM with at most their `key`
+    (forgetting), less on one of the two. A sweep whose EM does not rise with its lr keeps only its best trade."""
+    kept, least = [], math.inf
+    for r in sorted(points, key=lambda r: (-r["em"], r[key])):
+        if r[key] < least:
+            kept.append(r)
+            least = r[key]
+    return kept[::-1]
 
 
-def common_em(rows: list[dict], select_seed: int = SELECT_SEED, reference=REFERENCE) -> str:
-    """Each sweep against the reference's at a common EM per seed (the module docstring), R with its interval and
-    Holm's verdict over the table."""
+def at_em(points: list[dict], em: float, key: str = "test_change") -> float:
+    """The least `key` (forgetting) the sweep's rows give at `em`: on their frontier, linear between the two rows
+    whose EMs bracket it; below the frontier's lowest EM (every row under it forgets more), that row's."""
+    if not points[0]["em"] <= em <= points[-1]["em"]:
+        raise ValueError(f"EM {em} outside the sweep's {points[0]['em']}-{points[-1]['em']}")
+    points = frontier(points, key)
+    if em <= points[0]["em"]:
+        return points[0][key]
+    low, high = next((a, b) for a, b in zip(points, points[1:]) if em <= b["em"])  # the frontier's EMs rise strictly
+    return low[key] + (em - low["em"]) / (high["em"] - low["em"]) * (high[key] - low[key])
+
+
+def common_em(rows: list[dict], select_seed: int = SELECT_SEED, reference=REFERENCE,
+              levels: tuple[float, ...] | None = None, skip: tuple[str, ...] = ()) -> str:
+    """Each sweep (but those of the methods in `skip`) against the reference's at a common EM per seed (the module
+    docstring): without `levels` the lowest EM both reach, else each level both sweeps bracket on a seed. A pair
+    of columns per forgetting measure (FORGETTING, knowledge lost where every row has it): the values there per
+    seed and R with its interval; Holm's verdict over every R of the table."""
     found = sweeps(rows, select_seed)
+    measures = [(key, name) for key, name in FORGETTING
+                if all(r.get(key) is not None for by_seed in found.values() for points in by_seed.values()
+                       for r in points)]
     cells, pending = [], []
-    for ref_key in sorted(k for k in found if k[:2] == reference):
-        for key in sorted(k for k in found if k[:2] != reference):
-            ours, theirs = found[ref_key], found[key]
-            common = {}
-            for seed in sorted(ours.keys() & theirs.keys()):
-                em = max(ours[seed][0][0], theirs[seed][0][0])
-                if em <= min(ours[seed][-1][0], theirs[seed][-1][0]):
-                    common[seed] = em
-            settings = " / ".join(sorted({p[2] for points in theirs.values() for p in points}))
-            cell = [key[0], key[1], settings, " / ".join(f"{k}: {100 * e:.1f}%" for k, e in common.items())
-                    or "none"]
-            missing = sorted((ours.keys() & theirs.keys()) - common.keys())
-            if missing or len(common) < 2:
-                cells.append(cell + ["", f"no common EM on seed(s) {', '.join(map(str, missing))}" if missing
-                                     else "fewer than 2 seeds"])
-                continue
-            ref_at = {k: at_em(ours[k], e) for k, e in common.items()}
-            theirs_at = {k: at_em(theirs[k], e) for k, e in common.items()}
-            cell.append(" / ".join(f"{ref_at[k]:+.1f} vs {theirs_at[k]:+.1f}" for k in common))
-            _append_ratio(cells, pending, cell, ref_at, theirs_at)
-    _holm_ratios(cells, pending)
+    for level in levels or (None,):
+        for ref_key in sorted(k for k in found if k[:2] == reference):
+            for key in sorted(k for k in found if k[:2] != reference and k[1] not in skip):
+                ours, theirs = found[ref_key], found[key]
+                common = {}
+                for seed in sorted(ours.keys() & theirs.keys()):
+                    low = max(ours[seed][0]["em"], theirs[seed][0]["em"])
+                    em = low if level is None else level
+                    if low <= em <= min(ours[seed][-1]["em"], theirs[seed][-1]["em"]):
+                        common[seed] = em
+                settings = " / ".join(sorted({r["setting"] for points in theirs.values() for r in points}))
+                cell = ["the lowest both reach" if level is None else f"{100 * level:.0f}%", key[0], key[1],
+                        settings, " / ".join(f"{k}: {100 * e:.1f}%" for k, e in common.items()) or "none"]
+                missing = sorted((ours.keys() & theirs.keys()) - common.keys())
+                if missing:  # a seed's forgetting is not known at this EM: no pairing over the seeds
+                    cells.append(cell + ["", f"no common EM on seed(s) {', '.join(map(str, missing))}"]
+                                 + ["", ""] * (len(measures) - 1))
+                    continue
+                for measure, _ in measures:
+                    ref_at = {k: at_em(ours[k], e, measure) for k, e in common.items()}
+                    theirs_at = {k: at_em(theirs[k], e, measure) for k, e in common.items()}
+                    scale, unit = (100, "%") if measure == "knowledge_lost" else (1, "")
+                    cell.append(" / ".join(f"{scale * ref_at[k]:+.1f}{unit} vs {scale * theirs_at[k]:+.1f}{unit}"
+                                           for k in common))
+                    _append_ratio(pending, cell, ref_at, theirs_at)
+                cells.append(cell)
+    _holm_ratios(pending)
     if not cells:
-        return "No method ran two learning rates of one setting on the verdict seeds beside the reference.\n"
-    return markdown(["model", "method", "settings (the sweep)", "common EM per seed",
-                     f"Δ test ppl there per seed: {reference[1]} vs method",
-                     f"R = Δ / Δ {reference[1]} [95%] (verdict)"], cells)
+        return f"No method ran two learning rates of one setting on the verdict seeds beside {reference[1]}.\n"
+    header = ["EM", "model", "method", "settings (the sweep)", "common EM per seed"]
+    for _, name in measures:
+        header += [f"{name} there per seed: {reference[1]} vs method", f"R = {name} / {reference[1]}'s [95%] (verdict)"]
+    return markdown(header, cells)
 
 
 def beyond_control(rows: list[dict], select_seed: int = SELECT_SEED) -> str:
@@ -312,9 +349,10 @@ def same_setting(rows: list[dict], pairs=SAME_SETTING_PAIRS, select_seed: int = 
             em = paired({k: ours[k]["em"] for k in seeds}, {k: theirs[k]["em"] for k in seeds})
             lo, hi = em.interval()
             cell = [model, f"{method} vs {other}", setting, f"{100 * em.mean:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]"]
-            _append_ratio(cells, pending, cell, {k: r["test_change"] for k, r in theirs.items()},
+            _append_ratio(pending, cell, {k: r["test_change"] for k, r in theirs.items()},
                           {k: r["test_change"] for k, r in ours.items()})
-    _holm_ratios(cells, pending)
+            cells.append(cell)
+    _holm_ratios(pending)
     if not cells:
         return "No control shares a setting with its method on the verdict seeds.\n"
     return markdown(["model", "method vs other", "setting", "EM difference, points [95%]",
@@ -416,9 +454,11 @@ def backgrounds_table(backgrounds: dict[str, str | Path]) -> str:
 
 
 def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, str | Path] | None = None,
-                 select_seed: int = SELECT_SEED, levels=LEARNING_LEVELS) -> Path:
-    """out/report.md (forgetting at equal learning, every setting over the verdict seeds, the selection sweep,
-    the backgrounds' read shares) and out/learning_forgetting.png from the rows of `results` (JSONL)."""
+                 select_seed: int = SELECT_SEED, levels=LEARNING_LEVELS, common_levels: tuple[float, ...] | None = None,
+                 also_references: tuple[str, ...] = ()) -> Path:
+    """out/report.md (forgetting at equal learning and at a common EM, every setting over the verdict seeds, the
+    selection sweep, the backgrounds' read shares) and out/learning_forgetting.png from the rows of `results`
+    (JSONL); common_levels and also_references: the common-EM tables' (module docstring)."""
     rows = with_changes(load_rows(results))
     line = subject_blind_line(rows, select_seed)
     out = Path(out)
@@ -456,9 +496,16 @@ def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, st
             "## Forgetting at a common EM, interpolated per seed\n\n"
             "The chosen settings above learn different EMs on a verdict seed. Where a method and the reference each "
             "ran two or more learning rates of one setting on the verdict seeds, each seed's forgetting is "
-            "interpolated (linearly in EM, between the two settings that bracket it) at the lowest EM both reach; R "
-            "as above, Holm over this table.\n\n" + common_em(rows, select_seed) + "\n"
-            "## Controls and the BatchNorm drift, at the same setting\n\n"
+            "interpolated (linearly in EM, between the two settings that bracket it) at "
+            + ("the lowest EM both reach" if common_levels is None else "each EM level both sweeps bracket")
+            + "; R as above for each measure (knowledge lost: the share of the pretrained model's correct "
+            "world-knowledge answers no longer given), Holm over every R of the table.\n\n"
+            + common_em(rows, select_seed, levels=common_levels) + "\n"
+            + "".join(f"### Against {method}\n\nThe same, with {method} as the reference (the methods above but "
+                      f"{REFERENCE[1]}), a Holm family of its own.\n\n"
+                      + common_em(rows, select_seed, (REFERENCE[0], method), common_levels, skip=(REFERENCE[1],))
+                      + "\n" for method in also_references)
+            + "## Controls and the BatchNorm drift, at the same setting\n\n"
             "TF-IDF's controls (top t by count, t random slots among those read) against sparse memory finetuning, "
             "and full finetuning with the BatchNorm statistics drifting against it with them frozen, each pair "
             "at the same setting, paired by fact set on the verdict seeds.\n\n"
