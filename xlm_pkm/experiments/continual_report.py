@@ -498,8 +498,9 @@ def write_report(results: str | Path, out: str | Path, backgrounds: dict[str, st
             "ran two or more learning rates of one setting on the verdict seeds, each seed's forgetting is "
             "interpolated (linearly in EM, between the two settings that bracket it) at "
             + ("the lowest EM both reach" if common_levels is None else "each EM level both sweeps bracket")
-            + "; R as above for each measure (knowledge lost: the share of the pretrained model's correct "
-            "world-knowledge answers no longer given), Holm over every R of the table.\n\n"
+            + "; R as above" + (" for each measure (knowledge lost: the share of the pretrained model's correct "
+                                "world-knowledge answers no longer given)" if with_knowledge(rows) else "")
+            + ", Holm over every R of the table.\n\n"
             + common_em(rows, select_seed, levels=common_levels) + "\n"
             + "".join(f"### Against {method}\n\nThe same, with {method} as the reference (the methods above but "
                       f"{REFERENCE[1]}), a Holm family of its own.\n\n"
