@@ -193,7 +193,9 @@ def test_a_rank_killed_under_torchrun_is_named_by_the_survivor_with_the_checkpoi
               "memory or crashed; see its log); this run stopped after step ")
     assert errors[0][0].startswith(prefix), errors
     stopped = int(errors[0][0][len(prefix):].split(":")[0])
-    assert 7 <= stopped and saved == stopped - stopped % 5, errors  # the last save every 5 steps, or the one before
+    # the last save every 5 steps, or the one before when rank 1 died during the save of the step it stopped after
+    # (seen under load: stopped after step 10, checkpoint of step 5)
+    assert 7 <= stopped and saved in {stopped - stopped % 5, stopped - 5 if stopped % 5 == 0 else -1}, errors
     same = shlex.join(a for a in args if a != "train.exp_id=k")
     assert errors[0][0].endswith(f": its last checkpoint, {path} (step {saved}), is intact; to resume: torchrun "
                                  f"--nproc_per_node=2 {ROOT / 'train.py'} {same} train.exp_id=k"), errors
