@@ -65,7 +65,8 @@ CHANGES = {"valid_change": "valid_ppl", "test_change": "test_ppl", "acc_change":
 LEARNING = ("em", "em_question", "fc", "fc_shuffled", "em_uncommon", "fc_uncommon", "em_first", "em_middle",
             "em_last")
 KNOWLEDGE = ("knowledge_em", "knowledge_kept")  # scored with --knowledge: what the pretrained model knew, kept
-FORGETTING = (("test_change", "Δ test ppl"), ("knowledge_lost", "knowledge lost"))  # the common-EM table's measures
+# the common-EM table's measures: (key, name, scale and unit shown)
+FORGETTING = (("test_change", "Δ test ppl", 1, ""), ("knowledge_lost", "knowledge lost", 100, "%"))
 
 
 def load_rows(path: str | Path) -> list[dict]:
@@ -257,6 +258,30 @@ def at_em(points: list[dict], em: float, key: str = "test_change") -> float:
     return low[key] + (em - low["em"]) / (high["em"] - low["em"]) * (high[key] - low[key])
 
 
+def _common_em_row(level: float | None, key: tuple[str, str, str], ours: dict[int, list[dict]],
+                   theirs: dict[int, list[dict]], measures: list[tuple], pending: list) -> list[str]:
+    """common_em's row of one sweep (`theirs`, named by `key`) against the reference's (`ours`) at `level` (None: the
+    lowest EM both reach on each seed); its R placeholders are added to `pending`."""
+    common = {}
+    for seed in sorted(ours.keys() & theirs.keys()):
+        low = max(ours[seed][0]["em"], theirs[seed][0]["em"])
+        em = low if level is None else level
+        if low <= em <= min(ours[seed][-1]["em"], theirs[seed][-1]["em"]):
+            common[seed] = em
+    settings = " / ".join(sorted({r["setting"] for points in theirs.values() for r in points}))
+    cell = ["the lowest both reach" if level is None else f"{100 * level:.0f}%", key[0], key[1], settings,
+            " / ".join(f"{k}: {100 * e:.1f}%" for k, e in common.items()) or "none"]
+    missing = sorted((ours.keys() & theirs.keys()) - common.keys())
+    if missing:  # a seed's forgetting is not known at this EM: no pairing over the seeds
+        return cell + ["", f"no common EM on seed(s) {', '.join(map(str, missing))}"] + ["", ""] * (len(measures) - 1)
+    for measure, _, scale, unit in measures:
+        ref_at = {k: at_em(ours[k], e, measure) for k, e in common.items()}
+        theirs_at = {k: at_em(theirs[k], e, measure) for k, e in common.items()}
+        cell.append(" / ".join(f"{scale * ref_at[k]:+.1f}{unit} vs {scale * theirs_at[k]:+.1f}{unit}" for k in common))
+        _append_ratio(pending, cell, ref_at, theirs_at)
+    return cell
+
+
 def common_em(rows: list[dict], select_seed: int = SELECT_SEED, reference=REFERENCE,
               levels: tuple[float, ...] | None = None, skip: tuple[str, ...] = ()) -> str:
     """Each sweep (but those of the methods in `skip`) against the reference's at a common EM per seed (the module
@@ -264,41 +289,18 @@ def common_em(rows: list[dict], select_seed: int = SELECT_SEED, reference=REFERE
     of columns per forgetting measure (FORGETTING, knowledge lost where every row has it): the values there per
     seed and R with its interval; Holm's verdict over every R of the table."""
     found = sweeps(rows, select_seed)
-    measures = [(key, name) for key, name in FORGETTING
-                if all(r.get(key) is not None for by_seed in found.values() for points in by_seed.values()
-                       for r in points)]
+    measures = [m for m in FORGETTING if all(r.get(m[0]) is not None for by_seed in found.values()
+                                             for points in by_seed.values() for r in points)]
     cells, pending = [], []
     for level in levels or (None,):
         for ref_key in sorted(k for k in found if k[:2] == reference):
             for key in sorted(k for k in found if k[:2] != reference and k[1] not in skip):
-                ours, theirs = found[ref_key], found[key]
-                common = {}
-                for seed in sorted(ours.keys() & theirs.keys()):
-                    low = max(ours[seed][0]["em"], theirs[seed][0]["em"])
-                    em = low if level is None else level
-                    if low <= em <= min(ours[seed][-1]["em"], theirs[seed][-1]["em"]):
-                        common[seed] = em
-                settings = " / ".join(sorted({r["setting"] for points in theirs.values() for r in points}))
-                cell = ["the lowest both reach" if level is None else f"{100 * level:.0f}%", key[0], key[1],
-                        settings, " / ".join(f"{k}: {100 * e:.1f}%" for k, e in common.items()) or "none"]
-                missing = sorted((ours.keys() & theirs.keys()) - common.keys())
-                if missing:  # a seed's forgetting is not known at this EM: no pairing over the seeds
-                    cells.append(cell + ["", f"no common EM on seed(s) {', '.join(map(str, missing))}"]
-                                 + ["", ""] * (len(measures) - 1))
-                    continue
-                for measure, _ in measures:
-                    ref_at = {k: at_em(ours[k], e, measure) for k, e in common.items()}
-                    theirs_at = {k: at_em(theirs[k], e, measure) for k, e in common.items()}
-                    scale, unit = (100, "%") if measure == "knowledge_lost" else (1, "")
-                    cell.append(" / ".join(f"{scale * ref_at[k]:+.1f}{unit} vs {scale * theirs_at[k]:+.1f}{unit}"
-                                           for k in common))
-                    _append_ratio(pending, cell, ref_at, theirs_at)
-                cells.append(cell)
+                cells.append(_common_em_row(level, key, found[ref_key], found[key], measures, pending))
     _holm_ratios(pending)
     if not cells:
         return f"No method ran two learning rates of one setting on the verdict seeds beside {reference[1]}.\n"
     header = ["EM", "model", "method", "settings (the sweep)", "common EM per seed"]
-    for _, name in measures:
+    for _, name, *_ in measures:
         header += [f"{name} there per seed: {reference[1]} vs method", f"R = {name} / {reference[1]}'s [95%] (verdict)"]
     return markdown(header, cells)
 
