@@ -267,8 +267,8 @@ def test_forgetting_at_a_common_em_is_interpolated_per_seed_between_each_sweeps_
             ("sparse_memory", "t=1,lr=2", (0.20, 0.22, 0.24), (11.0, 12.0, 13.0)),
             ("full", "lr=1", (0.15, 0.10, 0.30), (10.0, 10.0, 10.0)),
             ("full", "lr=2", (0.25, 0.20, 0.40), (30.0, 30.0, 30.0)),
-            ("lora", "lr=1", (0.10, 0.12, 0.14), (2.0, 4.0, 9.0)),
-            ("lora", "lr=3", (0.30, 0.32, 0.34), (42.0, 44.0, 46.0)),
+            ("lora", "lr=3", (0.10, 0.12, 0.14), (2.0, 4.0, 9.0)),
+            ("lora", "lr=10", (0.30, 0.32, 0.34), (42.0, 44.0, 46.0)),
             ("sparse_count", "t=1,lr=1", (0.10, 0.12, 0.14), (5.0, 5.0, 5.0))):
         rows += [_row("memory", method, setting, seed, em, test_ppl=20.0 + change)
                  for seed, em, change in zip((3, 0, 1, 2), (0.9, *ems), (99.0, *changes))]
@@ -277,13 +277,13 @@ def test_forgetting_at_a_common_em_is_interpolated_per_seed_between_each_sweeps_
     # seed 2 e* = 0.30 > 0.24, the top of sparse's sweep: no common EM
     assert ("| the lowest both reach | memory | full | lr=1 / lr=2 | 0: 15.0% / 1: 12.0% |  "
             "| no common EM on seed(s) 2 |") in table
-    # lora: e* = its own and sparse's lowest EMs, Δ 2, 4, 9 against 1, 2, 3
+    # lora: e* = its own and sparse's lowest EMs, Δ 2, 4, 9 against 1, 2, 3; its settings in the order of their lrs
     logs = [math.log(2.0), math.log(2.0), math.log(3.0)]
     mean = sum(logs) / 3
     half = 4.302652729911275 * math.sqrt(sum((d - mean) ** 2 for d in logs) / 2 / 3)
     # one R in the table: Holm at 95%
     ratio = f"{math.exp(mean):.2f} [{math.exp(mean - half):.2f}, {math.exp(mean + half):.2f}] (holds, 3 seeds)"
-    assert (f"| the lowest both reach | memory | lora | lr=1 / lr=3 | 0: 10.0% / 1: 12.0% / 2: 14.0% | +1.0 vs +2.0 / "
+    assert (f"| the lowest both reach | memory | lora | lr=3 / lr=10 | 0: 10.0% / 1: 12.0% / 2: 14.0% | +1.0 vs +2.0 / "
             f"+2.0 vs +4.0 / +3.0 vs +9.0 | {ratio} |") in table
     assert "sparse_count" not in table  # one setting: no sweep
     assert common_em(rows[:1]).startswith("No method ran two learning rates")

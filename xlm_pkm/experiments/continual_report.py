@@ -235,6 +235,11 @@ def sweeps(rows: list[dict], select_seed: int = SELECT_SEED) -> dict[tuple[str, 
     return out
 
 
+def _by_lr(setting: str) -> tuple[float, str]:
+    """A sort key that puts a sweep's settings in the order of their learning rates (`lr=1e4` before `lr=3e4`)."""
+    return next((float(part[3:]) for part in setting.split(",") if part.startswith("lr=")), 0.0), setting
+
+
 def frontier(points: list[dict], key: str) -> list[dict]:
     """The rows (in EM order) no other row dominates: none reaches at least their EM with at most their `key`
     (forgetting), less on one of the two. A sweep whose EM does not rise with its lr keeps only its best trade."""
@@ -268,7 +273,7 @@ def _common_em_row(level: float | None, key: tuple[str, str, str], ours: dict[in
         em = low if level is None else level
         if low <= em <= min(ours[seed][-1]["em"], theirs[seed][-1]["em"]):
             common[seed] = em
-    settings = " / ".join(sorted({r["setting"] for points in theirs.values() for r in points}))
+    settings = " / ".join(sorted({r["setting"] for points in theirs.values() for r in points}, key=_by_lr))
     cell = ["the lowest both reach" if level is None else f"{100 * level:.0f}%", key[0], key[1], settings,
             " / ".join(f"{k}: {100 * e:.1f}%" for k, e in common.items()) or "none"]
     missing = sorted((ours.keys() & theirs.keys()) - common.keys())
