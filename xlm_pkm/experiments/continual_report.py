@@ -218,13 +218,20 @@ def equal_learning(rows: list[dict], levels=LEARNING_LEVELS, select_seed: int = 
     return markdown(header, cells)
 
 
+def _split_lr(setting: str) -> tuple[float | None, str]:
+    """A setting's learning rate (None without an `lr=` part) and the rest of it: "t=1000,lr=1e5" -> (1e5, "t=1000")."""
+    parts = setting.split(",")
+    lr = next((float(part[3:]) for part in parts if part.startswith("lr=")), None)
+    return lr, ",".join(part for part in parts if not part.startswith("lr="))
+
+
 def sweeps(rows: list[dict], select_seed: int = SELECT_SEED) -> dict[tuple[str, str, str], dict[int, list[dict]]]:
     """(model, method, setting without `lr=`) -> {seed: its rows (with_changes), in EM order} for each sweep run at
     two or more learning rates on every verdict seed it ran (the module docstring's common EM)."""
     groups: dict[tuple[str, str, str], dict[str, dict[int, dict]]] = {}
     for (model, method, setting), by_seed in verdict_runs(with_changes(rows), select_seed).items():
-        rest = ",".join(part for part in setting.split(",") if not part.startswith("lr="))
-        if method != PRETRAINED and rest != setting:
+        lr, rest = _split_lr(setting)
+        if method != PRETRAINED and lr is not None:
             groups.setdefault((model, method, rest), {})[setting] = by_seed
     out = {}
     for key, settings in groups.items():
@@ -233,11 +240,6 @@ def sweeps(rows: list[dict], select_seed: int = SELECT_SEED) -> dict[tuple[str, 
             out[key] = {seed: sorted((by_seed[seed] for by_seed in settings.values()),
                                      key=lambda r: (r["em"], r["setting"])) for seed in sorted(seeds)}
     return out
-
-
-def _by_lr(setting: str) -> tuple[float, str]:
-    """A sort key that puts a sweep's settings in the order of their learning rates (`lr=1e4` before `lr=3e4`)."""
-    return next((float(part[3:]) for part in setting.split(",") if part.startswith("lr=")), 0.0), setting
 
 
 def frontier(points: list[dict], key: str) -> list[dict]:
@@ -273,7 +275,8 @@ def _common_em_row(level: float | None, key: tuple[str, str, str], ours: dict[in
         em = low if level is None else level
         if low <= em <= min(ours[seed][-1]["em"], theirs[seed][-1]["em"]):
             common[seed] = em
-    settings = " / ".join(sorted({r["setting"] for points in theirs.values() for r in points}, key=_by_lr))
+    settings = " / ".join(sorted({r["setting"] for points in theirs.values() for r in points},
+                                key=lambda setting: _split_lr(setting)[0]))
     cell = ["the lowest both reach" if level is None else f"{100 * level:.0f}%", key[0], key[1], settings,
             " / ".join(f"{k}: {100 * e:.1f}%" for k, e in common.items()) or "none"]
     missing = sorted((ours.keys() & theirs.keys()) - common.keys())
