@@ -84,6 +84,26 @@ def test_step5_decays_the_values_lr_from_ten_times_step4s_to_step4s():
     assert all(values_lr(t, step5.optim) >= values_lr(t, step4.optim) for t in range(1, 1601))
 
 
+def test_step5_as_the_paper_gives_it_decays_the_values_lr_from_ten_times_the_dense_lr_to_it():
+    """The study's step 5 in the paper's form (cell ultramem_step5_paper) at the grid's factor 1: the dense lr is
+    1e-3 · √(40 / t) after its 40 warm-up steps (inverse_sqrt), and the values' lr is that times
+    1 + 9 · (1 − t / 1600), by hand: 9.775e-3 at the warm-up's end, 5.5 × 1e-3 · √(40 / 800) half-way, the dense
+    lr itself at the end. Everything else is step 5 as run here."""
+    study = load_study(REPO / "results/variants/study.yaml")
+    paper, as_run = (load_study_run(study.run(cell, 1.0, 0)) for cell in (
+        "ultramem_step5_paper", "ultramem_step5_value_lr_decay"))
+    assert paper.optim.schedule == "inverse_sqrt" and paper.optim.warmup_steps == 40 and paper.optim.lr == 1e-3
+    by_hand = {40: 9.775e-3, 800: 5.5e-3 * (40 / 800) ** 0.5, 1600: 1e-3 * (40 / 1600) ** 0.5}
+    for step, lr in by_hand.items():
+        assert values_lr(step, paper.optim) == pytest.approx(lr, rel=1e-12), step
+    paper_dict, as_run_dict = to_dict(paper), to_dict(as_run)
+    assert paper_dict["optim"].pop("values_lr_decay_base") == "dense"
+    assert as_run_dict["optim"].pop("values_lr_decay_base") == "values_lr"
+    for d in (paper_dict, as_run_dict):
+        d["train"].pop("exp_name")
+    assert paper_dict == as_run_dict
+
+
 def load_study_run(run):
     """The resolved config of a study run."""
     return load_config(REPO / run.run.config, run.run.overrides)
