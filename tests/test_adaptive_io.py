@@ -23,24 +23,36 @@ def make(vocab, cutoffs, seed=0):
 
 
 def test_log_probabilities_sum_to_one_and_nll_matches():
+    """In float64, so that the check is of the factorisation, not of one CPU's float32 exp and log."""
     emb, out = make(50, [10, 20, 35])
-    hidden = torch.randn(64, DIM)
+    out.double()
+    hidden = torch.randn(64, DIM, dtype=torch.float64)
     logp = out.log_prob(hidden)
-    assert logp.shape == (64, 50)
-    torch.testing.assert_close(logp.logsumexp(-1), torch.zeros(64), atol=1e-5, rtol=0)
+    assert logp.shape == (64, 50) and logp.dtype == torch.float64
+    torch.testing.assert_close(logp.logsumexp(-1), torch.zeros(64, dtype=torch.float64), atol=1e-12, rtol=0)
     target = torch.randint(0, 50, (64,))
-    torch.testing.assert_close(out(hidden, target), -logp.gather(1, target[:, None]).squeeze(1))
+    torch.testing.assert_close(out(hidden, target), -logp.gather(1, target[:, None]).squeeze(1), atol=1e-12, rtol=0)
+
+
+def test_float32_and_half_logits_give_float32_log_probabilities():
+    emb, out = make(50, [10, 20, 35])
+    hidden = torch.randn(8, DIM)
+    assert out.log_prob(hidden).dtype == torch.float32
+    out.to(torch.bfloat16)
+    assert out.log_prob(hidden.bfloat16()).dtype == torch.float32
+    assert out(hidden.bfloat16(), torch.tensor([1, 12, 25, 45] * 2)).dtype == torch.float32
 
 
 def test_trivial_clusters_equal_a_full_softmax():
     """Tail clusters of one token each: p(token) = p_head(its cluster), a dense softmax over the
     shortlist rows of E_0 and the cluster rows, all on h·P_0."""
     emb, out = make(12, [9, 10, 11])
-    hidden = torch.randn(8, DIM)
+    out.double()
+    hidden = torch.randn(8, DIM, dtype=torch.float64)
     z = hidden @ emb.projections[0]
     weight = torch.cat([emb.tables[0], out.cluster.weight])  # (9 + 3, d_0)
     bias = torch.cat([out.biases[0], out.cluster.bias])
-    torch.testing.assert_close(out.log_prob(hidden), F.log_softmax(z @ weight.t() + bias, -1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.log_prob(hidden), F.log_softmax(z @ weight.t() + bias, -1), atol=1e-12, rtol=1e-12)
 
 
 def test_embedding_is_the_scaled_projected_cluster_row_and_tied_to_the_output():

@@ -34,6 +34,11 @@ def cluster_bounds(vocab_size: int, cutoffs: list[int]) -> list[tuple[int, int]]
     return list(zip(edges[:-1], edges[1:]))
 
 
+def _at_least_float32(logits: torch.Tensor) -> torch.Tensor:
+    """Half-precision logits up to float32 for the softmax; float32 and float64 kept as they are."""
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 class AdaptiveEmbedding(nn.Module):
     def __init__(self, vocab_size: int, dim: int, cutoffs: list[int], factor: int = 4):
         super().__init__()
@@ -69,12 +74,12 @@ class AdaptiveLogSoftmax(nn.Module):
         """(N, dim) -> (N, size_0 + K) log-probabilities: the shortlist tokens, then clusters 1..K."""
         z = hidden @ self.embedding.projections[0]  # (N, d_0)
         logits = torch.cat([z @ self.embedding.tables[0].t() + self.biases[0], self.cluster(z)], -1)
-        return F.log_softmax(logits.float(), -1)
+        return F.log_softmax(_at_least_float32(logits), -1)
 
     def _tail(self, hidden: torch.Tensor, c: int) -> torch.Tensor:
         """(n, dim) -> (n, size_c) log-probabilities within cluster c ≥ 1."""
         z = hidden @ self.embedding.projections[c]  # (n, d_c)
-        return F.log_softmax((z @ self.embedding.tables[c].t() + self.biases[c]).float(), -1)
+        return F.log_softmax(_at_least_float32(z @ self.embedding.tables[c].t() + self.biases[c]), -1)
 
     def log_prob(self, hidden: torch.Tensor) -> torch.Tensor:
         """(N, dim) -> (N, vocab): every token's log-probability (memory N × vocab)."""
@@ -86,7 +91,8 @@ class AdaptiveLogSoftmax(nn.Module):
         return torch.cat(parts, -1)
 
     def forward(self, hidden: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """hidden (N, dim), target (N,) -> nll (N,) float32; tails computed only for their targets."""
+        """hidden (N, dim), target (N,) -> nll (N,), float32 or the model's float64; tails computed only for their
+        targets."""
         head = self._head(hidden)
         shortlist = self.embedding.bounds[0][1]
         logp = head.gather(1, target.clamp(max=shortlist - 1)[:, None]).squeeze(1)  # right for shortlist targets
