@@ -527,3 +527,65 @@ def test_the_command_runs_streams_of_processes_then_plans_and_reports(tmp_path, 
     assert "pkm: lr ×1 chosen\n  lr1-seed0 [tested] 8 steps × 64 tokens: python train.py" in capsys.readouterr().out
     assert study_cli.main(["report", str(path)]) == 0
     assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 1000
+
+
+def test_a_run_whose_checkpoint_is_gone_is_trained_again_before_its_test_its_first_files_kept(tmp_path, capsys):
+    """A study moved to another machine without its dump: a test job finds no best.pt. The harness trains the run
+    again by its own command, keeps the first run's files in the results (the lr choice read them), puts the second's
+    in retrained/, reads the test from the second's checkpoint, and the report sets the two runs side by side. A
+    re-train that fails is reported and its test not read."""
+    study = load_study(write_study(tmp_path, lr_grid=[1], seeds=[0]))
+    pkm, dense = study.run("pkm", 1, 0), study.run("dense", 1, 0)
+    for run in (pkm, dense):
+        fake_trained(run, [40.0, 20.0])
+    dense.run.run_dir.mkdir(parents=True)
+    (dense.run.run_dir / "best.pt").write_bytes(b"kept")  # dense's checkpoint is there; pkm's is gone
+    first = (pkm.results / "metrics.jsonl").read_text()
+    second = "".join(json.dumps({"event": "valid", "step": s, "ppl": p}) + "\n" for s, p in ((4, 42.0), (8, 21.0)))
+    launched = []
+
+    def launch(job):
+        launched.append((job.kind, job.run.cell))
+        out = job.run.run.run_dir
+        if job.kind == TRAIN:
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "metrics.jsonl").write_text(second)
+            (out / "config.yaml").write_text((job.run.results / "config.yaml").read_text())
+            (out / "best.pt").write_bytes(b"again")
+        else:
+            assert (out / "best.pt").is_file()  # the test reads a checkpoint that exists
+            (out / "test.json").write_text(json.dumps({"ppl": 100.0 if job.run.cell == "pkm" else 110.0}))
+        return 0
+
+    assert run_study(study, 1, launch) == 0
+    assert launched == [(TRAIN, "pkm"), (TEST, "pkm"), (TEST, "dense")]
+    assert (pkm.results / "metrics.jsonl").read_text() == first  # the first run's, which the choice read
+    assert (pkm.retrained / "metrics.jsonl").read_text() == second and not dense.retrained.exists()
+    assert json.loads((pkm.results / "test.json").read_text())["ppl"] == 100.0
+    assert "pkm/lr1-seed0: trained again, best valid perplexity 21.00 against the first run's 20.00 (+5.00%)" in \
+        capsys.readouterr().out
+    report = write_report(study).read_text()
+    assert "## Runs trained again" in report and "| `pkm` | lr1-seed0 | 20.00 | 21.00 | +5.00% |" in report
+    assert "  lr1-seed0 [tested, trained again] 8 steps" in "\n".join(study_cli.describe(study))
+
+    (pkm.results / "test.json").unlink(), shutil.rmtree(pkm.run.run_dir), shutil.rmtree(pkm.retrained)
+    launched.clear()
+    assert run_study(study, 1, lambda job: launched.append(job.kind) or 1) == 1  # the re-train fails: no test
+    assert launched == [TRAIN] and not pkm.tested and not pkm.retrained.exists()
+
+
+@pytest.mark.slow
+def test_a_run_trained_again_for_its_lost_checkpoint_repeats_the_first_on_one_machine(tmp_path, tiny_data_dir):
+    """Really trained: a run whose dump is gone is trained again by its own command; on the same machine the second
+    run's metrics and test perplexity are the first's (the same seed and data order, deterministic on the CPU)."""
+    study = load_study(write_study(tmp_path, tiny_data_dir, lr_grid=[1], seeds=[0], comparisons=[]))
+    assert run_study(study, 1, trained_in_process) == 0
+    run = study.run("pkm", 1, 0)
+    first = snapshot(run.results)
+    shutil.rmtree(run.run.run_dir), (run.results / "test.json").unlink()
+    assert run_study(study, 1, trained_in_process) == 0
+    assert snapshot(run.retrained) == {k: first[k] for k in ("config.yaml", "metrics.jsonl")}
+    assert snapshot(run.results)["test.json"] == first["test.json"]
+    run.checkpoint.unlink()  # best.pt alone gone: the finished checkpoint.pt resumes to nothing, a one-line failure
+    (run.results / "test.json").unlink()
+    assert run_study(study, 1, trained_in_process) == 1 and not run.tested

@@ -13,13 +13,15 @@ chosen runs (and with `robustness`, every seed at each cell's next lower factor)
 before, a test evaluation is refused in one line naming the cells still open. A run already trained
 (run.json in the results) is skipped, a test already evaluated (test.json) too; a run that was cut
 resumes from its checkpoint.pt (train.py, same exp_id). So the same command, run again, finishes a study
-cut anywhere, and gives the files an uninterrupted one gives. Each run's small files are copied to the
-results folder as it finishes (config.yaml and metrics.jsonl, then run.json with its commands, then
-test.json), ready to be committed; checkpoints stay in the dump directory. Each job's console goes to
-DUMP/<cell>/<run>.log. A run that fails is reported and the others go on; a run stopped by a signal
-(exit 75 or 130) stops the study (no new run starts; rerun to resume). A run trained before the study file
-changed is stale (study_plan.py): `plan` shows it, `run` and `report` refuse until it is moved away. Exit status:
-0 when nothing is left to run, 1 when a run failed, 75 when stopped, 2 on a bad study file or a stale run.
+cut anywhere, and gives the files an uninterrupted one gives. A trained run whose best.pt is gone from the dump
+(another machine, a cleaned disk) is trained again there by its own command before its test (retrain). Each
+run's small files are copied to the results folder as it finishes (config.yaml and metrics.jsonl, then
+run.json with its commands, then test.json), ready to be committed; checkpoints stay in the dump directory.
+Each job's console goes to DUMP/<cell>/<run>.log. A run that fails is reported and the others go on; a run
+stopped by a signal (exit 75 or 130) stops the study (no new run starts; rerun to resume). A run trained
+before the study file changed is stale (study_plan.py): `plan` shows it, `run` and `report` refuse until it is
+moved away. Exit status: 0 when nothing is left to run, 1 when a run failed, 75 when stopped, 2 on a bad study
+file or a stale run.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Callable
 from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, fail
 from xlm_pkm.experiments.reproduce import REPO, git_commit
 from xlm_pkm.experiments.study_plan import LR_KEYS, Study, StudyError, StudyRun, load_study
-from xlm_pkm.experiments.study_report import write_report
+from xlm_pkm.experiments.study_report import change_text, write_report
 from xlm_pkm.utils.atomic import write_bytes, write_text
 
 TRAIN, TEST = "train", "test"
@@ -102,6 +104,28 @@ def collect(job: Job) -> None:
     write_text(run.results / "run.json", json.dumps(info, indent=2) + "\n")
 
 
+def retrain(run: StudyRun, launch: Callable[[Job], int]) -> int:
+    """Trains again, into the dump, a trained run whose checkpoint is gone, by its own command (same seed; it
+    resumes if cut), so that its test can be read. The results keep the first run's files, which the lr choice
+    read; the second's config.yaml and metrics.jsonl go to run.retrained, and the report sets the two runs' best
+    valid perplexity side by side. Returns the train job's exit status."""
+    print(f"{run.cell}/{run.id}: {run.checkpoint} is gone; training the run again into the dump (its results keep "
+          f"the first run's files)", flush=True)
+    status = launch(Job(TRAIN, run))
+    if status == 0 and not run.checkpoint.is_file():
+        print(f"{run.cell}/{run.id}: trained again but no {run.checkpoint} (a finished checkpoint.pt left in its run "
+              f"directory resumes to nothing: move that directory away)", file=sys.stderr)
+        return 1
+    if status == 0:
+        run.retrained.mkdir(parents=True, exist_ok=True)
+        for name in ("config.yaml", "metrics.jsonl"):
+            write_bytes(run.retrained / name, (run.run.run_dir / name).read_bytes())
+        first, second = run.valid_ppl(), run.valid_ppl(run.retrained)
+        print(f"{run.cell}/{run.id}: trained again, best valid perplexity {second:.2f} against the first run's "
+              f"{first:.2f} ({change_text(first, second)})", flush=True)
+    return status
+
+
 def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = launch_process,
               whole: Study | None = None) -> int:
     """Runs every pending job, `streams` at a time (one: here, in this thread); see the module docstring. `whole`:
@@ -117,7 +141,9 @@ def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = lau
         if job.kind == TEST:
             whole.test_guard()
         start = time.time()
-        status = launch(job)
+        status = retrain(job.run, launch) if job.kind == TEST and not job.run.checkpoint.is_file() else 0
+        if status == 0:
+            status = launch(job)
         if status == 0:
             collect(job)
         print(f"{job.name}: {'done' if status == 0 else f'exit {status}'} ({(time.time() - start) / 60:.1f} min)",
@@ -168,17 +194,16 @@ def describe(study: Study, whole: Study | None = None) -> list[str]:
     read (for `whole`, the study `study` is a part of: itself by default)."""
     lines, stale = [], dict((r.results, changes) for r, changes in study.stale_runs())
     for cell in study.cells:
-        runs = {r.id: r for r in [*study.grid_runs(cell), *(r for rs in study.seed_runs(cell).values() for r in rs),
-                                  *study.robustness_runs(cell)]}
         choice = study.choice(cell)
         lines.append(f"{cell}: " + (f"lr ×{choice.factor:g} chosen" + (f" (at the {choice.edge} end of the grid)"
                                                                        if choice.edge else "")
                                     if choice else "lr not chosen yet (the first seed's grid is not trained)"))
         rerun = {r.id: f"; diverged ({study.diverged(r)}): re-run at ×{later.factor:g}"
                  for chain in study.seed_runs(cell).values() for r, later in zip(chain, chain[1:])}
-        for r in runs.values():
+        for r in study.known_runs(cell):
             state = "stale" if r.results in stale else "tested" if r.tested else "trained" if r.trained else \
                 "partial" if (r.run.run_dir / "checkpoint.pt").exists() else "new"
+            state += ", trained again" if r.retrained.is_dir() else ""
             lines.append(f"  {r.id} [{state}{rerun.get(r.id, '')}] {r.steps} steps × {r.tokens_per_step} tokens: "
                          f"{shlex.join(r.train_command())}")
             if r.results in stale:

@@ -146,6 +146,16 @@ class StudyRun:
     def tested(self) -> bool:
         return (self.results / "test.json").is_file()
 
+    @property
+    def checkpoint(self) -> Path:
+        """best.pt in the dump: what the test job evaluates."""
+        return self.run.run_dir / "best.pt"
+
+    @property
+    def retrained(self) -> Path:
+        """Where the small files of the run trained again go when its checkpoint was gone (study.retrain)."""
+        return self.results / "retrained"
+
     def train_command(self) -> list[str]:
         """From the repository root: python train.py ... (torchrun beyond one process)."""
         launcher = ["python"] if self.world_size == 1 else ["torchrun", f"--nproc_per_node={self.world_size}"]
@@ -154,20 +164,22 @@ class StudyRun:
     def evaluate_command(self) -> list[str]:
         return ["python", "evaluate.py", *self.run.evaluate_argv()]
 
-    def valid_curve(self) -> list[float]:
-        """The valid perplexity of each evaluation of the trained run, in order, from its metrics.jsonl."""
+    def valid_curve(self, folder: Path | None = None) -> list[float]:
+        """The valid perplexity of each evaluation of the trained run, in order, from its metrics.jsonl (in
+        `folder`: the results by default)."""
+        metrics = (folder or self.results) / "metrics.jsonl"
         try:
-            events = read_json_lines(self.results / "metrics.jsonl")
+            events = read_json_lines(metrics)
         except (OSError, ValueError) as e:
             raise StudyError(str(e)) from None
         ppl = [e["ppl"] for e in events if e.get("event") == "valid"]
         if not ppl:
-            raise StudyError(f"{self.results / 'metrics.jsonl'}: no valid evaluation to choose a learning rate on")
+            raise StudyError(f"{metrics}: no valid evaluation to choose a learning rate on")
         return ppl
 
-    def valid_ppl(self) -> float:
+    def valid_ppl(self, folder: Path | None = None) -> float:
         """The lowest valid perplexity of the trained run (the one of best.pt), from its metrics.jsonl."""
-        return min(self.valid_curve())
+        return min(self.valid_curve(folder))
 
 
 def run_id(factor: float, seed: int) -> str:
@@ -360,6 +372,13 @@ class Study:
         """Every seed's run at the cell's neighbour factor, when the study asks for robustness ([] otherwise)."""
         factor = self.neighbour(cell) if self.robustness else None
         return [] if factor is None else [self.run(cell, factor, s) for s in self.seeds]
+
+    def known_runs(self, cell: str) -> list[StudyRun]:
+        """Every run of the cell known now, once each: its grid, the chosen factor's seeds and their divergence
+        re-runs, the robustness runs."""
+        runs = [*self.grid_runs(cell), *(r for rs in self.seed_runs(cell).values() for r in rs),
+                *self.robustness_runs(cell)]
+        return list({r.id: r for r in runs}.values())
 
     def open_cells(self) -> dict[str, str]:
         """{cell: what is still open} for each cell whose settings are not final: its factor not chosen, or a

@@ -245,6 +245,23 @@ def comparison_table(study: Study) -> str:
                       "at the next lower lr (a, then b, moved; at the Holm level)"], rows)
 
 
+def change_text(first: float, second: float) -> str:
+    """second's relative change from first, in % with its sign (+0.00% for none)."""
+    return f"{round(100 * (second / first - 1), 2) + 0.0:+.2f}%"
+
+
+def retrained_table(study: Study) -> str:
+    """The runs trained again because their checkpoint was gone (study.retrain): the first run's best valid
+    perplexity (which the lr choice read), the second's (whose checkpoint the test read), their change."""
+    rows = []
+    for cell in study.cells:
+        for r in study.known_runs(cell):
+            if r.retrained.is_dir():
+                first, second = r.valid_ppl(), r.valid_ppl(r.retrained)
+                rows.append([f"`{cell}`", r.id, f"{first:.2f}", f"{second:.2f}", change_text(first, second)])
+    return _md_table(["cell", "run", "best valid ppl, first run", "trained again", "change"], rows) if rows else ""
+
+
 def plot_curves(study: Study, path: Path) -> Path | None:
     """Valid perplexity against training tokens: each seed of each cell at its chosen factor."""
     chosen = {cell: [r for r in study.chosen_runs(cell) if r.trained] for cell in study.cells}
@@ -280,6 +297,9 @@ def write_report(study: Study, benches: list[dict] = ()) -> Path:
         "## Cells at their chosen learning rates\n\n" + cell_table(study, bench_rows(benches)),
         *([f"![learning curves]({figure.name})"] if figure else []),
         *(["## Comparisons\n\n" + comparison_table(study)] if study.comparisons else []),
+        *(["## Runs trained again\n\nTheir checkpoint was gone from the dump, so the study trained them again by "
+           "the same command (same seed) before reading their test split. The lr choice read the first run; the "
+           "test, the second.\n\n" + again] if (again := retrained_table(study)) else []),
         *([f"Not finished yet: {', '.join(f'`{c}`' for c in missing)}."] if missing else []),
         *(["Settings not final, so no new test read yet: "
            + "; ".join(f"`{c}` ({why})" for c, why in still.items()) + "."] if still else []),
