@@ -345,6 +345,12 @@ def test_robustness_recomputes_each_claim_at_the_next_lower_factor(tmp_path):
     (study.run("pkm", 0.5, 4).results / "test.json").write_text(json.dumps({"ppl": 139.0}))
     assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
         (TRAIN, "dense", "lr0.5-seed4"), (TEST, "dense", "lr0.5-seed3")]  # settings final: the neighbours test
+    at_hand = study.run("dense", 0.5, 3)
+    at_hand.run.run_dir.mkdir(parents=True)
+    at_hand.checkpoint.write_bytes(b"")
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
+        (TEST, "dense", "lr0.5-seed3"), (TRAIN, "dense", "lr0.5-seed4")]  # its best.pt in the dump: read first
+    at_hand.checkpoint.unlink()
     report = write_report(study).read_text()
     # pkm at ×0.5 − dense at ×1: 128 − 120, 139 − 131 = +8, +8 (no spread: the point interval, reversed)
     assert "| `pkm` ×0.5: +8.00, **reversed**; `dense` ×0.5: not run (0 of 2 seeds tested) |" in report
@@ -558,7 +564,7 @@ def test_a_run_whose_checkpoint_is_gone_is_trained_again_before_its_test_its_fir
         return 0
 
     assert run_study(study, 1, launch) == 0
-    assert launched == [(TRAIN, "pkm"), (TEST, "pkm"), (TEST, "dense")]
+    assert launched == [(TEST, "dense"), (TRAIN, "pkm"), (TEST, "pkm")]  # the checkpoint at hand is read first
     assert (pkm.results / "metrics.jsonl").read_text() == first  # the first run's, which the choice read
     assert (pkm.retrained / "metrics.jsonl").read_text() == second and not dense.retrained.exists()
     assert json.loads((pkm.results / "test.json").read_text())["ppl"] == 100.0

@@ -59,15 +59,19 @@ class Job:
 def pending(study: Study, whole: Study | None = None) -> list[Job]:
     """What may be done now: first the other seeds of the cells already chosen (a cell's choice exists once its
     grid is trained; a diverged seed's re-run too), then the grids' runs, then the robustness runs; the tests
-    only once `whole` (the study `study` is a part of; itself by default) has no open cell."""
+    only once `whole` (the study `study` is a part of; itself by default) has no open cell. A test whose best.pt is
+    in the dump comes before any training (it takes seconds, and a checkpoint lost with the dump costs a whole
+    re-train), a test whose best.pt is gone after it (retrain)."""
     chosen = [r for cell in study.cells for r in study.chosen_runs(cell)]
     neighbours = [r for cell in study.cells for r in study.robustness_runs(cell)]
     jobs = [Job(TRAIN, r) for r in chosen if not r.trained]
     jobs += [Job(TRAIN, r) for cell in study.cells for r in study.grid_runs(cell) if not r.trained]
     jobs += [Job(TRAIN, r) for r in neighbours if not r.trained]
-    if not (whole or study).open_cells():
-        jobs += [Job(TEST, r) for r in chosen + neighbours if r.trained and not r.tested]
-    return jobs
+    if (whole or study).open_cells():
+        return jobs
+    tests = [r for r in chosen + neighbours if r.trained and not r.tested]
+    at_hand = [Job(TEST, r) for r in tests if r.checkpoint.is_file()]
+    return at_hand + jobs + [Job(TEST, r) for r in tests if not r.checkpoint.is_file()]
 
 
 def withheld(study: Study) -> int:
