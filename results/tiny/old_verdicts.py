@@ -10,6 +10,7 @@ from pathlib import Path
 from xlm_pkm.experiments.paired import holm, paired
 from xlm_pkm.experiments.report import _md_table
 from xlm_pkm.experiments.study_plan import load_study
+from xlm_pkm.experiments.study_report import metric_value
 
 HERE = Path(__file__).resolve().parent
 
@@ -18,9 +19,7 @@ def old_values(cell: str, metric: str) -> dict[int, float]:
     """{seed: test perplexity, or the first memory layer's test usage %} of runs/<cell>/tiny-seed<S>/test.json."""
     values = {}
     for path in sorted((HERE / "runs" / cell).glob("tiny-seed*/test.json")):
-        test = json.loads(path.read_text())
-        seed = int(path.parent.name.removeprefix("tiny-seed"))
-        values[seed] = test["ppl"] if metric == "ppl" else min(test["memories"], key=lambda m: m["layer"])["usage"]
+        values[int(path.parent.name.removeprefix("tiny-seed"))] = metric_value(json.loads(path.read_text()), metric)
     return values
 
 

@@ -65,11 +65,15 @@ def seed_values(study: Study, cell: str, factor: float | None = None, metric: st
     evaluated: at its chosen factor (a diverged seed's re-run in its place, study_plan.Study.chosen_runs), or, with
     `factor`, at that factor."""
     runs = study.chosen_runs(cell) if factor is None else [study.run(cell, factor, s) for s in study.seeds]
-    tests = {r.seed: json.loads((r.results / "test.json").read_text()) for r in runs if r.tested}
+    values = {r.seed: metric_value(json.loads((r.results / "test.json").read_text()), metric) for r in runs if r.tested}
+    return {seed: value for seed, value in values.items() if value is not None}
+
+
+def metric_value(test: dict, metric: str) -> float | None:
+    """A test.json's perplexity, or (metric "usage") its first memory layer's usage % (None: no memory)."""
     if metric == "ppl":
-        return {seed: t["ppl"] for seed, t in tests.items()}
-    return {seed: min(t["memories"], key=lambda m: m["layer"])["usage"] for seed, t in tests.items()
-            if t.get("memories")}
+        return test["ppl"]
+    return min(test["memories"], key=lambda m: m["layer"])["usage"] if test.get("memories") else None
 
 
 def diverged_text(study: Study, cell: str) -> str:
