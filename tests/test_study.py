@@ -9,6 +9,7 @@ import signal
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from tests.conftest import TINY
@@ -146,6 +147,13 @@ def fake_trained(run, valid: list[float], test: float | None = None, vocab_size:
     (run.results / "run.json").write_text(json.dumps({"lr": {"lr": run.factor, "values_lr": run.factor}}))
     if test is not None:
         (run.results / "test.json").write_text(json.dumps({"ppl": test}))
+
+
+def fake_dump(run, step: int | None = None, best: bytes = b"kept") -> None:
+    """The run's best.pt and checkpoint.pt in the dump, as train.py leaves them at `step` (its last by default)."""
+    run.run.run_dir.mkdir(parents=True, exist_ok=True)
+    run.checkpoint.write_bytes(best)
+    torch.save({"step": run.steps if step is None else step}, run.run.run_dir / "checkpoint.pt")
 
 
 def test_the_learning_rate_is_chosen_on_validation_only_and_flagged_at_the_grids_edge(tmp_path):
@@ -346,11 +354,13 @@ def test_robustness_recomputes_each_claim_at_the_next_lower_factor(tmp_path):
     assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
         (TRAIN, "dense", "lr0.5-seed4"), (TEST, "dense", "lr0.5-seed3")]  # settings final: the neighbours test
     at_hand = study.run("dense", 0.5, 3)
-    at_hand.run.run_dir.mkdir(parents=True)
-    at_hand.checkpoint.write_bytes(b"")
+    fake_dump(at_hand)
     assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
         (TEST, "dense", "lr0.5-seed3"), (TRAIN, "dense", "lr0.5-seed4")]  # its best.pt in the dump: read first
-    at_hand.checkpoint.unlink()
+    fake_dump(at_hand, step=at_hand.steps - 1)  # a re-train cut before its last step: its best.pt is not the run's
+    assert [(j.kind, j.run.cell, j.run.id) for j in pending(study)] == [
+        (TRAIN, "dense", "lr0.5-seed4"), (TEST, "dense", "lr0.5-seed3")]
+    shutil.rmtree(at_hand.run.run_dir)
     report = write_report(study).read_text()
     # pkm at ×0.5 − dense at ×1: 128 − 120, 139 − 131 = +8, +8 (no spread: the point interval, reversed)
     assert "| `pkm` ×0.5: +8.00, **reversed**; `dense` ×0.5: not run (0 of 2 seeds tested) |" in report
@@ -544,8 +554,7 @@ def test_a_run_whose_checkpoint_is_gone_is_trained_again_before_its_test_its_fir
     pkm, dense = study.run("pkm", 1, 0), study.run("dense", 1, 0)
     for run in (pkm, dense):
         fake_trained(run, [40.0, 20.0])
-    dense.run.run_dir.mkdir(parents=True)
-    (dense.run.run_dir / "best.pt").write_bytes(b"kept")  # dense's checkpoint is there; pkm's is gone
+    fake_dump(dense)  # dense's checkpoint is there; pkm's is gone
     first = (pkm.results / "metrics.jsonl").read_text()
     second = "".join(json.dumps({"event": "valid", "step": s, "ppl": p}) + "\n" for s, p in ((4, 42.0), (8, 21.0)))
     launched = []
@@ -554,10 +563,9 @@ def test_a_run_whose_checkpoint_is_gone_is_trained_again_before_its_test_its_fir
         launched.append((job.kind, job.run.cell))
         out = job.run.run.run_dir
         if job.kind == TRAIN:
-            out.mkdir(parents=True, exist_ok=True)
+            fake_dump(job.run, best=b"again")
             (out / "metrics.jsonl").write_text(second)
             (out / "config.yaml").write_text((job.run.results / "config.yaml").read_text())
-            (out / "best.pt").write_bytes(b"again")
         else:
             assert (out / "best.pt").is_file()  # the test reads a checkpoint that exists
             (out / "test.json").write_text(json.dumps({"ppl": 100.0 if job.run.cell == "pkm" else 110.0}))
@@ -574,6 +582,13 @@ def test_a_run_whose_checkpoint_is_gone_is_trained_again_before_its_test_its_fir
     assert "## Runs trained again" in report and "| `pkm` | lr1-seed0 | 20.00 | 21.00 | +5.00% |" in report
     assert "  lr1-seed0 [tested, trained again] 8 steps" in "\n".join(study_cli.describe(study))
 
+    (pkm.results / "test.json").unlink(), shutil.rmtree(pkm.retrained)
+    fake_dump(pkm, step=4)  # a re-train cut at step 4 of 8: trained again (resumed) before its test
+    launched.clear()
+    assert run_study(study, 1, launch) == 0 and launched == [(TRAIN, "pkm"), (TEST, "pkm")]
+    assert "pkm/lr1-seed0: " + str(pkm.checkpoint) + " is from a re-train cut before its last step" in \
+        capsys.readouterr().out
+
     (pkm.results / "test.json").unlink(), shutil.rmtree(pkm.run.run_dir), shutil.rmtree(pkm.retrained)
     launched.clear()
     assert run_study(study, 1, lambda job: launched.append(job.kind) or 1) == 1  # the re-train fails: no test
@@ -581,7 +596,8 @@ def test_a_run_whose_checkpoint_is_gone_is_trained_again_before_its_test_its_fir
 
 
 @pytest.mark.slow
-def test_a_run_trained_again_for_its_lost_checkpoint_repeats_the_first_on_one_machine(tmp_path, tiny_data_dir):
+def test_a_run_trained_again_for_its_lost_checkpoint_repeats_the_first_on_one_machine(tmp_path, tiny_data_dir,
+                                                                                      signal_at_step):
     """Really trained: a run whose dump is gone is trained again by its own command; on the same machine the second
     run's metrics and test perplexity are the first's (the same seed and data order, deterministic on the CPU)."""
     study = load_study(write_study(tmp_path, tiny_data_dir, lr_grid=[1], seeds=[0], comparisons=[]))
@@ -590,6 +606,13 @@ def test_a_run_trained_again_for_its_lost_checkpoint_repeats_the_first_on_one_ma
     first = snapshot(run.results)
     shutil.rmtree(run.run.run_dir), (run.results / "test.json").unlink()
     assert run_study(study, 1, trained_in_process) == 0
+    assert snapshot(run.retrained) == {k: first[k] for k in ("config.yaml", "metrics.jsonl")}
+    assert snapshot(run.results)["test.json"] == first["test.json"]
+    shutil.rmtree(run.run.run_dir), shutil.rmtree(run.retrained), (run.results / "test.json").unlink()
+    signal_at_step(5, signal.SIGTERM)  # the re-train is cut at step 5 of 8, after a best.pt (valid every 2 steps)
+    assert run_study(study, 1, trained_in_process) == 75 and run.checkpoint.is_file() and not run.tested
+    signal_at_step(10 ** 6)
+    assert run_study(study, 1, trained_in_process) == 0  # its test waits for the resumed re-train's last step
     assert snapshot(run.retrained) == {k: first[k] for k in ("config.yaml", "metrics.jsonl")}
     assert snapshot(run.results)["test.json"] == first["test.json"]
     run.checkpoint.unlink()  # best.pt alone gone: the finished checkpoint.pt resumes to nothing, a one-line failure

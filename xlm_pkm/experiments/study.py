@@ -14,7 +14,8 @@ before, a test evaluation is refused in one line naming the cells still open. A 
 (run.json in the results) is skipped, a test already evaluated (test.json) too; a run that was cut
 resumes from its checkpoint.pt (train.py, same exp_id). So the same command, run again, finishes a study
 cut anywhere, and gives the files an uninterrupted one gives. A trained run whose best.pt is gone from the dump
-(another machine, a cleaned disk) is trained again there by its own command before its test (retrain). Each
+(another machine, a cleaned disk), or whose re-train there was cut, is trained again there by its own command
+(resuming the cut one) before its test (retrain). Each
 run's small files are copied to the results folder as it finishes (config.yaml and metrics.jsonl, then
 run.json with its commands, then test.json), ready to be committed; checkpoints stay in the dump directory.
 Each job's console goes to DUMP/<cell>/<run>.log. A run that fails is reported and the others go on; a run
@@ -60,8 +61,8 @@ def pending(study: Study, whole: Study | None = None) -> list[Job]:
     """What may be done now: first the other seeds of the cells already chosen (a cell's choice exists once its
     grid is trained; a diverged seed's re-run too), then the grids' runs, then the robustness runs; the tests
     only once `whole` (the study `study` is a part of; itself by default) has no open cell. A test whose best.pt is
-    in the dump comes before any training (it takes seconds, and a checkpoint lost with the dump costs a whole
-    re-train), a test whose best.pt is gone after it (retrain)."""
+    in the dump from a finished run comes before any training (it takes seconds, and a checkpoint lost with the dump
+    costs a whole re-train), a test whose best.pt is gone or from a cut re-train after it (retrain)."""
     chosen = [r for cell in study.cells for r in study.chosen_runs(cell)]
     neighbours = [r for cell in study.cells for r in study.robustness_runs(cell)]
     jobs = [Job(TRAIN, r) for r in chosen if not r.trained]
@@ -70,8 +71,9 @@ def pending(study: Study, whole: Study | None = None) -> list[Job]:
     if (whole or study).open_cells():
         return jobs
     tests = [r for r in chosen + neighbours if r.trained and not r.tested]
-    at_hand = [Job(TEST, r) for r in tests if r.checkpoint.is_file()]
-    return at_hand + jobs + [Job(TEST, r) for r in tests if not r.checkpoint.is_file()]
+    at_hand = [r.evaluable for r in tests]
+    return [Job(TEST, r) for r, ok in zip(tests, at_hand) if ok] + jobs + [
+        Job(TEST, r) for r, ok in zip(tests, at_hand) if not ok]
 
 
 def withheld(study: Study) -> int:
@@ -109,14 +111,15 @@ def collect(job: Job) -> None:
 
 
 def retrain(run: StudyRun, launch: Callable[[Job], int]) -> int:
-    """Trains again, into the dump, a trained run whose checkpoint is gone, by its own command (same seed; it
-    resumes if cut), so that its test can be read. The results keep the first run's files, which the lr choice
-    read; the second's config.yaml and metrics.jsonl go to run.retrained, and the report sets the two runs' best
-    valid perplexity side by side. Returns the train job's exit status."""
-    print(f"{run.cell}/{run.id}: {run.checkpoint} is gone; training the run again into the dump (its results keep "
+    """Trains again, into the dump, a trained run whose checkpoint is gone or from a cut re-train, by its own
+    command (same seed; it resumes the cut one), so that its test can be read. The results keep the first run's
+    files, which the lr choice read; the second's config.yaml and metrics.jsonl go to run.retrained, and the report
+    sets the two runs' best valid perplexity side by side. Returns the train job's exit status."""
+    why = "is from a re-train cut before its last step" if run.checkpoint.is_file() else "is gone"
+    print(f"{run.cell}/{run.id}: {run.checkpoint} {why}; training the run again into the dump (its results keep "
           f"the first run's files)", flush=True)
     status = launch(Job(TRAIN, run))
-    if status == 0 and not run.checkpoint.is_file():
+    if status == 0 and not run.evaluable:
         print(f"{run.cell}/{run.id}: trained again but no {run.checkpoint} (a finished checkpoint.pt left in its run "
               f"directory resumes to nothing: move that directory away)", file=sys.stderr)
         return 1
@@ -145,7 +148,7 @@ def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = lau
         if job.kind == TEST:
             whole.test_guard()
         start = time.time()
-        status = retrain(job.run, launch) if job.kind == TEST and not job.run.checkpoint.is_file() else 0
+        status = retrain(job.run, launch) if job.kind == TEST and not job.run.evaluable else 0
         if status == 0:
             status = launch(job)
         if status == 0:

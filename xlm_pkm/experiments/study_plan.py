@@ -84,7 +84,7 @@ from xlm_pkm.errors import UserError
 from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scale_overrides
 from xlm_pkm.runs.run_record import read_json_lines, read_yaml
 from xlm_pkm.settings import execution_keys
-from xlm_pkm.train.run_dir import config_changes
+from xlm_pkm.train.run_dir import config_changes, saved_step
 
 # The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to them follow them).
 LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
@@ -150,6 +150,18 @@ class StudyRun:
     def checkpoint(self) -> Path:
         """best.pt in the dump: what the test job evaluates."""
         return self.run.run_dir / "best.pt"
+
+    @property
+    def evaluable(self) -> bool:
+        """best.pt is in the dump and the run there is finished (its checkpoint.pt saved at the last step): a
+        re-train cut part-way leaves the best.pt of its first steps, which the test must not read."""
+        last = self.run.run_dir / "checkpoint.pt"
+        if not (self.checkpoint.is_file() and last.is_file()):
+            return False
+        try:
+            return saved_step(last) >= self.steps
+        except Exception:  # noqa: BLE001 - unreadable (torch raises any type): the re-train's resume says why
+            return False
 
     @property
     def retrained(self) -> Path:

@@ -43,6 +43,11 @@ def latest_checkpoint(dump_path: str, exp_name: str) -> Path | None:
     return runs[-1] if runs else None
 
 
+def saved_step(checkpoint: Path) -> int:
+    """The training step a checkpoint.pt was saved at (torch.load's error when it cannot be read)."""
+    return int(torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)["step"])
+
+
 def latest_unfinished(dump_path: str, exp_name: str, max_steps: int) -> str:
     """train.exp_id=last: the id of the run of `exp_name` that saved a checkpoint.pt last, if it has not
     reached `max_steps` (this command's); otherwise a one-line ConfigError saying what to do."""
@@ -51,7 +56,7 @@ def latest_unfinished(dump_path: str, exp_name: str, max_steps: int) -> str:
         raise ConfigError(f"train.exp_id=last: no run of {exp_name} under {dump_path} has a checkpoint.pt to "
                           f"resume (start one without train.exp_id, or with a new one)")
     try:
-        step = int(torch.load(latest, map_location="cpu", mmap=True, weights_only=False)["step"])
+        step = saved_step(latest)
     except Exception as e:  # noqa: BLE001 - empty, truncated, foreign, unreadable: torch raises any type
         why = e.strerror if isinstance(e, OSError) and e.strerror else f"{type(e).__name__}: {e}"
         raise ConfigError(f"train.exp_id=last: {latest}, the checkpoint a run of {exp_name} saved last, cannot be "
