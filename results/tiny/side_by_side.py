@@ -1,6 +1,6 @@
 """The study's 12 declared claims (study.yaml) judged on the old 400-step runs (runs/, lr 1e-3) and on the study's
 runs (study_runs/, each cell at its lr chosen on validation), the same way: per-seed test differences a − b, Holm
-over the 12 (as study_report.md judges them). Writes side_by_side.md beside it: the old verdicts in full, then
+over the 12 (as study/report.md judges them). Writes side_by_side.md beside it: the old verdicts in full, then
 old and new side by side (the new "·" where fewer than 2 seeds are tested).
 
     .venv/bin/python results/tiny/side_by_side.py
@@ -50,7 +50,7 @@ def main() -> None:
     (HERE / "side_by_side.md").write_text(
         "# The study's 12 claims, old runs and new\n\n"
         "Made by `.venv/bin/python results/tiny/side_by_side.py`: the claims of `study.yaml`, judged as "
-        "`study_report.md` judges them (per-seed differences of test perplexity, or of the first memory layer's "
+        "`study/report.md` judges them (per-seed differences of test perplexity, or of the first memory layer's "
         "test usage %, Holm over these 12), on the old runs (`runs/*/tiny-seed*/test.json`: 400 steps, lr 1e-3 "
         "untuned) and on the study's (`study_runs/`: 1,600 steps, each cell at its lr chosen on validation; "
         f"{tested} of its {chosen} chosen runs tested when this was made).\n\n"
