@@ -68,7 +68,7 @@ def test_the_tiny_study_file_re_makes_the_committed_tiny_runs_with_tuned_learnin
 
     study = load_study(REPO / "results/tiny/study.yaml")
     assert study.seeds == (0, 1, 2) and study.diverge_ratio > 1 and study.robustness and study.lr_refine == 1
-    assert study.results == REPO / "results/tiny/study_runs" and study.report == REPO / "results/tiny/study_report.md"
+    assert study.results == REPO / "results/tiny/study_runs" and study.report == REPO / "results/tiny/study/report.md"
     assert len(study.comparisons) == 12 and {"usage", "ppl"} == {c.metric for c in study.comparisons}
     for cell in study.cells:
         run = study.run(cell, 1.0, 0)
