@@ -15,9 +15,9 @@ before, a test evaluation is refused in one line naming the cells still open. A 
 resumes from its checkpoint.pt (train.py, same exp_id). So the same command, run again, finishes a study
 cut anywhere, and gives the files an uninterrupted one gives. A trained run whose best.pt is gone from the dump
 (another machine, a cleaned disk), or whose re-train there was cut, is trained again there by its own command
-(resuming the cut one) before its test (retrain). Each
-run's small files are copied to the results folder as it finishes (config.yaml and metrics.jsonl, then
-run.json with its commands, then test.json), ready to be committed; checkpoints stay in the dump directory.
+(resuming the cut one) before its test (retrain). Each run's small files are copied to the results folder as it
+finishes (config.yaml and metrics.jsonl, then run.json with its commands, then test.json), ready to be
+committed; checkpoints stay in the dump directory.
 Each job's console goes to DUMP/<cell>/<run>.log. A run that fails is reported and the others go on; a run
 stopped by a signal (exit 75 or 130) stops the study (no new run starts; rerun to resume). A run trained
 before the study file changed is stale (study_plan.py): `plan` shows it, `run` and `report` refuse until it is
