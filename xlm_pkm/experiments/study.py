@@ -21,8 +21,9 @@ committed; checkpoints stay in the dump directory.
 Each job's console goes to DUMP/<cell>/<run>.log. A run that fails is reported and the others go on; a run
 stopped by a signal (exit 75 or 130) stops the study (no new run starts; rerun to resume). A run trained
 before the study file changed is stale (study_plan.py): `plan` shows it, `run` and `report` refuse until it is
-moved away. Exit status: 0 when nothing is left to run, 1 when a run failed, 75 when stopped, 2 on a bad study
-file or a stale run.
+moved away. A test read with another test_max_batches than the study's now is stale too: `run` reads it again,
+`report` refuses until then. Exit status: 0 when nothing is left to run, 1 when a run failed, 75 when stopped,
+2 on a bad study file or a stale run.
 """
 
 from __future__ import annotations
@@ -98,10 +99,16 @@ def collect(job: Job) -> None:
     run.json last: the run is trained."""
     run, source = job.run, job.run.run.run_dir
     run.results.mkdir(parents=True, exist_ok=True)
-    for name in ("test.json",) if job.kind == TEST else ("config.yaml", "metrics.jsonl"):
-        write_bytes(run.results / name, (source / name).read_bytes())
-    if job.kind == TEST:
+    if job.kind == TEST:  # with the test_max_batches it was read with: a test read with another one is stale
+        try:
+            test = json.loads((source / "test.json").read_text())
+        except (OSError, ValueError) as e:
+            raise StudyError(f"{source / 'test.json'}: not a readable test result ({e})") from None
+        test["max_batches"] = run.run.test_max_batches
+        write_text(run.results / "test.json", json.dumps(test, indent=2) + "\n")
         return
+    for name in ("config.yaml", "metrics.jsonl"):
+        write_bytes(run.results / name, (source / name).read_bytes())
     lrs = {k: float(o.split("=", 1)[1]) for o in run.run.overrides for k in LR_KEYS if o.startswith(f"optim.{k}=")}
     info = {"cell": run.cell, "config": run.run.config, "lr_factor": run.factor, "seed": run.seed, "steps": run.steps,
             "tokens_per_step": run.tokens_per_step, "tokens": run.steps * run.tokens_per_step, "lr": lrs,
@@ -147,6 +154,9 @@ def run_study(study: Study, streams: int = 1, launch: Callable[[Job], int] = lau
     def execute(job: Job) -> int:
         if job.kind == TEST:
             whole.test_guard()
+            if job.run.test_stale:
+                print(f"{job.name}: its test.json was read with test_max_batches {job.run.test_read_with()}, the "
+                      f"study's is {job.run.run.test_max_batches} now: reading it again", flush=True)
         start = time.time()
         status = retrain(job.run, launch) if job.kind == TEST and not job.run.evaluable else 0
         if status == 0:
@@ -208,13 +218,17 @@ def describe(study: Study, whole: Study | None = None) -> list[str]:
         rerun = {r.id: f"; diverged ({study.diverged(r)}): re-run at ×{later.factor:g}"
                  for chain in study.seed_runs(cell).values() for r, later in zip(chain, chain[1:])}
         for r in study.known_runs(cell):
-            state = "stale" if r.results in stale else "tested" if r.tested else "trained" if r.trained else \
+            state = "stale" if r.results in stale else "tested" if r.tested else \
+                "trained, test stale" if r.trained and r.test_stale else "trained" if r.trained else \
                 "partial" if (r.run.run_dir / "checkpoint.pt").exists() else "new"
             state += ", trained again" if r.retrained.is_dir() else ""
             lines.append(f"  {r.id} [{state}{rerun.get(r.id, '')}] {r.steps} steps × {r.tokens_per_step} tokens: "
                          f"{shlex.join(r.train_command())}")
             if r.results in stale:
                 lines.append(f"    trained with another config than the study's now: {'; '.join(stale[r.results])}")
+            elif r.trained and r.test_stale:
+                lines.append(f"    its test was read with test_max_batches {r.test_read_with()}, the study's is "
+                             f"{study.test_max_batches} now: `run` reads it again")
     if stale:
         lines.append(f"{len(stale)} stale run(s): move away their results and run directories (e.g. "
                      f"{next(iter(stale))}) to train them again, or restore the study file")

@@ -60,7 +60,9 @@ every seed's run trained, re-runs of the divergence rule included): no choice ca
 Run `<cell>`, factor f, seed s is the run directory DUMP/<cell>/lr<f>-seed<s> (train.py's exp_name and
 exp_id, so that the same command resumes it) and the results folder RESULTS/<cell>/lr<f>-seed<s>:
 config.yaml, metrics.jsonl and run.json (the exact commands; written last: the run is trained) once
-trained, test.json once evaluated.
+trained, test.json once evaluated (with the test_max_batches it was read with, "max_batches"). A cell's name is
+one folder name (no / or \\, not . or .., at most 255 bytes): the study file is refused otherwise, before anything
+is written. A key given twice in the study file (a cell named twice) is refused too, naming both lines.
 
 A trained run counts for the study only while its resolved config (its config.yaml) is the one the study
 asks of it now: after the study file changes (tokens, `set:`, a cell's config), a run trained before is
@@ -68,12 +70,19 @@ stale (Study.changes): `plan` shows it with the settings that differ, and `run` 
 until it is moved away (its results and run directory) to be trained again, or the file is restored. Settings
 of how a run computes, not what (settings.execution: a kernel, a fused optimizer, a table layout; their defaults
 change as GPUs measure them) do not count.
+
+A test counts only while it was read with the study's test_max_batches now (StudyRun.test_read_with): after
+that key changes, the test.json of a run the study tests is stale (Study.stale_tests): `plan` shows it, `run`
+reads it again with the new setting, and `report` refuses until then (it would average test perplexities read on
+different numbers of tokens).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import shlex
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -85,6 +94,7 @@ from xlm_pkm.experiments.reproduce import REPO, SCALES, Cell, Run, _config, scal
 from xlm_pkm.runs.run_record import read_json_lines, read_yaml
 from xlm_pkm.settings import execution_keys
 from xlm_pkm.train.run_dir import config_changes, saved_step
+from xlm_pkm.utils.path_component import check_path_component
 
 # The absolute learning rates of OptimConfig, scaled together by a grid factor (ratios to them follow them).
 LR_KEYS = ("lr", "values_lr", "warmup_init_lr")
@@ -144,7 +154,33 @@ class StudyRun:
 
     @property
     def tested(self) -> bool:
-        return (self.results / "test.json").is_file()
+        """Its test.json is in the results, read with the study's test_max_batches now (test_read_with)."""
+        return self.test_read_with() == self.run.test_max_batches
+
+    @property
+    def test_stale(self) -> bool:
+        """Its test.json is in the results but was read with another test_max_batches than the study's now."""
+        read = self.test_read_with()
+        return read is not None and read != self.run.test_max_batches
+
+    def test_read_with(self) -> int | None:
+        """The test_max_batches (0: the whole split) the test.json in the results was read with; None: no test.json.
+        Its record (`max_batches`, written as the study collects it), or, in a test.json from before that record,
+        the --max-batches of the test command in its run.json; without either, the study's now."""
+        path = self.results / "test.json"
+        if not path.is_file():
+            return None
+        try:
+            test = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise StudyError(f"{path}: not a readable test result ({e})") from None
+        if isinstance(test, dict) and isinstance(test.get("max_batches"), int):
+            return test["max_batches"]
+        try:
+            argv = shlex.split(json.loads((self.results / "run.json").read_text())["commands"]["test"])
+            return int(argv[argv.index("--max-batches") + 1]) if "--max-batches" in argv else 0
+        except (OSError, ValueError, LookupError, TypeError, AttributeError):
+            return self.run.test_max_batches
 
     @property
     def checkpoint(self) -> Path:
@@ -340,6 +376,24 @@ class Study:
                 f"their results and run directories ({first.results} and {first.run.run_dir}, or give the study "
                 f"new `results` and `dump` folders); or restore the study file")
 
+    def stale_tests(self) -> list[tuple[StudyRun, int]]:
+        """(run, the test_max_batches it was read with) of each run the study tests (every seed at a cell's chosen
+        factor, the robustness runs) whose test.json was read with another test_max_batches than the study's now."""
+        runs = [r for cell in self.cells for r in (*self.chosen_runs(cell), *self.robustness_runs(cell))]
+        return [(r, r.test_read_with()) for r in runs if r.test_stale]
+
+    def refuse_stale_tests(self) -> None:
+        """A one-line StudyError naming the stale tests (stale_tests): a report mixes no two test settings."""
+        stale = self.stale_tests()
+        if stale:
+            (first, read), more = stale[0], len(stale) - 1
+            raise StudyError(
+                f"{self.path}: {len(stale)} test result(s) were read with another test_max_batches than the study's "
+                f"{self.test_max_batches} now: {first.results / 'test.json'} with {read}"
+                f"{f' and {more} more' if more else ''}; a report does not mix test perplexities read on different "
+                f"numbers of tokens: `study run` reads them again with the study's setting (or restore "
+                f"test_max_batches: {read})")
+
     def chosen_runs(self, cell: str) -> list[StudyRun]:
         """Every seed's run at the chosen factor ([] before the choice), or, where the divergence rule re-ran it,
         its last re-run: the runs evaluated on test and compared."""
@@ -429,13 +483,52 @@ def _path(raw, default: Path) -> Path:
     return default if raw is None else (REPO / str(raw)).resolve()
 
 
+def _given_twice(loader: yaml.SafeLoader, node: yaml.Node, where: str = "") -> tuple[str, str, int, int] | None:
+    """(where, key, first line, second line) of the first key given twice in a mapping of the YAML tree `node`
+    (PyYAML keeps the last one without a word), None if none is."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            if found := _given_twice(loader, item, f"{where}[{i}]"):
+                return found
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    seen: dict[str, yaml.Node] = {}
+    for key_node, value in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            continue  # `<<: *base` may give its keys again
+        key = str(loader.construct_object(key_node))  # as load_study names it: `1` and '1' are one cell
+        if key in seen:
+            return where, key, seen[key].start_mark.line + 1, key_node.start_mark.line + 1
+        seen[key] = key_node
+        if found := _given_twice(loader, value, f"{where}.{key}" if where else key):
+            return found
+    return None
+
+
+def _read_study_file(path: Path):
+    """The YAML of a study file, refusing a key given twice (one line naming it and both its lines)."""
+    try:
+        loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
+        try:
+            node = loader.get_single_node()
+            twice = node and _given_twice(loader, node)
+            raw = None if node is None else loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise StudyError(f"{path}: not a readable study file ({' '.join(str(e).split())})") from None
+    if twice:
+        where, key, first, second = twice
+        what = f"cell {key!r}" if where == "cells" else f"key {f'{where}.' if where else ''}{key}"
+        raise StudyError(f"{path}: {what} is given twice (lines {first} and {second}); YAML would keep the last "
+                         f"one only: give it once")
+    return raw
+
+
 def load_study(path: Path) -> Study:
     """The study of a YAML file (see the module docstring); a one-line StudyError names the key at fault."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise StudyError(f"{path}: not a readable study file ({e})".replace("\n", " ")) from None
+    raw = _read_study_file(path)
     if not isinstance(raw, dict):
         raise StudyError(f"{path}: a study file is a mapping of keys (name, tokens, seeds, lr_grid, cells...)")
     unknown = sorted(set(raw) - KEYS)
@@ -472,8 +565,15 @@ def load_study(path: Path) -> Study:
     check(isinstance(raw.get("test_max_batches", 0), int) and raw.get("test_max_batches", 0) >= 0, "test_max_batches",
           "a number of batches (0: the whole test split)")
     check(isinstance(raw["cells"], dict) and raw["cells"], "cells", "a mapping name: {config: FILE, set: [...]}")
+    if raw.get("dump") is None:  # the name is the dump's folder
+        check(check_path_component(str(raw["name"]), "name") is None, "name",
+              "one folder name (no / or \\, not . or ..): the default dump is dumped/study/<name>")
     cells = {}
     for name, cell in raw["cells"].items():
+        problem = check_path_component(str(name), "cell name")
+        if problem:  # the cell's folder in `dump` and `results`: a path there would write outside them
+            raise StudyError(f"{path}: cells: {problem}; a cell's name is its folder in the study's dump and "
+                             f"results")
         if not isinstance(cell, dict) or "config" not in cell or set(cell) - {"config", "set"} \
                 or not isinstance(cell.get("set", []), list):
             raise StudyError(f"{path}: cells.{name}: {{config: FILE, set: [key=value, ...]}}, not {cell!r}")

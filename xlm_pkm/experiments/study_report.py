@@ -14,6 +14,9 @@ cells (benchmarks/variants_speed.py: every cell timed alone, interleaved). Under
 (study_plan.py) a cell's row names each diverged run, why, and its re-run one factor lower (the one compared);
 a per-seed difference from a re-run carries its factor. Robustness: each claim again with a, then b, at its
 cell's next lower factor (the other at its choice), wherever every seed there is tested; "not run" otherwise.
+Every test read counts with the study's test_max_batches only: a report over a test read with another is refused
+(study_plan.Study.stale_tests; `study run` reads it again). Each file is written whole or not at all (utils/atomic.py:
+a full disk is one OutputError line, and the previous report.md and learning_curves.png stay as they were).
 """
 
 from __future__ import annotations
@@ -24,13 +27,13 @@ from pathlib import Path
 
 from xlm_pkm.config import load_config
 from xlm_pkm.experiments.paired import ALPHA, HOLDS, INCONCLUSIVE, REVERSED, Paired, holm, paired
-from xlm_pkm.experiments.report import Measure, _md_table, _pyplot, _save
+from xlm_pkm.experiments.report import Measure, _md_table, _pyplot
 from xlm_pkm.experiments.reproduce import _shown
 from xlm_pkm.experiments.study_plan import LR_KEYS, METRICS, Comparison, Study, StudyError, StudyRun
 from xlm_pkm.model.transformer import resolve_memory_layers
 from xlm_pkm.runs.run_record import read_json_lines
 from xlm_pkm.runs.sizes import count_text, model_size
-from xlm_pkm.utils.atomic import write_text
+from xlm_pkm.utils.atomic import OutputError, atomic_file, write_error, write_text
 
 
 def bench_rows(benches: list[dict]) -> dict[str, float]:
@@ -109,7 +112,10 @@ def header(study: Study, m: int) -> str:
         f"Made by `python -m xlm_pkm.experiments.study report {_shown(study.path)}` from the small files of "
         f"`{_shown(study.results)}` (the runs of `python -m xlm_pkm.experiments.study run {_shown(study.path)}`). "
         f"Every run trains on {study.tokens:,} tokens (e.g. {run.steps:,} steps of {run.tokens_per_step:,} tokens for "
-        f"`{run.cell}`), validated every {study.eval_every_tokens:,} tokens; seeds {', '.join(map(str, study.seeds))}.",
+        f"`{run.cell}`), validated every {study.eval_every_tokens:,} tokens; seeds {', '.join(map(str, study.seeds))}. "
+        f"Every test perplexity is read on " + (f"the first {study.test_max_batches:,} batches of the test split "
+                                                f"(`test_max_batches`)." if study.test_max_batches else
+                                                "the whole test split."),
         f"**Learning rates, chosen on validation only.** Each cell's learning rates (`{'`, `'.join(LR_KEYS)}` of "
         f"`optim`, together, so their ratios stay) are multiplied by each factor of the grid ({grid}) for seed "
         f"{study.seeds[0]}; the factor whose run has the lowest valid perplexity (of best.pt, the checkpoint the "
@@ -281,15 +287,34 @@ def plot_curves(study: Study, path: Path) -> Path | None:
                     label=f"{cell} (×{run.factor:.3g})" if j == 0 else None)
     ax.set(xlabel="training tokens", ylabel="valid perplexity (each seed at the chosen lr)", yscale="log")
     ax.legend(fontsize=7, loc="upper right")
-    return _save(fig, path)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """The figure as a PNG at `path`, written whole or not at all (a failed write: one OutputError line, the previous
+    file kept)."""
+    plt = _pyplot()
+    try:
+        fig.tight_layout()
+        with atomic_file(path) as f:
+            fig.savefig(f, format="png", dpi=110)
+    except OSError as e:  # a write that went around the file object (atomic_file turns the others into OutputError)
+        raise write_error(path, e) from None
+    finally:
+        plt.close(fig)
+    return path
 
 
 def write_report(study: Study, benches: list[dict] = ()) -> Path:
     """report.md and learning_curves.png at study.report; `benches`: benchmark JSON with rows {cell, tokens_per_s}."""
     if not any(r.trained for cell in study.cells for r in study.grid_runs(cell)):
         raise StudyError(f"{study.path}: no run of the study is trained yet in {study.results}: nothing to report")
+    study.refuse_stale_tests()
     out = study.report
-    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(f"cannot create {out.parent} for the report: {e.strerror or e}") from None
     figure = plot_curves(study, out.parent / "learning_curves.png")
     missing = [cell for cell in study.cells if len(seed_values(study, cell)) < len(study.seeds)]
     still = study.open_cells()
