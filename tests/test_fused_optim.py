@@ -13,7 +13,7 @@ from torch import nn
 
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.optim import fused_rows
-from xlm_pkm.optim.optimizers import OptimConfig, Optimizers
+from xlm_pkm.optim.optimizers import VALUE_OPTIMIZERS, OptimConfig, Optimizers, ValueOptimizer
 from xlm_pkm.train.step import optimizer_update
 
 N_ROWS, DIM, READ = 40, 20, 12  # DIM not a power of two: the kernels' column masks count
@@ -132,7 +132,7 @@ def test_summed_rows_norm_equals_the_norm_of_the_coalesced_gradient():
     assert float(summed_rows_norm(empty.to(KERNEL_DEVICE))) == 0.0
 
 
-@pytest.mark.parametrize("values_optimizer", ["lazy_adam", "adagrad", "adam"])
+@pytest.mark.parametrize("values_optimizer", ["lazy_adam", "adagrad", "adam", "rowwise_adagrad", "sgd"])
 @pytest.mark.parametrize("bad", ["loss", "gradient"])
 @pytest.mark.filterwarnings("ignore:invalid value encountered")  # the interpreter's masked-off lanes: inf / inf
 def test_a_non_finite_step_changes_nothing_on_the_device(device, values_optimizer, bad):
@@ -223,6 +223,8 @@ def _implementations(optimizers: Optimizers) -> list:
     ({"values_optimizer": "adam", "fused_values": True}, {"values_optimizer": "lazy_adam"}),
     ({"values_optimizer": "adagrad"}, {"values_optimizer": "adagrad", "fused_values": True}),
     ({"values_optimizer": "adagrad", "fused_values": True}, {"values_optimizer": "adagrad"}),
+    ({"values_optimizer": "sgd"}, {"values_optimizer": "sgd", "fused_values": True}),
+    ({"values_optimizer": "sgd", "fused_values": True}, {"values_optimizer": "sgd"}),
 ])
 def test_checkpoints_resume_between_fused_and_unfused_steps(device, saved, resumed):
     """A state saved by one, resumed by the other, continues as the unfused optimizers continue from it, with the
@@ -245,15 +247,22 @@ def test_checkpoints_resume_between_fused_and_unfused_steps(device, saved, resum
         assert _implementations(optimizers) == built
         train(model, optimizers, steps[2:])
         runs[name] = {**values_state(optimizers), "dense": model.dense.detach().cpu()}
-    assert runs["resumed"]["step"] == 4
+    if resumed["values_optimizer"] == "sgd":  # torch's SGD keeps no state; the fused one counts its steps
+        for run in runs.values():
+            run.pop("step", None)
+    else:
+        assert runs["resumed"]["step"] == 4
     assert_states_close(runs["resumed"], runs["unfused"])
 
 
-def test_fused_settings_need_an_optimizer_with_a_fused_step():
+def test_fused_settings_need_an_optimizer_with_a_fused_step(monkeypatch):
+    """Every built-in values optimizer has one; a plugin's may not."""
+    monkeypatch.setitem(VALUE_OPTIMIZERS, "plain_sgd", ValueOptimizer(
+        lambda params, cfg: torch.optim.SGD(params, lr=cfg.values_lr), sparse=True, state_size=0, weight_decay=False))
     model = DenseAndTable(torch.device("cpu"))
-    with pytest.raises(ConfigError, match=r"^optim.fused_values: optim.values_optimizer=sgd has no fused step "
-                                          r"\(those with one: adam, lazy_adam, adagrad\)$"):
-        Optimizers(model, OptimConfig(values_optimizer="sgd", fused_values=True))
+    with pytest.raises(ConfigError, match=r"^optim.fused_values: optim.values_optimizer=plain_sgd has no fused step "
+                                          r"\(those with one: adam, lazy_adam, adagrad, rowwise_adagrad, sgd\)$"):
+        Optimizers(model, OptimConfig(values_optimizer="plain_sgd", fused_values=True))
     with pytest.raises(ConfigError, match=r"^optim.fused_dense: optim.optimizer=adagrad has no fused step"):
         Optimizers(model, OptimConfig(optimizer="adagrad", fused_dense=True))
 

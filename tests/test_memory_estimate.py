@@ -71,7 +71,9 @@ def one_step(cfg):
     ["optim.trainable=memory_values"],  # only the value table has gradients and optimizer state
     ["model.memory.values=peer", "optim.values_optimizer=sgd", "optim.values_lr=0.1", "optim.trainable=memory"],
     ["optim.lora.rank=2"],  # the adapters alone train
-], ids=["pkm", "engram_adagrad", "values_only", "peer_frozen_dense", "lora"])
+    ["optim.values_optimizer=rowwise_adagrad"],  # one float32 per value row
+    ["model.memory.value_dtype=bfloat16", "optim.values_optimizer=lazy_adam"],  # 2 bytes a value, float32 moments
+], ids=["pkm", "engram_adagrad", "values_only", "peer_frozen_dense", "lora", "rowwise_adagrad", "bfloat16_values"])
 @pytest.mark.slow
 def test_parameters_gradients_and_optimizer_state_are_those_of_the_built_model(extra):
     cfg = tiny_config(*extra)

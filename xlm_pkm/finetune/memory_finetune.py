@@ -187,7 +187,7 @@ class SparseMemoryFinetuning:
             raise ConfigError("optim.memory_finetune.top_t: the model has no memory")
         if not sparse_values:
             raise ConfigError("optim.memory_finetune.top_t needs a values optimizer on sparse rows "
-                              "(optim.values_optimizer=sgd, adagrad or lazy_adam)")
+                              "(optim.values_optimizer=sgd, adagrad, rowwise_adagrad or lazy_adam)")
         if not all(p.requires_grad for p, _ in self.tables.values()):
             raise ConfigError("optim.memory_finetune.top_t: the memory values do not train (optim.trainable)")
         self.cfg, self.env, self.step = cfg, env, 0

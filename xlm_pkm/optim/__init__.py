@@ -8,8 +8,10 @@
     schedule.py    the dense learning rate by step (SCHEDULES: inverse_sqrt, linear_warmup, constant)
     clipping.py    gradient norm and clipping over sparse and sharded gradients
     lazy_adam.py   Adam on the rows of a row-sparse gradient only (the memory values)
-    fused_rows.py  LazyAdam and sparse Adagrad with their row update in one pass, no host sync on a GPU
-                   (optim.fused_values); the CPU functions the kernels are checked against
+    rowwise_adagrad.py  FBGEMM's exact row-wise Adagrad on row-sparse gradients: one accumulator per row
+    stochastic_rounding.py  a bfloat16 table's row updates rounded stochastically, from a counter-based stream
+    fused_rows.py  LazyAdam, sparse Adagrad, row-wise Adagrad and sparse SGD with their row update in one pass,
+                   no host sync on a GPU (optim.fused_values); the CPU functions the kernels are checked against
     triton_rows.py the Triton kernels of fused_rows.py, and the sync-free norm of a sparse gradient
     adagrad.py     Adagrad with per-tensor step clipping (the all-attention paper)
 

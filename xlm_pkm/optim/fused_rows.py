@@ -1,32 +1,44 @@
-"""The sparse value optimizers with their row update in one pass (optim.fused_values): LazyAdam's and Adagrad's.
+"""The sparse value optimizers with their row update in one pass (optim.fused_values): LazyAdam's, Adagrad's,
+row-wise Adagrad's and SGD's.
 
 Per row r of a step's sparse gradient, rows in any order and repeated or not:
 
     g = (Σ of the gradient's entries for r) / grad_scale
-    lazy_adam: m[r], v[r], p[r] updated as in lazy_adam.py, at the step t
-    adagrad:   s[r] += g²;   p[r] -= lr · g / (sqrt(s[r]) + eps)
+    lazy_adam:        m[r], v[r], p[r] updated as in lazy_adam.py, at the step t
+    adagrad:          s[r] += g²;   p[r] -= lr · g / (sqrt(s[r]) + eps)
+    rowwise_adagrad:  G[r] += mean(g²);   p[r] -= lr · g / (sqrt(G[r]) + eps)   (rowwise_adagrad.py)
+    sgd:              p[r] -= lr · g
 
 and nothing at all (step count included) when the flag found_inf is set. On a GPU that is one Triton kernel
 (triton_rows.py) with no host sync: the repeated rows summed in it, the clip scale and the flag read on the
 device, the step count (for the bias corrections) a float32 tensor there. On the CPU, the kernels' reference, the
 gradient is coalesced and each chunk of its rows updated by today's code (lazy_adam.update_rows; Adagrad's three
-lines below), the scale applied to the chunk.
+lines below; rowwise_adagrad.update_rows; SGD's one), the scale applied to the chunk.
 
 grad_scale and found_inf are attributes set on the optimizer before its step, as torch's GradScaler sets them
 on its fused optimizers (`_step_supports_amp_scaling`), which is how torch's fused AdamW (optim.fused_dense) takes
 them too: Optimizers sets grad_scale to 1 / the group's clip scale and found_inf from train/step.py's finite
 check, or GradScaler (fp16) its own. Without them, the scale is 1 and the step is taken.
 
-The state is the unfused optimizer's: LazyAdam's (exp_avg, exp_avg_sq: those of torch's AdamW) and torch's
-Adagrad's (sum), with the step a float32 tensor on the parameter's device (as torch's fused AdamW keeps it); a
-state saved with the step as an int (LazyAdam) or a CPU tensor (torch's optimizers) is taken over at the first step.
+The state is the unfused optimizer's: LazyAdam's (exp_avg, exp_avg_sq: those of torch's AdamW), torch's
+Adagrad's (sum), RowwiseAdagrad's (row_sum) and torch's SGD's (none), with the step a float32 tensor on the
+parameter's device (as torch's fused AdamW keeps it; SGD's counted here, torch's keeps none: a state of torch's
+starts it at 0); a state saved with the step as an int (LazyAdam) or a CPU tensor (torch's optimizers) is taken
+over at the first step.
+
+A bfloat16 table (model.memory.value_dtype) keeps float32 state, and its rows' new values, computed in float32,
+are rounded stochastically with the bits of (rounding_seed, the table's index, the step t, row, column)
+(stochastic_rounding.py; the kernels compute the same bits).
 """
 
 from __future__ import annotations
 
 import torch
 
+from xlm_pkm.optim import rowwise_adagrad
 from xlm_pkm.optim.lazy_adam import LazyAdam, row_chunks, update_rows
+from xlm_pkm.optim.rowwise_adagrad import RowwiseAdagrad
+from xlm_pkm.optim.stochastic_rounding import Float32State, add_rows_, state_dtype, table_streams
 from xlm_pkm.utils.sparse_grads import coalesced
 
 
@@ -74,6 +86,7 @@ class FusedLazyAdam(LazyAdam):
     def step(self, closure=None):
         loss = None if closure is None else closure()
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        streams = table_streams(self, self.rounding_seed)
         for group in self.param_groups:
             (beta1, beta2), kwargs = group["betas"], {k: group[k] for k in ("lr", "eps", "weight_decay")}
             for p in group["params"]:
@@ -82,8 +95,8 @@ class FusedLazyAdam(LazyAdam):
                 grad, state = _sparse_grad(p, "LazyAdam"), self.state[p]
                 if not state:
                     state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p)
-                    state["exp_avg_sq"] = torch.zeros_like(p)
+                    state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype(p))
+                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype(p))
                 step = _counted_step(state, p, found_inf)  # ()
                 if _use_triton(p):
                     from xlm_pkm.optim import triton_rows
@@ -91,41 +104,107 @@ class FusedLazyAdam(LazyAdam):
                     t = step.double()
                     bias = torch.stack([(1 - beta2**t).sqrt(), (1 - beta1**t).reciprocal()]).float()  # (2,)
                     triton_rows.lazy_adam_rows_(p, state["exp_avg"], state["exp_avg_sq"], grad,
-                                                *_device_flags(p, grad_scale, found_inf), bias,
+                                                *_device_flags(p, grad_scale, found_inf), bias, step, streams[p],
                                                 betas=(beta1, beta2), **kwargs)
                 elif found_inf is None or not found_inf:
                     for rows, g in _scaled_chunks(p, grad, grad_scale):
-                        update_rows(p, state, rows, g, group, float(step))
+                        update_rows(p, state, rows, g, group, float(step), streams[p])
         return loss
 
 
-class FusedSparseAdagrad(torch.optim.Adagrad):
+class FusedSparseAdagrad(Float32State, torch.optim.Adagrad):
     """torch's Adagrad on sparse gradients, as VALUE_OPTIMIZERS' adagrad builds it (no lr decay, no weight decay,
     a zero initial sum), with its row update in one pass; grad_scale and found_inf as the module says."""
 
     _step_supports_amp_scaling = True
 
-    def __init__(self, params, lr: float = 1e-2, eps: float = 1e-10):
+    def __init__(self, params, lr: float = 1e-2, eps: float = 1e-10, rounding_seed: int = 0):
         super().__init__(params, lr=lr, eps=eps)
+        self.rounding_seed = rounding_seed
+        for p, state in self.state.items():  # torch's Adagrad makes its sums here, of p's dtype
+            state["sum"] = state["sum"].to(state_dtype(p))
 
     @torch.no_grad()
     def step(self, closure=None):
         loss = None if closure is None else closure()
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        streams = table_streams(self, self.rounding_seed)
         for group in self.param_groups:
             for p in group["params"]:
                 if p.grad is None:
                     continue
                 grad, state = _sparse_grad(p, "Adagrad"), self.state[p]
-                _counted_step(state, p, found_inf)
+                step = _counted_step(state, p, found_inf)
                 if _use_triton(p):
                     from xlm_pkm.optim import triton_rows
 
-                    triton_rows.adagrad_rows_(p, state["sum"], grad, *_device_flags(p, grad_scale, found_inf),
-                                              lr=group["lr"], eps=group["eps"])
+                    triton_rows.adagrad_rows_(p, state["sum"], grad, *_device_flags(p, grad_scale, found_inf), step,
+                                              streams[p], lr=group["lr"], eps=group["eps"])
                 elif found_inf is None or not found_inf:
                     for rows, g in _scaled_chunks(p, grad, grad_scale):
                         s = state["sum"].index_select(0, rows).addcmul_(g, g)  # (C, dim)
                         state["sum"].index_copy_(0, rows, s)
-                        p.index_add_(0, rows, g / s.sqrt_().add_(group["eps"]), alpha=-group["lr"])
+                        add_rows_(p, rows, g / s.sqrt_().add_(group["eps"]), -group["lr"], streams[p], step)
+        return loss
+
+
+class FusedRowwiseAdagrad(RowwiseAdagrad):
+    """RowwiseAdagrad (rowwise_adagrad.py) with its row update in one pass; grad_scale and found_inf as the module
+    says."""
+
+    _step_supports_amp_scaling = True
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        streams = table_streams(self, self.rounding_seed)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, state = _sparse_grad(p, "RowwiseAdagrad"), rowwise_adagrad.init_state(self.state[p], p)
+                step = _counted_step(state, p, found_inf)
+                if _use_triton(p):
+                    from xlm_pkm.optim import triton_rows
+
+                    triton_rows.rowwise_adagrad_rows_(p, state["row_sum"], grad,
+                                                      *_device_flags(p, grad_scale, found_inf), step, streams[p],
+                                                      lr=group["lr"], eps=group["eps"])
+                elif found_inf is None or not found_inf:
+                    for rows, g in _scaled_chunks(p, grad, grad_scale):
+                        rowwise_adagrad.update_rows(p, state, rows, g, group, streams[p])
+        return loss
+
+
+class FusedSparseSGD(torch.optim.SGD):
+    """torch's SGD on sparse gradients, as VALUE_OPTIMIZERS' sgd builds it (no momentum, no weight decay), with its
+    row update in one pass; grad_scale and found_inf as the module says."""
+
+    _step_supports_amp_scaling = True
+
+    def __init__(self, params, lr: float = 1e-3, rounding_seed: int = 0):
+        super().__init__(params, lr=lr)
+        self.rounding_seed = rounding_seed
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None if closure is None else closure()
+        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
+        streams = table_streams(self, self.rounding_seed)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                grad, state = _sparse_grad(p, "SGD"), self.state[p]
+                state.setdefault("step", 0)
+                step = _counted_step(state, p, found_inf)
+                if _use_triton(p):
+                    from xlm_pkm.optim import triton_rows
+
+                    triton_rows.sgd_rows_(p, grad, *_device_flags(p, grad_scale, found_inf), step, streams[p],
+                                          lr=group["lr"])
+                elif found_inf is None or not found_inf:
+                    for rows, g in _scaled_chunks(p, grad, grad_scale):
+                        add_rows_(p, rows, g, -group["lr"], streams[p], step)
         return loss

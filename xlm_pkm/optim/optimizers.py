@@ -17,11 +17,14 @@ gradients are sparse (one row per slot read, see model/memory/value_read.py):
     lazy_adam  Adam on the rows read in the step only (xlm_pkm/optim/lazy_adam.py): sparse gradient, step
                cost independent of the table size; differs from adam in rows that are not read
     adagrad    torch Adagrad on a sparse gradient: equal to dense Adagrad (unread rows do not move)
+    rowwise_adagrad  FBGEMM's exact row-wise Adagrad on a sparse gradient: one accumulator per row, the mean of
+               its squared gradients (xlm_pkm/optim/rowwise_adagrad.py): 4/width bytes of state per element
     sgd        torch SGD on a sparse gradient: equal to dense SGD (no momentum)
 
 A new optimizer (or schedule: SCHEDULES in schedule.py, by `optim.schedule`) is one `register(name)` entry
 there or in a module named in the config's `plugins` (registry.py). An optimizer's entry declares the state
-it keeps per parameter element, which the memory check before training counts (train/build.py):
+it keeps per parameter element (and, a values optimizer, per table row), which the memory check before training
+counts (train/build.py):
 
     DENSE_OPTIMIZERS.register("my_adam")(DenseOptimizer(lambda params, cfg: MyAdam(params, lr=cfg.lr), state_size=2))
 
@@ -33,6 +36,10 @@ fused one and the values' optimizer updates its rows in one pass (fused_rows.py)
 in their step (no scaling pass over the gradients) and skip a non-finite step on the device, so that a step has no
 host sync (train/step.py) when every group's optimizer does. Either way the state is the same: a run resumes with
 them on or off, the implementation the resuming run built kept.
+
+A bfloat16 value or Engram table (model.memory.value_dtype, model.engram.table_dtype) takes an optimizer whose row
+update rounds stochastically (stochastic_rounding.py: lazy_adam, rowwise_adagrad, and adagrad and sgd with
+optim.fused_values; those that take a rounding_seed); one that rounds to nearest is refused in one line.
 
 A run resumes with the optimizers its checkpoint was saved with (Optimizers.load_state_dict, given the
 checkpoint's config): another one is refused in one line, since its state is not the saved one's (adam and
@@ -53,9 +60,11 @@ from torch import nn
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.optim.adagrad import ClippedAdagrad
 from xlm_pkm.optim.clipping import clip_scale, grad_norm, scale_grads_
-from xlm_pkm.optim.fused_rows import FusedLazyAdam, FusedSparseAdagrad
+from xlm_pkm.optim.fused_rows import FusedLazyAdam, FusedRowwiseAdagrad, FusedSparseAdagrad, FusedSparseSGD
 from xlm_pkm.optim.lazy_adam import LazyAdam
+from xlm_pkm.optim.rowwise_adagrad import RowwiseAdagrad
 from xlm_pkm.optim.schedule import SCHEDULES, scheduled_lr, values_lr
+from xlm_pkm.optim.stochastic_rounding import rounds
 from xlm_pkm.registry import Registry
 from xlm_pkm.settings import execution, non_negative, one_of, positive, probability
 from xlm_pkm.utils.dtensors import is_dtensor
@@ -102,6 +111,10 @@ class ValueOptimizer:
     build: Callable[[list[nn.Parameter], OptimConfig], torch.optim.Optimizer]
     sparse: bool  # the gradients it takes: sparse rows (True) or the dense table
     state_size: int  # state values per parameter element, as DenseOptimizer's
+    # state values per row of a (rows, width) table, beside those per element (rowwise_adagrad's 1: its
+    # accumulator); such a row state spans the row's columns, so the table cannot be split by column
+    # (model.memory.shard_values)
+    row_state_size: int = 0
     weight_decay: bool = True  # whether it supports optim.values_weight_decay
     # the per-parameter state it keeps: optimizers of the same one resume each other's checkpoints ("": its name)
     state: str = ""
@@ -120,13 +133,22 @@ VALUE_OPTIMIZERS.register("adam")(ValueOptimizer(
     lambda params, cfg: _adamw(params, cfg.fused_values, lr=cfg.values_lr, **_betas(cfg)), sparse=False,
     state_size=2, state="adam", fuses=True))  # step, exp_avg, exp_avg_sq
 VALUE_OPTIMIZERS.register("lazy_adam")(ValueOptimizer(
-    lambda params, cfg: (FusedLazyAdam if cfg.fused_values else LazyAdam)(params, lr=cfg.values_lr, **_betas(cfg)),
+    lambda params, cfg: (FusedLazyAdam if cfg.fused_values else LazyAdam)(
+        params, lr=cfg.values_lr, **_betas(cfg), rounding_seed=cfg.values_rounding_seed),
     sparse=True, state_size=2, state="adam", fuses=True))
 VALUE_OPTIMIZERS.register("adagrad")(ValueOptimizer(
-    lambda params, cfg: (FusedSparseAdagrad if cfg.fused_values else torch.optim.Adagrad)(
-        params, lr=cfg.values_lr, eps=cfg.values_eps), sparse=True, state_size=1, weight_decay=False, fuses=True))
+    lambda params, cfg: FusedSparseAdagrad(params, lr=cfg.values_lr, eps=cfg.values_eps,
+                                           rounding_seed=cfg.values_rounding_seed) if cfg.fused_values else
+    torch.optim.Adagrad(params, lr=cfg.values_lr, eps=cfg.values_eps), sparse=True, state_size=1, weight_decay=False,
+    fuses=True))
+VALUE_OPTIMIZERS.register("rowwise_adagrad")(ValueOptimizer(
+    lambda params, cfg: (FusedRowwiseAdagrad if cfg.fused_values else RowwiseAdagrad)(
+        params, lr=cfg.values_lr, eps=cfg.values_eps, rounding_seed=cfg.values_rounding_seed), sparse=True,
+    state_size=0, row_state_size=1, weight_decay=False, fuses=True))
 VALUE_OPTIMIZERS.register("sgd")(ValueOptimizer(
-    lambda params, cfg: torch.optim.SGD(params, lr=cfg.values_lr), sparse=True, state_size=0, weight_decay=False))
+    lambda params, cfg: FusedSparseSGD(params, lr=cfg.values_lr, rounding_seed=cfg.values_rounding_seed)
+    if cfg.fused_values else torch.optim.SGD(params, lr=cfg.values_lr), sparse=True, state_size=0, weight_decay=False,
+    fuses=True))
 
 
 @dataclass
@@ -205,10 +227,13 @@ class OptimConfig:
     # Engram's tables (model.engram): the values optimizer at the dense lr times this, weight decay 0 (the
     # Engram paper's setting for its embeddings: Adam, 5x the backbone's lr, no weight decay)
     engram_lr_scale: float = field(default=5.0, metadata=positive())
+    # the stochastic rounding of bfloat16 value tables' updates (model.memory.value_dtype; Engram's tables, with
+    # model.engram.table_dtype, take this + 1): the seed of its random bits (optim/stochastic_rounding.py)
+    values_rounding_seed: int = field(default=0, metadata=non_negative())
     # Fused steps (off until a GPU run measures them): each group's clip scale folded into its step, and a step
     # with a non-finite loss or norm skipped on the device (train/step.py), so no host sync when every group's is.
     # The values' (and Engram tables') update in one pass over the rows read, repeated rows summed in it (Triton on
-    # CUDA; optim/fused_rows.py): lazy_adam, adagrad; adam: torch's fused AdamW
+    # CUDA; optim/fused_rows.py): lazy_adam, adagrad, rowwise_adagrad, sgd; adam: torch's fused AdamW
     fused_values: bool = field(default=False, metadata=execution())
     # the dense group's torch AdamW with fused=True (one kernel; optim.optimizer=adam)
     fused_dense: bool = field(default=False, metadata=execution())
@@ -296,14 +321,26 @@ class Optimizers:
             self.groups.append(OptimGroup("dense", dense, DENSE_OPTIMIZERS[cfg.optimizer].build(dense, cfg),
                                           lambda step: scheduled_lr(step, cfg), group_clip,
                                           sharded=any(map(is_dtensor, dense))))
+        if value_optimizer(cfg).row_state_size and any(getattr(p, "value_shard", None) and p.value_shard.world > 1
+                                                       for p in values):
+            raise ConfigError(f"optim.values_optimizer={cfg.values_optimizer} keeps one state per value row, over all "
+                              f"its columns, which model.memory.shard_values=true splits over the processes: set "
+                              f"model.memory.shard_values=false, or another values optimizer")
         if values:
             self.groups.append(OptimGroup("values", values, value_optimizer(cfg).build(values, cfg),
                                           lambda step: values_lr(step, cfg), group_clip,
                                           sharded=any(hasattr(p, "value_shard") for p in values)))
         if engram:
-            self.groups.append(OptimGroup("engram", engram, value_optimizer(cfg).build(
-                engram, dataclasses.replace(cfg, values_weight_decay=0.0)),
+            own = dataclasses.replace(cfg, values_weight_decay=0.0, values_rounding_seed=cfg.values_rounding_seed + 1)
+            self.groups.append(OptimGroup("engram", engram, value_optimizer(cfg).build(engram, own),
                 lambda step: scheduled_lr(step, cfg) * cfg.engram_lr_scale, group_clip))
+        for g in self.groups:
+            if any(map(rounds, g.params)) and not hasattr(g.optimizer, "rounding_seed"):
+                key = "model.engram.table_dtype" if g.name == "engram" else "model.memory.value_dtype"
+                raise ConfigError(f"{key}=bfloat16: optim.values_optimizer={cfg.values_optimizer} (optim.fused_values="
+                                  f"{str(cfg.fused_values).lower()}) rounds a bfloat16 table's updates to nearest, "
+                                  f"losing those below half a bfloat16 step: use lazy_adam or rowwise_adagrad, or "
+                                  f"adagrad or sgd with optim.fused_values=true (stochastic rounding)")
 
     def set_step(self, step: int) -> dict[str, float]:
         """Sets each group's learning rate for optimizer step `step`; returns them by group name."""

@@ -136,11 +136,14 @@ def _take(into: nn.Module, drawn: nn.Module, device: torch.device, taken: set[in
 
 
 def _moved(p: nn.Parameter, device: torch.device) -> nn.Parameter:
-    """p on `device`, a Parameter with p's attributes (itself when it is there)."""
+    """p on `device`, a Parameter with p's attributes and gradient dtype (a bfloat16 table's float32) (itself when it
+    is there)."""
     if p.device == device:
         return p
     moved = nn.Parameter(p.detach().to(device), p.requires_grad)
     moved.__dict__.update(p.__dict__)
+    if p.grad_dtype != p.dtype:
+        moved.grad_dtype = p.grad_dtype
     return moved
 
 

@@ -65,8 +65,9 @@ def resolved_config(cfg: Config, dictionary: Dictionary | int, exp_id: str, worl
 def shard_values_choice(cfg: Config, world_size: int) -> tuple[bool, str]:
     """What model.memory.shard_values=auto resolves to on `world_size` processes, and why in words: true under
     train.parallel=fsdp on several processes when the model has memories whose value tables can be sharded by
-    column (the table store, its width model.dim divisible by the world size, read by the sharded read: not
-    read_backward=one_pass nor inference_values=bfloat16); false otherwise, as before."""
+    column (the table store, its width model.dim divisible by the world size, its optimizer keeping no state per
+    row, read by the sharded read: not read_backward=one_pass nor inference_values=bfloat16); false otherwise, as
+    before."""
     memory, dim, W = cfg.model.memory, cfg.model.dim, world_size
     if cfg.train.parallel != "fsdp" or W == 1:
         return False, f"train.parallel={cfg.train.parallel} on {W} process(es): only fsdp on several shards them"
@@ -76,6 +77,10 @@ def shard_values_choice(cfg: Config, world_size: int) -> tuple[bool, str]:
         return False, f"model.memory.values={memory.values} keeps its tables whole"
     if dim % W:
         return False, f"the value width model.dim={dim} does not divide by {W} processes"
+    if memory.value_dtype != "float32":
+        return False, f"model.memory.value_dtype={memory.value_dtype} keeps whole rows (their stochastic rounding)"
+    if value_optimizer(cfg.optim).row_state_size:
+        return False, f"optim.values_optimizer={cfg.optim.values_optimizer} keeps one state per whole value row"
     if memory.read_backward == "one_pass" or memory.inference_values != "table":
         return False, (f"read_backward={memory.read_backward} and inference_values={memory.inference_values} "
                        f"read a whole table")

@@ -9,15 +9,19 @@ The model is built on the meta device (shapes only, nothing allocated) and its p
 dense, memory value tables and Engram tables. P is a group's parameter elements, W the world size;
 bytes per rank:
 
-    parameters     4·P: float32 weights whatever train.precision (autocast keeps them float32), and the
-                   buffers (BatchNorm statistics, Engram's hash tables)
+    parameters     4·P: float32 weights whatever train.precision (autocast keeps them float32), but 2·P of a
+                   bfloat16 value or Engram table (model.memory.value_dtype, model.engram.table_dtype: its gradient
+                   rows and optimizer state stay float32, below), and the buffers (BatchNorm statistics, Engram's
+                   hash tables)
     gradients      4·P of every trainable dense parameter; a value or Engram table with a dense gradient
                    (optim.values_optimizer=adam): 4·P; with a sparse one (lazy_adam, adagrad, sgd): one row per
                    distinct row read in a step, min(lookups, rows) rows of 4·width + 8 bytes (values, index),
                    lookups = tokens · heads · knn of every memory reading the table (Engram: tokens · orders ·
                    hash heads) · optim.accumulate · W on W > 1 (the rows of every rank, once exchanged)
     optimizer      4·state_size·P of each group's trainable parameters, state_size as the optimizer's
-                   registration declares it (optim/optimizers.py: adam and lazy_adam 2, adagrad 1, sgd 0)
+                   registration declares it (optim/optimizers.py: adam and lazy_adam 2, adagrad 1, sgd and
+                   rowwise_adagrad 0), and 4·row_state_size·R of a values optimizer over its tables' R rows
+                   (rowwise_adagrad 1: 4/width bytes per element)
     sharding       a value table with model.memory.shard_values holds 1/W of its columns, and so 1/W of its
                    weights, gradient and optimizer state (model/memory/value_shards.py); Engram tables are
                    replicated. parallel="fsdp": every dense parameter is cut in W pieces along its first
@@ -228,7 +232,8 @@ def estimate(cfg: Config, world_size: int = 1, parallel: str = "ddp", device_typ
     table_ids = {id(p) for p in tables}
     groups = _optimizer_groups(cfg, model, W, fsdp)
     buffers = sum(b.numel() * b.element_size() for b in model.buffers())
-    parameters = FLOAT * sum(_rank_elements(p, W, fsdp and id(p) not in table_ids) for p in model.parameters())
+    parameters = sum(p.element_size() * _rank_elements(p, W, fsdp and id(p) not in table_ids)
+                     for p in model.parameters())
     built = parameters
     if fsdp:
         units = _fsdp_units(model, table_ids)  # the blocks', then the root's
@@ -248,7 +253,8 @@ def estimate(cfg: Config, world_size: int = 1, parallel: str = "ddp", device_typ
         world_size=W, parallel=parallel, precision=cfg.train.precision, batch_size=cfg.data.batch_size,
         bptt=cfg.data.bptt, parameters=parameters + buffers, built=built + buffers,
         gradients=sum(g.gradients for g in groups),
-        optimizer=sum(FLOAT * g.state_size * sum(g.elements) for g in groups), communication=communication,
+        optimizer=sum(FLOAT * (g.state_size * sum(g.elements) + g.row_state_size * g.rows) for g in groups),
+        communication=communication,
         activations=activations, step_temporaries=max([t or 0 for t in step], default=0),
         elements={"dense": sum(p.numel() for p in model.parameters() if id(p) not in table_ids),
                   "memory values": whole_values - engram, "Engram": engram},
@@ -278,6 +284,8 @@ class _Group:
     sparse: bool  # row-sparse gradients
     in_ddp: bool  # DDP all-reduces its gradients (dense ones of replicated tensors)
     exchange: int = 0  # bytes of the sparse gradients' all-gather (replicated tables on W > 1)
+    row_state_size: int = 0  # a values optimizer's state values per table row (ValueOptimizer.row_state_size)
+    rows: int = 0  # the rows of its tables
 
 
 def _optimizer_groups(cfg: Config, model: TransformerLM, world_size: int, fsdp: bool) -> list[_Group]:
@@ -307,7 +315,8 @@ def _optimizer_groups(cfg: Config, model: TransformerLM, world_size: int, fsdp: 
             if replicated and world_size > 1:  # gathered and concatenated, then the merged rows divided by W
                 exchange = sum(r * (2 * world_size * n + u) for r, n, u in zip(row, mine, merged))
         groups.append(_Group(name, cfg.optim.values_optimizer, values.state_size, elements, gradients,
-                             values.sparse, replicated and not values.sparse, exchange))
+                             values.sparse, replicated and not values.sparse, exchange, values.row_state_size,
+                             sum(p.shape[0] for p in trained)))
     return groups
 
 

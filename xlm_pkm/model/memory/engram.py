@@ -23,12 +23,15 @@ has one residual stream.
 The table is read by row: marked is_memory_value (value_stores.py), so its gradient is row-sparse when
 the values optimizer wants it (`sparse`), and it also carries `engram_table`: the optimizers give it its
 own group (optim.engram_lr_scale, the paper's 5x lr and no weight decay, §4.1). Rows are N(0, 1), as
-the reference's nn.Embedding.
+the reference's nn.Embedding. With table_dtype=bfloat16 the table is stored in bfloat16 (drawn in float32, rounded
+to nearest), read in float32 with a float32 gradient (value_read.read_values: one lookup a bag), and its optimizer
+rounds its row updates stochastically (optim/stochastic_rounding.py), as the memory's value tables do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -36,6 +39,7 @@ from torch import nn
 
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.stats import SlotStats
+from xlm_pkm.model.memory.value_read import read_values
 from xlm_pkm.model.memory.value_stores import mark_memory_value
 from xlm_pkm.settings import architecture, non_negative, positive
 
@@ -59,6 +63,9 @@ class EngramConfig:
     kernel_size: int = field(default=4, metadata=architecture(positive()))
     # the hash multipliers' seed (the reference's: seed + 10007 · layer index)
     seed: int = field(default=0, metadata=architecture(non_negative()))
+    # the tables as stored: float32 | bfloat16 (2 bytes a value; read in float32, gradient rows float32, updates
+    # rounded stochastically: optim/stochastic_rounding.py), as model.memory.value_dtype for the memory's values
+    table_dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata=architecture())
 
     def check(self, prefix: str) -> None:
         """Engram's own rules, when on: N-gram orders from 2, at least one table row per hash head, heads
@@ -84,8 +91,11 @@ class Engram(nn.Module):
         super().__init__()
         orders = cfg.max_ngram - 1
         self.dim, self.dilation, self.kernel_size = dim, cfg.max_ngram, cfg.kernel_size
-        self.table = mark_memory_value(nn.Parameter(torch.randn(rows, cfg.ngram_dim // cfg.heads)))
+        table = torch.randn(rows, cfg.ngram_dim // cfg.heads).to(getattr(torch, cfg.table_dtype))
+        self.table = mark_memory_value(nn.Parameter(table))
         self.table.engram_table = True
+        if cfg.table_dtype != "float32":
+            self.table.grad_dtype = torch.float32  # its gradient rows, summed in float32, stay float32
         self.key = nn.Linear(orders * cfg.ngram_dim, dim)
         self.value = nn.Linear(orders * cfg.ngram_dim, dim)
         self.norm_h, self.norm_k, self.norm_v = nn.RMSNorm(dim), nn.RMSNorm(dim), nn.RMSNorm(dim)
@@ -99,7 +109,7 @@ class Engram(nn.Module):
         B, T, D = h.shape
         if self.track_stats and not self.training:
             self.slot_stats.add(rows.reshape(-1, 1), torch.ones(rows.numel(), 1, device=rows.device))
-        e = F.embedding(rows, self.table, sparse=self.sparse).flatten(2)  # (B, T, (N-1)·ngram_dim)
+        e = self.read(rows).flatten(2)  # (B, T, (N-1)·ngram_dim)
         s = (self.norm_h(h) * self.norm_k(self.key(e))).sum(-1, keepdim=True) / D**0.5  # (B, T, 1)
         alpha = torch.sigmoid(s.abs().clamp_min(1e-6).sqrt() * s.sign())
         v = alpha * self.value(e)  # (B, T, D): Ṽ
@@ -109,6 +119,15 @@ class Engram(nn.Module):
         window = torch.cat([past, normed], 1) if cache is None else cache.window(self, normed, past)  # (B, reach+T, D)
         conv = F.conv1d(window.transpose(1, 2), self.conv, groups=D, dilation=self.dilation)  # (B, D, T)
         return F.silu(conv.transpose(1, 2)) + v
+
+    def read(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (B, T, R) -> their table rows (B, T, R, width), float32 (a bfloat16 table's read in float32, its
+        gradient float32: value_read.read_values, each lookup a bag of weight 1)."""
+        if self.table.dtype == torch.float32:
+            return F.embedding(rows, self.table, sparse=self.sparse)
+        lookups = rows.reshape(-1, 1)  # (B·T·R, 1)
+        ones = torch.ones(lookups.shape, device=rows.device)
+        return read_values(self.table, lookups, ones, self.sparse).view(*rows.shape, -1)
 
     def reset_stats(self) -> None:
         self.slot_stats.reset()

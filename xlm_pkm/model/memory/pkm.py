@@ -125,6 +125,10 @@ class MemoryConfig:
     # the table read without gradients (evaluation, generation): table (as stored) | bfloat16 (a bfloat16 copy,
     # made again when the table changes: half the bytes a read moves; value_stores.py)
     inference_values: Literal["table", "bfloat16"] = "table"
+    # the value table as stored: float32 | bfloat16 (2 bytes a value; read and summed in float32, its gradient rows
+    # float32, its optimizer's row updates computed in float32 and rounded stochastically: optim/stochastic_rounding.py;
+    # the table store only; value_stores.py)
+    value_dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata=architecture())
     # the selected scores -> the read weights: softmax (the paper) | relu (Csordás et al. 2023) | identity
     # (the raw scores, UltraMem) | any function in model/memory/scores.py
     score: str = field(default="softmax", metadata=architecture(one_of(SCORE_FUNCTIONS)))

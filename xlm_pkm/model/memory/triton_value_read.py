@@ -15,7 +15,8 @@ once per lookup: for each block of columns, the row's block, then over the run's
 gradient's block (Σ w · grad_out) and each lookup's part of its dot (added to grad_w). A dense gradient
 takes every slot's run (slot_groups.slot_runs: fixed shapes, no host sync, unread slots get zero rows);
 a sparse one the distinct slots read (group_by_slot: their count is the gradient's size, one host sync).
-Any float table dtype (float32, float16, bfloat16); accumulation is float32 throughout.
+Any float table dtype (float32, float16, bfloat16); accumulation is float32 throughout, and the output and the
+table's gradient rows are of the table's dtype, at least float32 (a bfloat16 table: float32, value_read.py).
 
 On a machine without a GPU the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set
 before Triton is imported), which the tests use to check them against the PyTorch reference.
@@ -33,6 +34,7 @@ try:  # imported only where Triton is installed (value_read.py); transformers' r
 except ImportError as e:
     raise ImportError(f"the fused value read needs Triton ({e}): use model.memory.value_read=torch") from None
 
+from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.slot_groups import group_by_slot, slot_runs, table_gradient
 
 
@@ -185,7 +187,7 @@ def one_pass_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.Te
     else:
         slots = torch.arange(S, device=table.device)  # (S,): every slot a run, empty when unread
         order, row_starts = slot_runs(indices, S)  # (N*L,), (S + 1,)
-    rows = torch.empty(slots.numel(), D, dtype=table.dtype, device=table.device)  # (U or S, D)
+    rows = torch.empty(slots.numel(), D, dtype=at_least_float32(table).dtype, device=table.device)  # (U or S, D)
     grad_weights = torch.empty(N, L, dtype=torch.float32, device=table.device)
     if slots.numel():
         block_e, block_d = _grad_blocks(indices.numel() / slots.numel(), D, TABLE_GRAD_ROWS)  # a run's mean length
@@ -198,12 +200,12 @@ def one_pass_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.Te
 
 def fused_read(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor,
                out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in out_dtype (default: the table's), summed
-    in float32 (the forward)."""
+    """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in out_dtype (default: the table's, at least
+    float32), summed in float32 (the forward)."""
     table, indices, weights = table.contiguous(), indices.contiguous(), weights.contiguous()
     (N, L), D = indices.shape, table.shape[1]
     block_l, block_d = _blocks(L, D, table.element_size())
-    out = torch.empty(N, D, dtype=out_dtype or table.dtype, device=table.device)
+    out = torch.empty(N, D, dtype=out_dtype or at_least_float32(table).dtype, device=table.device)
     if N:
         _read_kernel[(N, triton.cdiv(D, block_d))](table, indices, weights, out, L, D,
                                                    BLOCK_L=block_l, BLOCK_D=block_d)
@@ -221,13 +223,13 @@ def fused_read_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.
     if weights_grad:
         grad_weights = fused_row_dots(table, indices, grad_out, weights.dtype)  # (N, L)
     if table_grad:
-        slots, rows = fused_slot_sums(indices, weights, grad_out, table.dtype)  # (U,), (U, D)
+        slots, rows = fused_slot_sums(indices, weights, grad_out, at_least_float32(table).dtype)  # (U,), (U, D)
         grad_table = table_gradient(slots, rows, table.shape, sparse)
     return grad_table, grad_weights
 
 
 class FusedValueRead(torch.autograd.Function):
-    """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in the table's dtype."""
+    """table: (S, D); indices: (N, L) int64; weights: (N, L) -> (N, D) in the table's dtype, at least float32."""
 
     @staticmethod
     def forward(ctx, table, indices, weights, sparse: bool, read_backward: str):

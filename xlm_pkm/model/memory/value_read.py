@@ -19,6 +19,11 @@ slot's run one bag over the rows of grad_out.
 The weights' gradient still comes from EmbeddingBag's own backward (on the detached table); the
 table's gradient is attached by an identity function whose backward adds it.
 
+A bfloat16 table (MemoryConfig.value_dtype) is read in float32: the output and the table's gradient rows are
+float32 (at_least_float32), the sums too. Triton's kernels load its rows and sum in float32; the torch read,
+whose EmbeddingBag sums in the table's dtype, reads the distinct rows of the step's lookups in float32
+(`float32_rows`: U rows, not a float32 copy of the table) and sums those.
+
 MemoryConfig.read_backward: "two_pass" (the weights' and the table's gradients by one kernel each) or
 "one_pass" (one kernel for both, reading each table row once), Triton's backward (triton_value_read.py).
 
@@ -45,20 +50,30 @@ from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
 
 
-class _AttachSparseTableGrad(torch.autograd.Function):
-    """Identity on `read`; its backward also returns the sparse gradient of `table`."""
+class _AttachTableGrad(torch.autograd.Function):
+    """Identity on `read`; its backward also returns the gradient of `table`, sparse or dense, of grad_out's dtype."""
 
     @staticmethod
-    def forward(ctx, read, table, indices, weights):
+    def forward(ctx, read, table, indices, weights, sparse):
         ctx.save_for_backward(indices, weights)
-        ctx.table_shape = table.shape
+        ctx.table_shape, ctx.sparse = table.shape, sparse
         return read.view_as(read)
 
     @staticmethod
     def backward(ctx, grad_out):  # grad_out: (N, dim)
         indices, weights = ctx.saved_tensors  # (N, L) each
         slots, rows = slot_sums(indices, weights, grad_out)  # (U,), (U, dim): each slot's lookups summed
-        return grad_out, table_gradient(slots, rows.to(grad_out.dtype), ctx.table_shape, sparse=True), None, None
+        grad_table = table_gradient(slots, rows.to(grad_out.dtype), ctx.table_shape, sparse=ctx.sparse)
+        return grad_out, grad_table, None, None, None
+
+
+def float32_rows(table: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the torch read sums: table (S, D), indices (N, L) as they are when the table is float32 (or float64);
+    a lower-precision table's distinct rows read, rows (U, D) float32, and indices (N, L) into them."""
+    if table.dtype == at_least_float32(table).dtype:
+        return table, indices
+    slots, lookups = torch.unique(indices, return_inverse=True)  # (U,), (N, L)
+    return table.index_select(0, slots).float(), lookups
 
 
 def slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch.Tensor,
@@ -113,19 +128,20 @@ def resolve_backend(value_read: str, device: torch.device, read_backward: str = 
 def read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, sparse: bool,
                 backend: str = "torch", read_backward: str = "two_pass", read_op: str = "eager") -> torch.Tensor:
     """table: (n_slots, dim); indices, weights: (N, L) -> (N, dim) weighted sums of the rows read, in the
-    table's dtype. backend: "torch" or "triton" (a resolved choice); read_backward: Triton's "two_pass" or
-    "one_pass"; read_op: "eager" or "custom_op" (the module docstring)."""
+    table's dtype, at least float32. backend: "torch" or "triton" (a resolved choice); read_backward: Triton's
+    "two_pass" or "one_pass"; read_op: "eager" or "custom_op" (the module docstring)."""
     if backend == "torch":
-        weights = weights.to(table.dtype)
+        weights = weights.to(at_least_float32(table).dtype)
     if read_op == "custom_op":
         return read_values_op()(table, indices, weights, sparse, backend, read_backward)
     if backend == "triton":
         from xlm_pkm.model.memory.triton_value_read import fused_read_values  # imports Triton only when used
         return fused_read_values(table, indices, weights, sparse, read_backward)
-    if not sparse:
+    if not sparse and table.dtype == at_least_float32(table).dtype:
         return F.embedding_bag(indices, table, per_sample_weights=weights, mode="sum")
-    read = F.embedding_bag(indices, table.detach(), per_sample_weights=weights, mode="sum")  # (N, dim)
-    return _AttachSparseTableGrad.apply(read, table, indices, weights.detach())
+    rows, lookups = float32_rows(table.detach(), indices)  # the table itself, or the distinct rows read
+    read = F.embedding_bag(lookups, rows, per_sample_weights=weights, mode="sum")  # (N, dim)
+    return _AttachTableGrad.apply(read, table, indices, weights.detach(), sparse)
 
 
 def embedding_bag_grads(table: Tensor, indices: Tensor, weights: Tensor, grad_out: Tensor, sparse: bool,
@@ -138,8 +154,9 @@ def embedding_bag_grads(table: Tensor, indices: Tensor, weights: Tensor, grad_ou
     bag_of = torch.arange(N * L, device=indices.device) // L  # (N*L,) each lookup's token
     grad_table = grad_weights = None
     if weights_grad:
+        rows, looked_up = float32_rows(table, indices)  # what the forward summed
         grad_weights = torch.ops.aten._embedding_bag_per_sample_weights_backward(
-            grad_out, table, lookups, offsets, bag_of, 0).view(N, L)  # mode 0: sum
+            grad_out, rows, looked_up.reshape(-1), offsets, bag_of, 0).view(N, L)  # mode 0: sum
     if table_grad and sparse:
         slots, rows = slot_sums(indices, weights, grad_out)  # (U,), (U, dim)
         grad_table = table_gradient(slots, rows.to(grad_out.dtype), table.shape, sparse=True)
@@ -166,11 +183,12 @@ def _define_read_ops() -> None:
         if backend == "triton":
             from xlm_pkm.model.memory.triton_value_read import fused_read
             return fused_read(table, indices, weights)
-        return F.embedding_bag(indices, table, per_sample_weights=weights, mode="sum")
+        rows, lookups = float32_rows(table, indices)
+        return F.embedding_bag(lookups, rows, per_sample_weights=weights, mode="sum")
 
     @read.register_fake
     def _(table, indices, weights, sparse, backend, read_backward):
-        return table.new_empty(indices.shape[0], table.shape[1])
+        return table.new_empty(indices.shape[0], table.shape[1], dtype=at_least_float32(table).dtype)
 
     @torch.library.custom_op("xlm_pkm::read_values_backward", mutates_args=())
     def read_backward_op(grad_out: Tensor, table: Tensor, indices: Tensor, weights: Tensor, sparse: bool,
@@ -185,11 +203,11 @@ def _define_read_ops() -> None:
             grads = embedding_bag_grads(table, indices, weights, grad_out, sparse, table_grad, weights_grad)
         grad_table, grad_weights = grads
         return (weights.new_empty(0) if grad_weights is None else grad_weights,
-                table.new_empty(0) if grad_table is None else grad_table)
+                table.new_empty(0, dtype=at_least_float32(table).dtype) if grad_table is None else grad_table)
 
     @read_backward_op.register_fake
     def _(grad_out, table, indices, weights, sparse, backend, read_backward, table_grad, weights_grad):
-        grad_table = table.new_empty(table.shape if table_grad else (0,))
+        grad_table = table.new_empty(table.shape if table_grad else (0,), dtype=at_least_float32(table).dtype)
         return (weights.new_empty(weights.shape if weights_grad else (0,)),
                 grad_table.to_sparse(1) if sparse and table_grad else grad_table)
 

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.value_read import read_values, read_values_op
 from xlm_pkm.model.memory.value_shards import ValueShard, current_shard, init_shard
 from xlm_pkm.registry import Registry
@@ -48,8 +49,13 @@ def is_memory_value(p: torch.Tensor) -> bool:
 class ValueStore(nn.Module, ABC):
     """The interface; subclasses check their own constraints on cfg (one-line ValueErrors)."""
 
+    stores_bfloat16 = False  # whether it honours cfg.value_dtype=bfloat16 (its tables stored in bfloat16)
+
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__()
+        if cfg.value_dtype != "float32" and not self.stores_bfloat16:
+            raise ConfigError(f"model.memory.value_dtype={cfg.value_dtype}: model.memory.values={cfg.values} keeps "
+                              f"float32 tables (values=table stores bfloat16 ones)")
         self.input_dim, self.output_dim, self.n_slots = input_dim, output_dim, n_slots
 
     @abstractmethod
@@ -86,7 +92,7 @@ class ValueStore(nn.Module, ABC):
 def read_without_grad(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor, backend: str,
                       out_dtype: torch.dtype) -> torch.Tensor:
     """read_values of a table with no gradient, (N, dim) in out_dtype: the Triton read sums in float32 and writes
-    out_dtype; the torch read writes the table's dtype, then cast."""
+    out_dtype; the torch read writes the table's dtype, at least float32 (value_read.py), then cast."""
     if backend == "triton":
         from xlm_pkm.model.memory.triton_value_read import fused_read  # imports Triton only when used
         return fused_read(table, indices, weights, out_dtype)
@@ -102,15 +108,22 @@ class TableValues(ValueStore):
     cfg.inference_values=bfloat16: a read without gradients (evaluation, generation) of a float32 table reads a
     bfloat16 copy of it instead, made at the first such read and again whenever the table changed (its version
     counter: an optimizer step, a load), kept out of the state dict; the output stays float32 (the Triton read
-    sums in float32 and writes float32; the torch read on the CPU writes bfloat16 sums). The copy costs half the
-    table's memory again."""
+    sums in float32 and writes float32; the torch read sums the distinct rows read in float32). The copy costs half
+    the table's memory again.
+    cfg.value_dtype=bfloat16: the table itself is stored in bfloat16, drawn as the float32 one and rounded to
+    nearest; it is read in float32 (value_read.py) and its gradient is float32 (the parameter's grad_dtype), which
+    the values optimizer adds to its rows rounding stochastically (optim/stochastic_rounding.py)."""
+
+    stores_bfloat16 = True
 
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__(cfg, input_dim, output_dim, n_slots)
         shard = current_shard(output_dim) if cfg.shard_values is True else ValueShard(0, 1)
         weight = torch.empty(n_slots, shard.width(output_dim))
         init_shard(weight, output_dim, shard)
-        self.weight = mark_memory_value(nn.Parameter(weight))
+        self.weight = mark_memory_value(nn.Parameter(weight.to(getattr(torch, cfg.value_dtype))))
+        if cfg.value_dtype != "float32":
+            self.weight.grad_dtype = torch.float32  # its gradient rows, summed in float32, stay float32
         if cfg.shard_values is True:
             self.weight.value_shard = shard
         self.read = functools.partial(read_values, read_backward=cfg.read_backward, read_op=cfg.read_op)
@@ -118,6 +131,10 @@ class TableValues(ValueStore):
         self._copy, self._copy_of = None, None  # the bfloat16 copy, and (data_ptr, version) of the table it copies
         if cfg.read_op == "custom_op":
             read_values_op()  # defined here, eagerly: a compiled forward finds it
+        if shard.world > 1 and cfg.value_dtype != "float32":
+            raise ConfigError(f"model.memory.value_dtype={cfg.value_dtype}: model.memory.shard_values=true splits "
+                              f"each row over the processes, but the stochastic rounding keys its bits by the column "
+                              f"of a whole row: set model.memory.shard_values=false (auto keeps bfloat16 tables whole)")
         if shard.world > 1:  # a shard of a table split over processes: the exchanging read, eager, in two passes
             if cfg.read_backward == "one_pass" or cfg.inference_values != "table":
                 raise ValueError(f"model.memory.shard_values: a sharded table is read by its own exchanging read, "
