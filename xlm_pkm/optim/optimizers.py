@@ -124,6 +124,11 @@ class ValueOptimizer:
 VALUE_OPTIMIZERS = Registry("values optimizer", ValueOptimizer)
 
 
+def rounding_seed(cfg: OptimConfig) -> int | None:
+    """The seed of a values optimizer's stochastic rounding (a bfloat16 table's); None: it rounds to nearest."""
+    return None if cfg.values_rounding == "nearest" else cfg.values_rounding_seed
+
+
 def _betas(cfg: OptimConfig) -> dict:
     return {"betas": (cfg.values_beta1, cfg.values_beta2), "eps": cfg.values_eps,
             "weight_decay": cfg.values_weight_decay}
@@ -134,19 +139,19 @@ VALUE_OPTIMIZERS.register("adam")(ValueOptimizer(
     state_size=2, state="adam", fuses=True))  # step, exp_avg, exp_avg_sq
 VALUE_OPTIMIZERS.register("lazy_adam")(ValueOptimizer(
     lambda params, cfg: (FusedLazyAdam if cfg.fused_values else LazyAdam)(
-        params, lr=cfg.values_lr, **_betas(cfg), rounding_seed=cfg.values_rounding_seed),
+        params, lr=cfg.values_lr, **_betas(cfg), rounding_seed=rounding_seed(cfg)),
     sparse=True, state_size=2, state="adam", fuses=True))
 VALUE_OPTIMIZERS.register("adagrad")(ValueOptimizer(
     lambda params, cfg: FusedSparseAdagrad(params, lr=cfg.values_lr, eps=cfg.values_eps,
-                                           rounding_seed=cfg.values_rounding_seed) if cfg.fused_values else
+                                           rounding_seed=rounding_seed(cfg)) if cfg.fused_values else
     torch.optim.Adagrad(params, lr=cfg.values_lr, eps=cfg.values_eps), sparse=True, state_size=1, weight_decay=False,
     fuses=True))
 VALUE_OPTIMIZERS.register("rowwise_adagrad")(ValueOptimizer(
     lambda params, cfg: (FusedRowwiseAdagrad if cfg.fused_values else RowwiseAdagrad)(
-        params, lr=cfg.values_lr, eps=cfg.values_eps, rounding_seed=cfg.values_rounding_seed), sparse=True,
+        params, lr=cfg.values_lr, eps=cfg.values_eps, rounding_seed=rounding_seed(cfg)), sparse=True,
     state_size=0, row_state_size=1, weight_decay=False, fuses=True))
 VALUE_OPTIMIZERS.register("sgd")(ValueOptimizer(
-    lambda params, cfg: FusedSparseSGD(params, lr=cfg.values_lr, rounding_seed=cfg.values_rounding_seed)
+    lambda params, cfg: FusedSparseSGD(params, lr=cfg.values_lr, rounding_seed=rounding_seed(cfg))
     if cfg.fused_values else torch.optim.SGD(params, lr=cfg.values_lr), sparse=True, state_size=0, weight_decay=False,
     fuses=True))
 
@@ -230,6 +235,9 @@ class OptimConfig:
     # the stochastic rounding of bfloat16 value tables' updates (model.memory.value_dtype; Engram's tables, with
     # model.engram.table_dtype, take this + 1): the seed of its random bits (optim/stochastic_rounding.py)
     values_rounding_seed: int = field(default=0, metadata=non_negative())
+    # how those updates are rounded: stochastic (unbiased), or nearest (even), which loses every update below half
+    # a bfloat16 step (to measure what the stochastic bits buy)
+    values_rounding: Literal["stochastic", "nearest"] = "stochastic"
     # Fused steps (off until a GPU run measures them): each group's clip scale folded into its step, and a step
     # with a non-finite loss or norm skipped on the device (train/step.py), so no host sync when every group's is.
     # The values' (and Engram tables') update in one pass over the rows read, repeated rows summed in it (Triton on
@@ -331,7 +339,7 @@ class Optimizers:
                                           lambda step: values_lr(step, cfg), group_clip,
                                           sharded=any(hasattr(p, "value_shard") for p in values)))
         if engram:
-            own = dataclasses.replace(cfg, values_weight_decay=0.0, values_rounding_seed=cfg.values_rounding_seed + 1)
+            own = dataclasses.replace(cfg, values_weight_decay=0.0, values_rounding_seed=rounding_seed(cfg) + 1)
             self.groups.append(OptimGroup("engram", engram, value_optimizer(cfg).build(engram, own),
                 lambda step: scheduled_lr(step, cfg) * cfg.engram_lr_scale, group_clip))
         for g in self.groups:

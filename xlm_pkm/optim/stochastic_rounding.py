@@ -39,9 +39,10 @@ def mix(x):
     return x ^ (x >> 15)
 
 
-def stream(seed: int, table: int) -> int:
-    """The random stream of the table at index `table` of an optimizer whose rounding seed is `seed`."""
-    return mix(mix(seed & MASK) ^ (table & MASK))
+def stream(seed: int | None, table: int) -> int | None:
+    """The random stream of the table at index `table` of an optimizer whose rounding seed is `seed` (None: the
+    optimizer rounds to nearest, optim.values_rounding=nearest, and so does the table)."""
+    return None if seed is None else mix(mix(seed & MASK) ^ (table & MASK))
 
 
 def random_bits(key: int, step, rows: torch.Tensor, dim: int) -> torch.Tensor:
@@ -85,14 +86,18 @@ def rounds(p: torch.Tensor) -> bool:
     return p.dtype == torch.bfloat16
 
 
-def add_rows_(p: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float, key: int, step) -> None:
+def add_rows_(p: torch.Tensor, rows: torch.Tensor, delta: torch.Tensor, alpha: float, key: int | None, step) -> None:
     """p[rows] += alpha · delta, rows (C,) distinct, delta (C, dim): in place on a float32 table (index_add_); on a
-    bfloat16 one, computed in float32 and rounded stochastically with the bits of (key, step, row, column)."""
+    bfloat16 one, computed in float32 and rounded stochastically with the bits of (key, step, row, column), or to
+    nearest (even) when key is None (optim.values_rounding=nearest: the comparison that shows what the bits buy)."""
     if not rounds(p):
         p.index_add_(0, rows, delta, alpha=alpha)
         return
     exact = p.index_select(0, rows).float().add_(delta, alpha=alpha)  # (C, dim)
-    p.index_copy_(0, rows, round_bfloat16(exact, random_bits(key, step, rows, p.shape[1])))
+    if key is None:
+        p.index_copy_(0, rows, exact.to(torch.bfloat16))
+    else:
+        p.index_copy_(0, rows, round_bfloat16(exact, random_bits(key, step, rows, p.shape[1])))
 
 
 def table_streams(optimizer: torch.optim.Optimizer, seed: int) -> dict:

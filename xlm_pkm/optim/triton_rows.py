@@ -48,10 +48,14 @@ def _mix(x):
 
 
 @triton.jit
-def _stored(x, param, key, step, row, cols):
+def _stored(x, param, key, step, row, cols, NEAREST: tl.constexpr):
     """x (BLOCK_D,) float32, the new values of the columns `cols` of `row` -> as param stores them: in its dtype,
-    a bfloat16 param's rounded stochastically (stochastic_rounding.round_bfloat16 with random_bits(key, step))."""
-    if param.dtype.element_ty == tl.bfloat16:
+    a bfloat16 param's rounded stochastically (stochastic_rounding.round_bfloat16 with random_bits(key, step)), or
+    to nearest (even) with NEAREST (optim.values_rounding=nearest)."""
+    if param.dtype.element_ty == tl.bfloat16 and NEAREST:  # ties to even, written out: as torch's .to(bfloat16)
+        x_bits = x.to(tl.int32, bitcast=True)
+        return ((x_bits + 0x7FFF + ((x_bits >> 16) & 1)) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
+    elif param.dtype.element_ty == tl.bfloat16:
         h = _mix(_mix(key.to(tl.uint32) ^ tl.load(step).to(tl.uint32)) ^ row.to(tl.uint32))  # ()
         bits = (_mix(h ^ cols.to(tl.uint32)) >> 16).to(tl.int32)  # (BLOCK_D,) in [0, 2^16)
         return ((x.to(tl.int32, bitcast=True) + bits) >> 16).to(tl.int16).to(tl.bfloat16, bitcast=True)
@@ -73,7 +77,7 @@ def _norm_kernel(grad, order, run_end, squares, D, BLOCK_D: tl.constexpr):
 @triton.jit
 def _lazy_adam_kernel(param, exp_avg, exp_avg_sq, grad, sorted_rows, order, run_end, grad_scale, found_inf, bias,
                       step, key, D, lr, one_minus_beta1, beta2, one_minus_beta2, eps, weight_decay,
-                      BLOCK_D: tl.constexpr):
+                      BLOCK_D: tl.constexpr, NEAREST: tl.constexpr):
     pos = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     cols_ok = cols < D
@@ -91,12 +95,12 @@ def _lazy_adam_kernel(param, exp_avg, exp_avg_sq, grad, sorted_rows, order, run_
     update = m / denom * tl.load(bias + 1) + weight_decay * p
     tl.store(exp_avg + at, m.to(exp_avg.dtype.element_ty), mask=ok)
     tl.store(exp_avg_sq + at, v.to(exp_avg_sq.dtype.element_ty), mask=ok)
-    tl.store(param + at, _stored(p - lr * update, param, key, step, row, cols), mask=ok)
+    tl.store(param + at, _stored(p - lr * update, param, key, step, row, cols, NEAREST), mask=ok)
 
 
 @triton.jit
 def _adagrad_kernel(param, state_sum, grad, sorted_rows, order, run_end, grad_scale, found_inf, step, key, D, lr,
-                    eps, BLOCK_D: tl.constexpr):
+                    eps, BLOCK_D: tl.constexpr, NEAREST: tl.constexpr):
     pos = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     cols_ok = cols < D
@@ -108,12 +112,13 @@ def _adagrad_kernel(param, state_sum, grad, sorted_rows, order, run_end, grad_sc
     p = tl.load(param + at, mask=ok, other=0).to(tl.float32)
     s = tl.load(state_sum + at, mask=ok, other=0).to(tl.float32) + g * g
     tl.store(state_sum + at, s.to(state_sum.dtype.element_ty), mask=ok)
-    tl.store(param + at, _stored(p - lr * (g / (tl.sqrt_rn(s) + eps)), param, key, step, row, cols), mask=ok)
+    new = p - lr * (g / (tl.sqrt_rn(s) + eps))
+    tl.store(param + at, _stored(new, param, key, step, row, cols, NEAREST), mask=ok)
 
 
 @triton.jit
 def _rowwise_adagrad_kernel(param, row_sum, grad, sorted_rows, order, run_end, grad_scale, found_inf, step, key,
-                            D, lr, eps, BLOCK_D: tl.constexpr):
+                            D, lr, eps, BLOCK_D: tl.constexpr, NEAREST: tl.constexpr):
     pos = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_D)  # (BLOCK_D,): the whole row (BLOCK_D >= D)
     cols_ok = cols < D
@@ -125,12 +130,13 @@ def _rowwise_adagrad_kernel(param, row_sum, grad, sorted_rows, order, run_end, g
     ok = cols < tl.where(live, D, 0)
     at = row * D + cols
     p = tl.load(param + at, mask=ok, other=0).to(tl.float32)
-    tl.store(param + at, _stored(p - lr * (g / (tl.sqrt_rn(G) + eps)), param, key, step, row, cols), mask=ok)
+    new = p - lr * (g / (tl.sqrt_rn(G) + eps))
+    tl.store(param + at, _stored(new, param, key, step, row, cols, NEAREST), mask=ok)
 
 
 @triton.jit
 def _sgd_kernel(param, grad, sorted_rows, order, run_end, grad_scale, found_inf, step, key, D, lr,
-                BLOCK_D: tl.constexpr):
+                BLOCK_D: tl.constexpr, NEAREST: tl.constexpr):
     pos = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)  # (BLOCK_D,)
     cols_ok = cols < D
@@ -140,7 +146,7 @@ def _sgd_kernel(param, grad, sorted_rows, order, run_end, grad_scale, found_inf,
     row = tl.load(sorted_rows + pos)
     at = row * D + cols
     p = tl.load(param + at, mask=ok, other=0).to(tl.float32)
-    tl.store(param + at, _stored(p - lr * g, param, key, step, row, cols), mask=ok)
+    tl.store(param + at, _stored(p - lr * g, param, key, step, row, cols, NEAREST), mask=ok)
 
 
 def _block(D: int) -> int:
@@ -167,23 +173,25 @@ def summed_rows_norm(grad: torch.Tensor) -> torch.Tensor:
 
 
 def lazy_adam_rows_(param: torch.Tensor, exp_avg: torch.Tensor, exp_avg_sq: torch.Tensor, grad: torch.Tensor,
-                    grad_scale: torch.Tensor, found_inf: torch.Tensor, bias: torch.Tensor, step: torch.Tensor, key: int,
+                    grad_scale: torch.Tensor, found_inf: torch.Tensor, bias: torch.Tensor, step: torch.Tensor,
+                    key: int | None,
                     *, lr: float, betas: tuple[float, float], eps: float, weight_decay: float) -> None:
     """LazyAdam's update (lazy_adam.py) of the rows of `grad` (sparse COO, rows repeated or not) divided by
     grad_scale (), unless found_inf () is set; bias (2,): sqrt(1 - beta2^t), 1 / (1 - beta1^t); step () float32 t and
-    key (stochastic_rounding.stream): a bfloat16 param's rounding."""
+    key (stochastic_rounding.stream; None: to nearest): a bfloat16 param's rounding."""
     rows, values, D = _entries(grad)
     if rows.numel():
         sorted_rows, order, run_end = row_runs(rows)
         block = _block(D)
         _lazy_adam_kernel[(rows.numel(), triton.cdiv(D, block))](
-            param, exp_avg, exp_avg_sq, values, sorted_rows, order, run_end, grad_scale, found_inf, bias, step, key, D,
-            lr, 1 - betas[0], betas[1], 1 - betas[1], eps, weight_decay, BLOCK_D=block)
+            param, exp_avg, exp_avg_sq, values, sorted_rows, order, run_end, grad_scale, found_inf, bias, step,
+            key or 0, D,
+            lr, 1 - betas[0], betas[1], 1 - betas[1], eps, weight_decay, BLOCK_D=block, NEAREST=key is None)
         torch.autograd.graph.increment_version([param, exp_avg, exp_avg_sq])  # written in place, as an in-place op
 
 
 def adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, grad: torch.Tensor, grad_scale: torch.Tensor,
-                  found_inf: torch.Tensor, step: torch.Tensor, key: int, *, lr: float, eps: float) -> None:
+                  found_inf: torch.Tensor, step: torch.Tensor, key: int | None, *, lr: float, eps: float) -> None:
     """Adagrad's update (fused_rows.py) of the rows of `grad` (sparse COO, rows repeated or not) divided by
     grad_scale (), unless found_inf () is set; step, key: a bfloat16 param's rounding (as lazy_adam_rows_')."""
     rows, values, D = _entries(grad)
@@ -191,13 +199,14 @@ def adagrad_rows_(param: torch.Tensor, state_sum: torch.Tensor, grad: torch.Tens
         sorted_rows, order, run_end = row_runs(rows)
         block = _block(D)
         _adagrad_kernel[(rows.numel(), triton.cdiv(D, block))](
-            param, state_sum, values, sorted_rows, order, run_end, grad_scale, found_inf, step, key, D, lr, eps,
-            BLOCK_D=block)
+            param, state_sum, values, sorted_rows, order, run_end, grad_scale, found_inf, step, key or 0, D, lr, eps,
+            BLOCK_D=block, NEAREST=key is None)
         torch.autograd.graph.increment_version([param, state_sum])  # written in place, as an in-place op
 
 
 def rowwise_adagrad_rows_(param: torch.Tensor, row_sum: torch.Tensor, grad: torch.Tensor, grad_scale: torch.Tensor,
-                          found_inf: torch.Tensor, step: torch.Tensor, key: int, *, lr: float, eps: float) -> None:
+                          found_inf: torch.Tensor, step: torch.Tensor, key: int | None, *, lr: float,
+                          eps: float) -> None:
     """Row-wise Adagrad's update (rowwise_adagrad.py) of the rows of `grad` (sparse COO, rows repeated or not)
     divided by grad_scale (), unless found_inf () is set; row_sum (rows,) float32; step, key: a bfloat16 param's
     rounding (as lazy_adam_rows_')."""
@@ -205,13 +214,13 @@ def rowwise_adagrad_rows_(param: torch.Tensor, row_sum: torch.Tensor, grad: torc
     if rows.numel():
         sorted_rows, order, run_end = row_runs(rows)
         _rowwise_adagrad_kernel[(rows.numel(),)](
-            param, row_sum, values, sorted_rows, order, run_end, grad_scale, found_inf, step, key, D, lr, eps,
-            BLOCK_D=triton.next_power_of_2(D))
+            param, row_sum, values, sorted_rows, order, run_end, grad_scale, found_inf, step, key or 0, D, lr, eps,
+            BLOCK_D=triton.next_power_of_2(D), NEAREST=key is None)
         torch.autograd.graph.increment_version([param, row_sum])  # written in place, as an in-place op
 
 
 def sgd_rows_(param: torch.Tensor, grad: torch.Tensor, grad_scale: torch.Tensor, found_inf: torch.Tensor,
-              step: torch.Tensor, key: int, *, lr: float) -> None:
+              step: torch.Tensor, key: int | None, *, lr: float) -> None:
     """SGD's update of the rows of `grad` (sparse COO, rows repeated or not) divided by grad_scale (), unless
     found_inf () is set; step, key: a bfloat16 param's rounding (as lazy_adam_rows_')."""
     rows, values, D = _entries(grad)
@@ -219,5 +228,6 @@ def sgd_rows_(param: torch.Tensor, grad: torch.Tensor, grad_scale: torch.Tensor,
         sorted_rows, order, run_end = row_runs(rows)
         block = _block(D)
         _sgd_kernel[(rows.numel(), triton.cdiv(D, block))](
-            param, values, sorted_rows, order, run_end, grad_scale, found_inf, step, key, D, lr, BLOCK_D=block)
+            param, values, sorted_rows, order, run_end, grad_scale, found_inf, step, key or 0, D, lr, BLOCK_D=block,
+            NEAREST=key is None)
         torch.autograd.graph.increment_version([param])  # written in place, as an in-place op
