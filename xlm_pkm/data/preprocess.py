@@ -28,6 +28,9 @@ time holds DIR (xlm_pkm/utils/lock.py); its workers die with it. A re-run skips 
 when meta.json records these inputs and options and every file it lists is intact (re-hashed); a
 damaged output is rebuilt. A DIR holding outputs but no plan.json is refused (not ours to trust).
 Documents that are empty after tokenization are dropped.
+Ctrl-C (SIGINT, to the whole process group from a terminal) ends the run with one line and exit status 130: the
+workers ignore it and are ended by the parent (executor.py), the lock is released, and the line says what DIR keeps
+(plan.json, the chunks done); the same command again resumes from there. A second Ctrl-C while it ends is ignored.
 """
 
 from __future__ import annotations
@@ -38,16 +41,19 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager, suppress
 from functools import partial
 from pathlib import Path
 from typing import Callable
 
-from xlm_pkm.errors import USER_ERRORS, fail
+from xlm_pkm.errors import EXIT_INTERRUPTED, USER_ERRORS, UserError, fail
 from xlm_pkm.utils.atomic import atomic_file, is_temporary, write_error, write_text
 from xlm_pkm.utils.lock import DirectoryLock
+from xlm_pkm.utils.path_kind import path_problem
 from xlm_pkm.utils.program import program_name
 
 from .corpus import CorpusError, folder_files, missing_input
@@ -239,16 +245,26 @@ def preprocess(inputs: list[str | DatasetInput], output: str | Path, n_codes: in
     the paper's 5,000, `notice` (default: a logged warning) gets a line saying so. `inputs` are file paths, or
     a dataset's inputs (`hf_source.dataset_inputs`)."""
     out, work = Path(output), Path(output) / "work"
+    problem = path_problem("folder", out) if os.path.lexists(out) else None
+    if problem:  # a file, a pipe, a broken symbolic link (a link to a folder is one)
+        raise PlanError(f"--output: {problem}: give a folder (a new one, or one that preprocessing wrote)")
     if tokenizer and (codes or vocab or keep_intermediate):
         raise PlanError("--tokenizer makes the ids itself: no --codes, --vocab or --keep-intermediate")
-    tokenizer = load_tokenizer(tokenizer, gguf_file) if tokenizer else None
+    tokenizer = load_tokenizer(tokenizer, gguf_file, "--tokenizer") if tokenizer else None
     options = _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab, tokenizer)
     executor = executor or Executor()
     executor.slurm_folder = work / "slurm"
-    with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it", remove=True), executor:
-        _remove_temporary_files(out)
-        return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor, notice or log.warning,
-                    tokenizer)
+    with DirectoryLock(out, "preprocess.lock", "wait for it to finish or stop it", remove=True):
+        try:
+            with executor:
+                _remove_temporary_files(out)
+                return _run(inputs, out, work, options, codes, vocab, keep_intermediate, executor,
+                            notice or log.warning, tokenizer)
+        except BaseException as e:
+            if not isinstance(e, Exception) and not executor.slurm_partition:  # Ctrl-C: the workers were ended
+                with suppress(OSError):  # (executor.py), their unfinished files are not worth keeping; else the
+                    _remove_temporary_files(out)  # next run removes them
+            raise
 
 
 def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_mb, vocab, tokenizer=None) -> dict:
@@ -268,6 +284,10 @@ def _checked_options(inputs, n_codes, codes, valid_docs, test_docs, seed, chunk_
         return {**held_out, "tokenizer_sha256": tokenizer_digest(tokenizer),
                 **({"hf_dataset": dataset_options(inputs)} if dataset_options(inputs) else {})}
     find_fastbpe()
+    for option, path in (("--codes", codes), ("--vocab", vocab)):
+        problem = path_problem("file", Path(path)) if path and os.path.lexists(path) else None
+        if problem:  # a folder, or a pipe: read more than once (checked, hashed, copied)
+            raise PlanError(f"{option}: {problem}")
     codes_digest = None
     if codes:
         check_codes(Path(codes))
@@ -502,17 +522,71 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     executor = Executor(args.workers, args.slurm_partition, slurm_time_min=args.slurm_time,
                         slurm_parallelism=args.slurm_parallelism)
-    try:
-        inputs = args.input or dataset_inputs(args.hf_dataset, args.hf_data_files, args.hf_split or "train",
-                                              args.text_field or "text", args.hf_config)
-        times = preprocess(inputs, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
-                           args.seed, args.chunk_mb, args.keep_intermediate, executor, args.vocab,
-                           notice=lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True),
-                           tokenizer=args.tokenizer, gguf_file=args.gguf_file)
-    except USER_ERRORS as e:
-        return fail(prog, e)
+    with _first_ctrl_c_only() as interrupted:
+        try:
+            inputs = args.input or dataset_inputs(args.hf_dataset, args.hf_data_files, args.hf_split or "train",
+                                                  args.text_field or "text", args.hf_config)
+            times = preprocess(inputs, args.output, args.bpe_codes, args.codes, args.valid_docs, args.test_docs,
+                               args.seed, args.chunk_mb, args.keep_intermediate, executor, args.vocab,
+                               notice=lambda line: print(f"{prog}: {line}", file=sys.stderr, flush=True),
+                               tokenizer=args.tokenizer, gguf_file=args.gguf_file)
+        except KeyboardInterrupt:
+            return fail(prog, _interrupted(Path(args.output)), EXIT_INTERRUPTED)
+        except USER_ERRORS as e:
+            if interrupted:  # what the Ctrl-C caused (fastBPE's tool, in the process group, got the SIGINT too)
+                return fail(prog, _interrupted(Path(args.output)), EXIT_INTERRUPTED)
+            return fail(prog, e)
     log.info("done in %.1f s: %s", sum(times.values()), args.output)
     return 0
+
+
+@contextmanager
+def _first_ctrl_c_only():
+    """Inside, the first Ctrl-C raises KeyboardInterrupt and the next ones are ignored, to the end of the process
+    (the run is ending: its workers ended, its lock released, without a second KeyboardInterrupt in the middle).
+    Yields a list that holds SIGINT once one came."""
+    came: list[int] = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:  # ignored (nohup, &), or someone's
+        yield came
+        return
+
+    def on_sigint(signum, frame):
+        came.append(signum)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield came
+    finally:
+        if not came:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _interrupted(out: Path) -> UserError:
+    """The line of a run stopped by Ctrl-C: what `out` keeps, which the same command reuses (a re-run skips every
+    chunk whose outputs exist, the codes and vocab once written; temporary files are removed)."""
+    try:
+        chunks = len(Plan.load(out / "plan.json").chunks())
+    except PlanError:  # none yet (or unreadable: the re-run says so)
+        return UserError(f"interrupted (Ctrl-C) while scanning the inputs, before {out / 'plan.json'} was written: "
+                         f"nothing to keep; the same command starts again")
+    if (out / "meta.json").is_file():
+        return UserError(f"interrupted (Ctrl-C) after {out} was complete (meta.json written): nothing lost")
+    work = out / "work"
+
+    def done(path_of) -> int:
+        return sum(path_of(c).is_file() for c in range(chunks))
+
+    counts = [("chunks tokenized", done(lambda c: work_file(work, c, "train", "tok"))),
+              ("with BPE applied", done(lambda c: work_file(work, c, "train", "bpe"))),
+              ("train shards", done(lambda c: out / f"train.{c:03d}.bin"))]
+    kept = ["plan.json (the scan and held-out documents)", *(f"{n} of {chunks} {what}" for what, n in counts if n)]
+    kept += [f"the {what} ({name})" for what, name in (("BPE codes", "codes"), ("vocabulary", "vocab"))
+             if (out / name).is_file()]
+    return UserError(f"interrupted (Ctrl-C); {out} keeps {', '.join(kept)}: run the same command again to resume "
+                     f"(it reuses what is done)")
 
 
 if __name__ == "__main__":

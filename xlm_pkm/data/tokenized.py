@@ -18,12 +18,14 @@ with "unit": "tokenizer". A role the tokenizer has no token for (a BOS, a pad, a
 from __future__ import annotations
 
 import hashlib
+import struct
 from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
 
 from xlm_pkm.utils.atomic import write_text
+from xlm_pkm.utils.path_kind import path_problem
 
 from .dictionary import ROLES, Dictionary
 from .shard import ShardWriter, is_complete, read_shard
@@ -32,22 +34,45 @@ UNIT = "tokenizer"  # meta.json's "unit" of such data
 BATCH_DOCS = 256  # documents tokenized at once
 
 
-def load_tokenizer(folder: str | Path, gguf_file: str | None = None):
-    """The fast (Rust) tokenizer of a Hugging Face model folder (or of its GGUF file), local files only."""
+def load_tokenizer(folder: str | Path, gguf_file: str | None = None, option: str | None = None):
+    """The fast (Rust) tokenizer of a Hugging Face model folder (or of its GGUF file), local files only. `option`
+    names the folder in error messages (preprocess's --tokenizer; else the folder alone: a retrofit's
+    model.base.path, a data dir); a folder that is missing, a file, a pipe or a broken link is named as such."""
     from transformers import AutoTokenizer
 
+    where = f"{option} {folder}" if option else f"{folder}"
+    gguf_option = ("--gguf-file" if option.startswith("--") else "model.base.gguf_file") if option else None
+    problem = path_problem("folder", Path(folder))
+    if problem:
+        raise FileNotFoundError(f"{option + ': ' if option else ''}{problem} (a Hugging Face model's folder, with its "
+                                f"tokenizer: tokenizer.json, or a GGUF file)")
+    if gguf_file:
+        problem = path_problem("file", Path(folder) / gguf_file)
+        if problem:
+            raise FileNotFoundError(f"{gguf_option + ': ' if option else ''}{problem} (a GGUF model file in {folder})")
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True,
                                                   **({"gguf_file": gguf_file} if gguf_file else {}))
     except ImportError as e:
         if gguf_file and "gguf" in str(e).lower():
-            raise ValueError("--gguf-file: reading a GGUF file needs gguf: pip install 'xlm-pkm[retrofit]'") from None
+            raise ValueError(f"{gguf_option or gguf_file}: reading a GGUF file needs gguf: pip install "
+                             f"'xlm-pkm[retrofit]'") from None
         raise
+    except struct.error as e:  # transformers' GGUF reader ran out of bytes in the file's header
+        if not gguf_file:
+            raise
+        raise ValueError(f"{Path(folder) / gguf_file} is truncated or damaged: its header ends before what it "
+                         f"declares ({e}); download or copy it again") from None
     except (OSError, ValueError) as e:
-        raise ValueError(f"--tokenizer {folder}: no Hugging Face tokenizer there ({' '.join(str(e).split())[:200]})") \
-            from None
+        raise ValueError(f"{where}: no Hugging Face tokenizer {'in ' + gguf_file if gguf_file else 'there'} "
+                         f"({' '.join(str(e).split())[:200]})") from None
+    except Exception as e:
+        if type(e) is not Exception:  # the tokenizers library's own errors (a damaged tokenizer.json) are plain
+            raise
+        raise ValueError(f"{where}: its tokenizer cannot be read ({' '.join(str(e).split())[:200]}): is "
+                         f"tokenizer.json damaged?") from e
     if not getattr(tokenizer, "is_fast", False) or tokenizer.eos_token_id is None:
-        raise ValueError(f"--tokenizer {folder}: needs a fast tokenizer (tokenizer.json) with an end-of-text token")
+        raise ValueError(f"{where}: needs a fast tokenizer (tokenizer.json) with an end-of-text token")
     return tokenizer
 
 

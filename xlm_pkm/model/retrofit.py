@@ -39,7 +39,10 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import logging
+import os
 import re
+import struct
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -59,11 +62,15 @@ from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.memory_host import MemoryHost
 from xlm_pkm.settings import architecture, positive
+from xlm_pkm.utils.path_kind import path_problem
 
 if TYPE_CHECKING:
     from xlm_pkm.model.transformer import ModelConfig  # transformer.py imports this module
 
 BASE_WEIGHT = "is_base_weight"  # the mark of a base's own parameter: it never trains, checkpoints leave it out
+FAMILIES = "Llama, Mistral, Qwen2, SmolLM2"  # the Llama family: decoder layers whose MLP a memory goes beside
+# what sized() reads of the base's transformers config (a GPT-2's has no intermediate_size: not of the family)
+FAMILY_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
 
 
 @dataclass
@@ -106,25 +113,31 @@ def is_base_weight(p: torch.Tensor) -> bool:
 def base_folder(cfg: BaseConfig, root: Path | None = None) -> Path:
     """model.base.path, relative to `root` when given (an exported folder's base/), checked to be a folder."""
     folder = Path(root or ".") / cfg.path
-    if not folder.is_dir():
-        raise FileNotFoundError(f"model.base.path: no folder {folder} (a Hugging Face model's folder: config.json "
-                                f"and safetensors weights, or a GGUF file with model.base.gguf_file)")
+    problem = path_problem("folder", folder)
+    if problem:
+        raise FileNotFoundError(f"model.base.path: {problem} (a Hugging Face model's folder: config.json and "
+                                f"safetensors weights, or a GGUF file with model.base.gguf_file)")
     return folder
 
 
 def base_files(cfg: BaseConfig, root: Path | None = None) -> list[Path]:
     """The files the base is loaded from: its GGUF file, else config.json and the weights (*.safetensors, or
-    PyTorch's *.bin)."""
+    PyTorch's *.bin), each checked to be a file (a symbolic link to one is)."""
     folder = base_folder(cfg, root)
     if cfg.gguf_file:
         gguf = folder / cfg.gguf_file
-        if not gguf.is_file():
-            raise FileNotFoundError(f"model.base.gguf_file: no file {gguf}")
+        problem = path_problem("file", gguf)
+        if problem:
+            raise FileNotFoundError(f"model.base.gguf_file: {problem} (a GGUF model file in model.base.path)")
         return [gguf]
     weights = sorted(folder.glob("*.safetensors")) or sorted(folder.glob("*.bin"))
-    if not weights or not (folder / "config.json").is_file():
+    if not weights or not os.path.lexists(folder / "config.json"):
         raise FileNotFoundError(f"model.base.path: {folder} holds no config.json and weights (*.safetensors); for "
                                 f"a GGUF file, name it with model.base.gguf_file")
+    for path in [folder / "config.json", *weights]:
+        problem = path_problem("file", path)
+        if problem:
+            raise FileNotFoundError(f"model.base.path: {problem}")
     return [folder / "config.json", *weights]
 
 
@@ -184,10 +197,41 @@ def _from_pretrained(cls, cfg: BaseConfig, root: Path | None, **kwargs):
             raise ConfigError("model.base.gguf_file: reading a GGUF file needs gguf: pip install "
                               "'xlm-pkm[retrofit]'") from None
         raise
+    except struct.error as e:  # transformers' GGUF reader ran out of bytes in the file's header
+        if not cfg.gguf_file:
+            raise
+        raise ValueError(f"model.base.gguf_file: {folder / cfg.gguf_file} is truncated or damaged: its header ends "
+                         f"before what it declares ({e}); download or copy it again") from None
     except (OSError, ValueError) as e:  # not a model transformers knows, a damaged file
         raise ValueError(f"model.base.path: transformers cannot load {folder}"
                          f"{' / ' + cfg.gguf_file if cfg.gguf_file else ''} ({' '.join(str(e).split())[:300]})") \
             from None
+    except Exception as e:
+        from safetensors import SafetensorError  # a damaged weights file that check_weights did not see
+
+        if isinstance(e, SafetensorError):
+            raise ValueError(f"model.base.path: a safetensors file of {folder} is damaged ({e}); download or copy "
+                             f"the model again") from None
+        if type(e) is Exception and "Tokenizer" in cls.__name__:  # the tokenizers library's errors are plain
+            raise ValueError(f"model.base.path: the tokenizer of {folder}"
+                             f"{' / ' + cfg.gguf_file if cfg.gguf_file else ''} cannot be read "
+                             f"({' '.join(str(e).split())[:300]})") from e
+        raise
+
+
+def check_weights(cfg: BaseConfig, root: Path | None = None) -> None:
+    """Each safetensors file of the base opens: its header is whole and its tensors' bytes all there (a truncated
+    copy is named here, in one line, rather than by transformers in a traceback)."""
+    from safetensors import SafetensorError, safe_open
+
+    for path in base_files(cfg, root):
+        if path.suffix == ".safetensors":
+            try:
+                with safe_open(path, framework="pt"):
+                    pass
+            except SafetensorError as e:
+                raise ValueError(f"model.base.path: {path} is damaged or truncated ({e}); download or copy it "
+                                 f"again") from None
 
 
 def load_base_config(cfg: BaseConfig, root: Path | None = None):
@@ -203,25 +247,84 @@ def load_base(cfg: BaseConfig, root: Path | None = None) -> nn.Module:
     from transformers import AutoModelForCausalLM, GgufConfig
 
     check_digest(cfg, root)
+    check_weights(cfg, root)
     dequantized = {"quantization_config": GgufConfig(dequantize=True)} if cfg.gguf_file else {}
-    return _from_pretrained(AutoModelForCausalLM, cfg, root, dtype=torch.float32, **dequantized)
+    option = f"model.base.{'gguf_file' if cfg.gguf_file else 'path'}"
+    source = base_folder(cfg, root) / cfg.gguf_file if cfg.gguf_file else base_folder(cfg, root)
+    with _load_report_held() as reports:
+        try:
+            model, info = _from_pretrained(AutoModelForCausalLM, cfg, root, dtype=torch.float32,
+                                           output_loading_info=True, **dequantized)
+        except RuntimeError as e:  # raised after the report: weights of other sizes than the config's
+            if not reports:
+                raise
+            keys = re.findall(r"^(.+?)\s*\|[^|\n]*MISMATCH", reports[-1], re.MULTILINE)
+            raise ValueError(f"{option}: the weights of {source} do not have the sizes its config gives them "
+                             f"({', '.join(keys[:3]) or ' '.join(str(e).split())[:200]}): a config of another model, "
+                             f"or a damaged one") from None
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # transformers started them at random: not the base's logits
+        raise ValueError(f"{option}: {source} lacks {len(missing)} of its model's weights ({', '.join(missing[:3])}"
+                         f"{', ...' if len(missing) > 3 else ''}): its files are incomplete, or of another model "
+                         f"than its config's")
+    for report in reports:  # only weights it does not use: harmless, said as transformers says it
+        logging.getLogger("transformers.modeling_utils").warning(report)
+    return model
+
+
+@contextmanager
+def _load_report_held():
+    """Inside, transformers' load report (a table of the weights missing, unused or of other sizes, logged by
+    transformers.modeling_utils) is held, not logged: load_base says what is wrong in one line. Yields the list of
+    the reports held."""
+    held: list[str] = []
+
+    def hold(record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if "LOAD REPORT" in text:
+            held.append(text)
+            return False
+        return True
+
+    logger = logging.getLogger("transformers.modeling_utils")
+    logger.addFilter(hold)
+    try:
+        yield held
+    finally:
+        logger.removeFilter(hold)
 
 
 def save_gguf_as_folder(gguf: Path, out: Path) -> Path:
     """A GGUF model file as a plain transformers folder `out` (new or empty): float32 safetensors weights, config
-    and tokenizer, which load in seconds where the GGUF file takes a minute or more."""
+    and tokenizer, which load in seconds where the GGUF file takes a minute or more. Errors name the file given
+    (not model.base.*: this command's arguments are the two paths)."""
     from transformers import AutoTokenizer
 
     gguf, out = Path(gguf), Path(out)
+    problem = path_problem("file", gguf)
+    if problem:
+        raise FileNotFoundError(f"{problem} (the GGUF model file to convert)")
+    if out.is_symlink() and not out.exists():
+        raise FileExistsError(f"{out} is a symbolic link to {os.readlink(out)}, which does not exist: give a new "
+                              f"folder")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise FileExistsError(f"{out} exists and is not an empty folder: give a new one")
+    above = next(folder for folder in out.absolute().parents if os.path.lexists(folder))  # the folders to make
+    problem = path_problem("folder", above)
+    if problem:  # before a GGUF file's minute of loading
+        raise ValueError(f"{out}: cannot make this folder: {problem}")
     cfg = BaseConfig(path=str(gguf.parent), gguf_file=gguf.name)
-    base_files(cfg)  # the file is there
-    model = load_base(cfg)
-    tokenizer = _from_pretrained(AutoTokenizer, cfg, None)
-    with quiet_transformers():
-        model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    try:
+        model = load_base(cfg)
+        tokenizer = _from_pretrained(AutoTokenizer, cfg, None)
+    except (ConfigError, ValueError, FileNotFoundError) as e:  # said of model.base.*: here, of the file given
+        raise type(e)(re.sub(r"^model\.base\.(gguf_file|path): ", "", str(e))) from None
+    try:
+        with quiet_transformers():
+            model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    except OSError as e:  # a folder above that is a file, no permission, a full disk
+        raise ValueError(f"{out}: cannot write the model's folder there ({e.strerror or e})") from None
     return out
 
 
@@ -247,7 +350,12 @@ def main(argv: list[str] | None = None) -> int:
 def sized(cfg: ModelConfig, base_config) -> ModelConfig:
     """`cfg` with the sizes of the base (its transformers config): model.dim, n_layers, n_heads, ffn_dim,
     vocab_size (its embedding's rows), max_len (its positions), pre_norm; model.base.layers checked against them,
-    or set (the layer L - L//4 of L)."""
+    or set (the layer L - L//4 of L). A config without those sizes (a GPT-2's) is not of the Llama family: refused."""
+    missing = [name for name in FAMILY_SIZES if getattr(base_config, name, None) is None]
+    if missing:
+        raise ConfigError(f"model.base.path: {cfg.base.path} holds a {getattr(base_config, 'model_type', '') or '?'} "
+                          f"model ({type(base_config).__name__}, with no {missing[0]}), not a Llama-family one: the "
+                          f"memories go beside the MLP of the decoder layers of Llama-family models ({FAMILIES})")
     n_layers = base_config.num_hidden_layers
     bad = [layer for layer in cfg.base.layers if not 1 <= layer <= n_layers]
     if bad:
@@ -308,7 +416,7 @@ class RetrofitLM(MemoryHost, nn.Module):
         layers = getattr(base.get_decoder(), "layers", None)
         if layers is None or not all(hasattr(layer, "mlp") for layer in layers):
             raise ConfigError(f"model.base.path: a {type(base).__name__}, whose decoder layers have no .mlp: the "
-                              f"memories go beside the MLP of Llama-family models (Llama, Mistral, Qwen2, SmolLM2)")
+                              f"memories go beside the MLP of Llama-family models ({FAMILIES})")
         self.holds_base = cfg.base.trainable  # whether state_dict() holds the base's weights (export: base/ does)
         for p in base.parameters():
             if not cfg.base.trainable:

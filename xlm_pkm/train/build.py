@@ -93,7 +93,8 @@ def resolved_base(cfg: Config, dictionary: Dictionary | int) -> ModelConfig:
     its positions."""
     base = cfg.model.base
     if isinstance(dictionary, Dictionary):
-        own = tokenizer_dictionary(load_tokenizer(base.path, base.gguf_file or None)).fingerprint()
+        tokenizer = load_tokenizer(base.path, base.gguf_file or None, option="model.base.path")
+        own = tokenizer_dictionary(tokenizer).fingerprint()
         if dictionary.fingerprint() != own:
             raise ConfigError(f"data.path: {cfg.data.path} was not made with the tokenizer of model.base.path="
                               f"{base.path} (vocabulary {dictionary.fingerprint()}, the base's {own}): preprocess "
