@@ -125,12 +125,16 @@ def test_export_errors_are_one_line(reference_run, tiny_data_dir, tmp_path, caps
     assert capsys.readouterr().err == (f"python -m xlm_pkm.inference.export: error: {missing} does not exist: give a "
                                        f"run's checkpoint.pt or best.pt, or a folder written by python -m "
                                        f"xlm_pkm.inference.export\n")
-    vocab = (out / "vocab").read_text()
-    (out / "vocab").write_text(vocab + "extra 1\n")
+    vocab, other = (out / "vocab").read_text(), tmp_path / "other_data"
+    other.mkdir()
+    (other / "vocab").write_text(vocab + "extra 1\n")
     with pytest.raises(ValueError, match=r"model has a vocabulary of \d+ tokens, .*vocab has \d+"):
-        load_trained(out, out)
-    (out / "vocab").write_text("".join(vocab.splitlines(True)[:-1]) + "unheard_of 1\n")  # as many words, not the same
+        load_trained(out, other)
+    (other / "vocab").write_text("".join(vocab.splitlines(True)[:-1]) + "unheard_of 1\n")  # as many words, not the same
     with pytest.raises(ValueError, match="trained with another vocabulary than .*vocab"):
+        load_trained(out, other)
+    (out / "vocab").write_text((other / "vocab").read_text())  # the folder's own: edited since the export
+    with pytest.raises(ValueError, match="vocab: edited since the export"):
         load_trained(out, out)
     (out / "config.json").unlink()
     with pytest.raises(FileNotFoundError, match="config.json not found: not a folder written by"):

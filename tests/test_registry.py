@@ -54,10 +54,13 @@ def test_a_plugin_registers_a_key_search_and_a_schedule(plugin):
     assert type(memory.keys).__name__ == "UserFlatKeys" and memory.n_slots == 16
     assert scheduled_lr(10, cfg.optim) == cfg.optim.lr / 2
     saved = to_dict(cfg)
-    sys.modules.pop(plugin)  # a new process reading the checkpoint: the plugin is imported again
+    sys.modules.pop(plugin)  # a new process reading the checkpoint: its config never imports the plugin...
     KEY_SEARCHES.pop("user_flat")
     SCHEDULES.pop("user_half")
-    assert load_config_dict(saved) == cfg and "user_flat" in KEY_SEARCHES
+    with pytest.raises(ConfigError, match=f"plugins: names {plugin}, which loading never imports"):
+        load_config_dict(saved, source="best.pt")
+    assert plugin not in sys.modules
+    assert load_config_dict(saved, run_config=True) == cfg and "user_flat" in KEY_SEARCHES  # ...a run's own does
 
 
 @pytest.mark.parametrize("plugins, message", [

@@ -86,8 +86,8 @@ def test_a_reexport_keeps_the_users_own_files_and_removes_only_its_own(reference
 @pytest.mark.slow
 def test_an_edited_export_config_is_refused_by_both_loaders(reference_run, tmp_path, capsys):
     """n_heads 2 -> 4 in an exported config.json keeps every shape: it loaded and evaluated. The export records a
-    hash of config.json's model section with the weights; both loaders compare, and an export without that hash
-    (an earlier version's) is still checked against the weights' shapes."""
+    hash of config.json's model section with the weights (and ours of every file); both loaders compare, and an
+    export without those hashes (an earlier version's) is still checked against the weights' shapes."""
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
@@ -101,13 +101,12 @@ def test_an_edited_export_config_is_refused_by_both_loaders(reference_run, tmp_p
     (out / "config.json").write_text(json.dumps(config))
     capsys.readouterr()
     assert evaluate_main(["--checkpoint", str(out), "--max-batches", "1"]) == 2
-    assert f"{out / 'config.json'}: its model section is not the one {out / 'model.safetensors'} was exported " \
-           f"with" in one_line(capsys)
+    assert f"{out / 'config.json'}: edited since the export" in one_line(capsys)  # every file's hash (issue 83)
     with pytest.raises(ValueError, match="config.json: its model section is not the one .* was exported with"):
         transformers.AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True)
 
     with safe_open(str(out / "model.safetensors"), "pt") as f:  # an export without the hash: shapes still checked
-        metadata = {k: v for k, v in f.metadata().items() if k != "model_config_digest"}
+        metadata = {k: v for k, v in f.metadata().items() if k not in ("model_config_digest", "files_digest")}
     save_file(load_file(out / "model.safetensors"), out / "model.safetensors", metadata=metadata)
     config["model"]["n_heads"], config["model"]["memory"]["k_dim"] = 2, 32
     (out / "config.json").write_text(json.dumps(config))

@@ -31,6 +31,7 @@ import difflib
 import functools
 import importlib
 import re
+import sys
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,7 @@ from xlm_pkm.model.transformer import ModelConfig, resolve_memory_layers
 from xlm_pkm.optim.optimizers import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
 from xlm_pkm.settings import architecture_keys, check, choice_text, non_negative, positive
+from xlm_pkm.utils.path_component import check_path_component
 
 # configs/default.yaml, train.py's config when none is given: the copy installed with the package (pip install .),
 # else the checkout's
@@ -105,14 +107,15 @@ class TrainConfig:
     wandb: WandbConfig = field(default_factory=WandbConfig)  # Weights & Biases logging (off unless a project is set)
 
     def check(self, prefix: str) -> None:
-        """A device name torch knows; exp_name and exp_id name one folder each under dump_path (no path
-        separator, not . or ..)."""
+        """A device name torch knows; exp_name and exp_id name one folder each under dump_path
+        (utils/path_component.py: no path separator, not . or .., no NUL, valid UTF-8, at most 255 bytes), checked
+        before anything is created; an empty exp_id asks for a new one."""
         if not re.fullmatch(DEVICES, self.device):
             raise ConfigError(f"{prefix}device: expected auto, cpu, cuda or cuda:N, got {self.device!r}")
         for key, value in (("exp_name", self.exp_name), ("exp_id", self.exp_id)):
-            if "/" in value or "\\" in value or value in (".", "..") or (key == "exp_name" and not value):
-                raise ConfigError(f"{prefix}{key}: must name one folder under {prefix}dump_path (no / or \\, not . "
-                                  f"or ..), got {value!r}")
+            problem = None if key == "exp_id" and not value else check_path_component(value, f"{prefix}{key}")
+            if problem:
+                raise ConfigError(problem)
 
 
 @dataclass
@@ -343,24 +346,50 @@ def refuse_architecture_change(saved: dict, cfg: Config, source) -> None:
                       f"train.init_from={source}")
 
 
-def load_config_dict(raw: dict, source: str = "config") -> Config:
+def load_config_dict(raw: dict, source: str = "config", run_config: bool = False) -> Config:
     """A Config from a plain dict (as stored in checkpoints, migrated from earlier versions), with the
-    same checks as load_config."""
+    same checks as load_config. The modules its `plugins` names are imported only when it is a run directory's
+    own config.yaml (`run_config`: a config file of the user's, as a resume reads it); a checkpoint's or an
+    exported folder's config is data, and never imports code: its plugins must be imported already
+    (require_plugins)."""
     try:
-        import_plugins(raw.get("plugins"))
+        (import_plugins if run_config else require_plugins)(raw.get("plugins"))
         return validate(_build(Config, migrate(raw), ""))
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
 
 
+def _plugin_list(modules) -> list[str]:
+    if modules is None:
+        return []
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise ConfigError(f"plugins: expected a list of module names, got {modules!r}")
+    return modules
+
+
+def require_plugins(modules) -> None:
+    """ConfigError unless every module that a stored config's `plugins` names is imported already (by the run's
+    own config, or a command's --plugins): a checkpoint or an exported folder never makes us import code."""
+    missing = [m for m in _plugin_list(modules) if m not in sys.modules]
+    if missing:
+        raise ConfigError(f"plugins: names {', '.join(missing)}, which loading never imports (a checkpoint is data, "
+                          f"its plugins would run code); if you trust them, import them yourself: --plugins "
+                          f"{','.join(missing)} (evaluate.py, generate.py, export), or plugins=[...] in the run's "
+                          f"config (train.init_from)")
+
+
+def add_plugins_option(parser) -> None:
+    """--plugins M[,M...] of a command that loads a trained model: the user's word that those modules may be
+    imported (import_plugins(args.plugins)), since the checkpoint's own `plugins` never are."""
+    parser.add_argument("--plugins", type=lambda text: [m for m in text.split(",") if m], metavar="MODULE[,MODULE]",
+                        help="modules to import first, for a model whose config names plugins (their code runs: "
+                             "a checkpoint never imports them itself)")
+
+
 def import_plugins(modules) -> None:
     """Imports the modules a config's `plugins` names: their registrations (registry.py) then count
     as valid choices."""
-    if modules is None:
-        return
-    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
-        raise ConfigError(f"plugins: expected a list of module names, got {modules!r}")
-    for module in modules:
+    for module in _plugin_list(modules):
         try:
             importlib.import_module(module)
         except ImportError as e:

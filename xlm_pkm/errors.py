@@ -7,8 +7,9 @@ catches `USER_ERRORS` and returns `fail(program, error)`; anything else is a bug
 
 Exit status of the commands: 0 done; 2 an error with a one-line message; 75 (EX_TEMPFAIL) train.py
 stopped by a signal or its time limit before max_steps, with a checkpoint: run the same command again
-to resume; 130 interrupted by a second Ctrl-C (or one outside the training loop); 1 a crash (a
-traceback: a bug). XLM_PKM_DEBUG=1 shows the traceback of one-line errors too.
+to resume (a second stop signal while it stops, other than Ctrl-C, changes nothing); 130 interrupted by a
+second Ctrl-C (or one outside the training loop); 1 a crash (a traceback: a bug). XLM_PKM_DEBUG=1 shows
+the traceback of one-line errors too.
 """
 
 from __future__ import annotations

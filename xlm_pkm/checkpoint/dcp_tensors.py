@@ -24,6 +24,7 @@ process group (read_whole: evaluate.py, export, generation, or to look into a ch
 from __future__ import annotations
 
 import os
+import pickle
 import shutil
 import warnings
 from contextlib import contextmanager
@@ -205,10 +206,13 @@ def _read(tensors: dict, path: Path, state: dict, env: DistEnv | None) -> None:
     from torch.distributed.checkpoint import CheckpointException
     from torch.distributed.checkpoint import load as dcp_load
 
+    from xlm_pkm.checkpoint.dcp_reader import DataOnlyPlanner, DataOnlyReader
+
     folder, distributed = path.parent / state[KEY], env is not None and env.is_distributed
     try:
         with _quiet_single_process():
-            dcp_load(tensors, checkpoint_id=folder, no_dist=not distributed)
+            dcp_load(tensors, checkpoint_id=folder, no_dist=not distributed, storage_reader=DataOnlyReader(folder),
+                     planner=DataOnlyPlanner())
     except CheckpointException as e:  # on every rank, with every failed rank's error
         raise _unreadable(path, folder, _summary(e, distributed)) from None
 
@@ -240,13 +244,14 @@ def read_whole(state: dict, path: Path, optimizers: bool = True) -> dict:
     """The checkpoint `state` (loaded from `path`) with its tensors read whole by this process alone (no
     collective, also in a process group): state["model"] (value tables with every column) and, with
     `optimizers`, the tensors of state["optimizers"]; no model needed (the folder's metadata gives each shape)."""
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from xlm_pkm.checkpoint.dcp_reader import DataOnlyReader
 
     folder = path.parent / state[KEY]
     try:
-        metadata = FileSystemReader(folder).read_metadata().state_dict_metadata
-    except (OSError, ValueError, RuntimeError, EOFError) as e:  # no folder, no or a damaged .metadata
+        metadata = DataOnlyReader(folder).read_metadata().state_dict_metadata
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as e:  # missing, damaged
         raise _unreadable(path, folder, _summary(e)) from None
     tensors = {k: torch.empty(m.size, dtype=m.properties.dtype) for k, m in metadata.items()
                if isinstance(m, TensorStorageMetadata) and (optimizers or k.startswith("model."))}

@@ -18,8 +18,10 @@ from typing import Iterator
 import torch
 from torch import nn
 
+from xlm_pkm.checkpoint.safe_load import UnsafeFileError, load_torch_file
 from xlm_pkm.errors import UserError
 from xlm_pkm.utils.atomic import atomic_file, write_error
+from xlm_pkm.utils.chunks import slices
 from xlm_pkm.utils.dtensors import local_part
 
 RUN_KEYS = ("config", "model", "step")  # "model", or "dcp": the folder of its tensors (dcp_tensors.py)
@@ -53,10 +55,16 @@ def _tensors(obj, prefix: str) -> Iterator[tuple[str, torch.Tensor]]:
             yield from _tensors(v, f"{prefix}.{i}")
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """Whether the floating-point tensor `t` holds no nan or inf, read a slice at a time (utils/chunks.py):
+    torch.isfinite builds |t| and a mask of its input's size, a second table at a checkpoint's peak."""
+    return all(bool(torch.isfinite(part).all()) for part in slices(t.coalesce().values() if t.is_sparse else t))
+
+
 def first_non_finite(obj) -> str | None:
     """The name of the first floating-point tensor in `obj` (nested dicts/lists) with a nan or inf."""
     for name, t in _tensors(obj, ""):
-        if t.is_floating_point() and not bool(torch.isfinite(t.coalesce().values() if t.is_sparse else t).all()):
+        if t.is_floating_point() and not all_finite(t):
             return name
     return None
 
@@ -74,21 +82,48 @@ def refuse_non_finite(weights: dict, source: str | Path) -> None:
         raise damaged_weight(bad, source)
 
 
-def load(path: str | Path) -> dict:
+def load(path: str | Path, mmap: bool = False) -> dict:
     """A run checkpoint file (a dict with config, model and step), on the CPU; trained.load_trained also reads
-    exported folders."""
+    exported folders. With `mmap` its tensors are paged in from the file (no copy of a table in the process's
+    memory while it is loaded into a model), so the file must not be rewritten in place meanwhile (a save renames)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: is a directory, not a checkpoint file" if path.is_dir() else
                                 f"checkpoint not found: {path}")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
+        state = load_torch_file(path, mmap=mmap)
+    except UnsafeFileError:
+        raise
     except Exception as e:  # truncated or foreign file
         raise ValueError(f"{path}: not a readable checkpoint ({type(e).__name__}: {e})") from None
     if not isinstance(state, dict) or not all(k in state for k in RUN_KEYS if k != "model" or "dcp" not in state):
         raise ValueError(f"{path}: a torch file, but not a checkpoint of an xlm-pkm run "
                          f"(expected a dict with {', '.join(RUN_KEYS)})")
+    wrong = _wrong_type(state)
+    if wrong:
+        raise ValueError(f"{path}: its {wrong}: not as an xlm-pkm run writes it (a damaged or hand-made file)")
     return state
+
+
+def _wrong_type(state: dict) -> str | None:
+    """'KEY is TYPE, not WHAT' for the first entry of a checkpoint that has not the type a run writes."""
+    expected = {"config": (dict, "a dict"), "step": (int, "an integer"), "model": (dict, "a dict of tensors"),
+                "dcp": (str, "a folder name"), "vocab_fingerprint": ((str, type(None)), "a string")}
+    for key, (kind, what) in expected.items():
+        if key in state and (not isinstance(state[key], kind) or isinstance(state[key], bool)):
+            return f"{key} is {type(state[key]).__name__}, not {what}"
+    bad = next((k for k, t in state.get("model", {}).items() if not isinstance(t, torch.Tensor)), None)
+    if bad is not None:
+        return f"weight {bad} is {type(state['model'][bad]).__name__}, not a tensor"
+    if "dcp" in state and not inside_folder(state["dcp"]):
+        return f"dcp names {state['dcp']!r}, not a folder beside it"
+    return None
+
+
+def inside_folder(name: str) -> bool:
+    """Whether `name`, a file a checkpoint names, is a relative path that stays in the checkpoint's folder: it
+    reads nothing elsewhere."""
+    return isinstance(name, str) and bool(name) and not Path(name).is_absolute() and ".." not in Path(name).parts
 
 
 def check_vocabulary(state: dict, fingerprint: str, vocab_path: str | Path, source: str | Path) -> None:

@@ -34,7 +34,8 @@ from typing import Callable, TypeVar
 import torch
 from torch import nn
 
-from xlm_pkm.checkpoint.files import save_atomic
+from xlm_pkm.checkpoint.files import inside_folder, save_atomic
+from xlm_pkm.checkpoint.safe_load import UnsafeFileError, load_torch_file
 from xlm_pkm.errors import USER_ERRORS, UserError
 from xlm_pkm.model.memory.value_shards import ValueShard
 from xlm_pkm.runtime.distributed import DistEnv, any_rank, broadcast_object, gather_objects
@@ -128,7 +129,9 @@ def _read_part(path: Path, file: Path) -> dict:
         raise FileNotFoundError(f"{path}: its value shard {file} is missing (copy the whole "
                                 f"{file.parent.name}/ folder with the checkpoint)")
     try:
-        part = torch.load(file, map_location="cpu", mmap=True, weights_only=False)
+        part = load_torch_file(file, mmap=True)
+    except UnsafeFileError:
+        raise
     except Exception as e:  # truncated or damaged: torch's reader fails (RuntimeError, EOFError, pickle errors...)
         reason = (str(e).strip().splitlines() or [""])[0].split(". ")[0][:200]  # torch's first sentence
         raise ValueError(f"{path}: its value shard {file} is truncated or damaged ({type(e).__name__}: "
@@ -160,6 +163,9 @@ def attach(state: dict, path: Path, shard: ValueShard | None, names: set[str] = 
     columns = shard.columns(dim)
     pieces = [(0, whole)] if info is None else []
     for r, name in enumerate(info["files"] if info else []):
+        if not inside_folder(name):
+            raise ValueError(f"{path}: names the value shard {name!r}, not a file beside it (a damaged or hand-made "
+                             f"checkpoint)")
         if r * width < columns.stop and (r + 1) * width > columns.start:
             pieces.append((r * width, _read_part(path, path.parent / name)))
     if any(part["step"] != state["step"] for _, part in pieces):

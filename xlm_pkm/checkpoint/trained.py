@@ -33,6 +33,7 @@ from xlm_pkm.model.transformer import TransformerLM, model_config_digest
 from xlm_pkm.runtime.distributed import DistEnv
 
 WEIGHTS, CONFIG = "model.safetensors", "config.json"  # an exported folder's weights and config
+FILES_DIGEST = "files_digest"  # the weights' metadata key: JSON {file name: blake2b} of the folder's other files
 
 
 @dataclass
@@ -101,7 +102,7 @@ def _load(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedMode
 
 
 def _load_file(path: Path, data_dir: str | Path | None, sharded: bool) -> TrainedModel:
-    state = checkpoint.load(path)
+    state = checkpoint.load(path, mmap=True)  # its tables read into the model's, no copy of them held meanwhile
     if dcp_tensors.KEY in state:  # checkpoint.pt's tensors, read whole at once: the folder it names is still there
         state = dcp_tensors.read_whole(state, path, optimizers=False)
     cfg = load_config_dict(state["config"], source=str(path))
@@ -123,7 +124,6 @@ def _load_file(path: Path, data_dir: str | Path | None, sharded: bool) -> Traine
 
 def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
     """An exported folder: model.safetensors (its metadata: step, vocab_fingerprint, unit...), config.json."""
-    from safetensors import safe_open
     from safetensors.torch import load_model as load_weights
 
     for name in (WEIGHTS, CONFIG):
@@ -134,14 +134,16 @@ def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
         raw = json.loads((out / CONFIG).read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{out / CONFIG}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{out / CONFIG}: not a JSON object (an exported config)")
+    if raw.get("plugins"):
+        raise ValueError(f"{out / CONFIG}: names plugins ({raw['plugins']}), which an exported folder never carries "
+                         f"(export refuses them): the file was edited; an exported folder runs no code of its own")
+    metadata = weights_metadata(out)
+    verify_folder(out, metadata)
+    _check_model_config(raw.get("model"), metadata.get("model_config_digest"), out)
     run_keys = {f.name for f in dataclasses.fields(Config)}  # not the keys transformers reads (inference/hf_config.py)
     cfg = load_config_dict({k: v for k, v in raw.items() if k in run_keys}, source=str(out / CONFIG))
-    try:
-        with safe_open(str(out / WEIGHTS), "pt") as f:
-            metadata = f.metadata() or {}
-    except Exception as e:  # a truncated or foreign file
-        raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
-    _check_model_config(raw.get("model"), metadata.get("model_config_digest"), out)
     data_dir, dictionary = _check_vocabulary(cfg, metadata.get("vocab_fingerprint"), data_dir, out / WEIGHTS)
     _check_codes(None, out, data_dir, out / WEIGHTS)
     model = _build(cfg, whole=True, root=out)  # an exported folder holds whole value tables (and a retrofit's base)
@@ -153,6 +155,38 @@ def _load_folder(out: Path, data_dir: str | Path | None) -> TrainedModel:
     checkpoint.refuse_non_finite(model.state_dict(), out / WEIGHTS)
     return TrainedModel(model.eval(), cfg, dictionary, data_dir, int(metadata.get("step", 0)),
                         metadata.get("vocab_fingerprint"), out, metadata)
+
+
+def weights_metadata(out: Path) -> dict[str, str]:
+    """The metadata of the exported folder's model.safetensors (ValueError when it is not a readable one)."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(out / WEIGHTS), "pt") as f:
+            return f.metadata() or {}
+    except Exception as e:  # a truncated or foreign file
+        raise ValueError(f"{out / WEIGHTS}: not a readable safetensors file ({e})") from None
+
+
+def verify_folder(out: Path, metadata: dict) -> int:
+    """The number of files of the exported folder `out` checked against the hashes that its weights' metadata
+    records (FILES_DIGEST; none in a folder exported before they were recorded); ValueError naming the first one
+    missing or edited since the export."""
+    try:
+        digests = json.loads(metadata.get(FILES_DIGEST, "{}"))
+    except ValueError:
+        digests = None
+    if not isinstance(digests, dict) or not all(isinstance(v, str) for v in digests.values()):
+        raise ValueError(f"{out / WEIGHTS}: its metadata's {FILES_DIGEST} is not the JSON that export writes")
+    for name, digest in sorted(digests.items()):
+        file = out / name
+        if Path(name).is_absolute() or ".." in Path(name).parts or not file.is_file() or file.is_symlink():
+            raise ValueError(f"{file}: recorded by {out / WEIGHTS} but not a file of the folder: copy the whole "
+                             f"exported folder, or export the run again")
+        if file_digest(file) != digest:
+            raise ValueError(f"{file}: edited since the export (blake2b {file_digest(file)}, {out / WEIGHTS} records "
+                             f"{digest}): restore it, or export the run again")
+    return len(digests)
 
 
 def _check_model_config(model: dict, digest: str | None, out: Path) -> None:

@@ -29,7 +29,12 @@ folder's own (tokenizer.json and its config, as the tokenizer saves them: AutoTo
 
 The safetensors metadata also records a hash of config.json's `model` section (model_config_digest), which
 every loader checks (ours and the folder's own code): an edited architecture (n_heads 2 -> 4, the same shapes)
-would otherwise load and run with the weights cut another way.
+would otherwise load and run with the weights cut another way; and a hash of every other file it wrote
+(`files_digest`: config.json whole, vocab, codes, the code, the tokenizer's files, base/), which our loader
+checks (checkpoint/trained.py), so that an edited file is one line, not a model that runs other code or
+reads another vocabulary. An export never carries plugins: our loader refuses a config.json that names some.
+`--verify FOLDER` checks a folder's files against those hashes, e.g. before loading it with trust_remote_code
+(a hash tells an edit, not who wrote the folder: its metadata can be rewritten with it).
 
 OUT_DIR is new, empty, or a previous export (its model.safetensors written by export: its metadata has a
 vocabulary fingerprint), which is replaced. Each export lists the files it wrote in export_manifest.json:
@@ -55,8 +60,9 @@ from pathlib import Path
 
 from xlm_pkm import __version__
 from xlm_pkm.checkpoint import files as checkpoint
-from xlm_pkm.checkpoint.trained import CONFIG, WEIGHTS, load_trained
-from xlm_pkm.config import to_dict
+from xlm_pkm.checkpoint.trained import CONFIG, FILES_DIGEST, WEIGHTS, load_trained, verify_folder, weights_metadata
+from xlm_pkm.config import add_plugins_option, import_plugins, to_dict
+from xlm_pkm.data.meta import file_digest
 from xlm_pkm.data.text_codec import BPE_UNIT
 from xlm_pkm.data.tokenized import UNIT as TOKENIZER_UNIT
 from xlm_pkm.errors import USER_ERRORS, fail
@@ -183,11 +189,10 @@ def _write_export(out: Path, model: TransformerLM | RetrofitLM, metadata: dict, 
     from safetensors.torch import save_model
 
     stage = temporary_name(out / "export")
-    names = [WEIGHTS, *texts]
+    names = [*texts]
     name, renaming = WEIGHTS, False
     try:
         stage.mkdir()
-        save_model(model, str(stage / WEIGHTS), metadata=metadata)  # drops the duplicate names of a shared value table
         for name, data in texts.items():
             (stage / name).write_bytes(data)
         if base is not None:
@@ -195,6 +200,11 @@ def _write_export(out: Path, model: TransformerLM | RetrofitLM, metadata: dict, 
             with quiet_transformers():
                 base.save_pretrained(stage / BASE)
             names += [f"{BASE}/{p.name}" for p in (stage / BASE).iterdir()]
+        name = WEIGHTS
+        digests = {n: file_digest(stage / n) for n in names if n != MANIFEST}  # what a loader reads, but the weights
+        metadata = {**metadata, FILES_DIGEST: json.dumps(digests, sort_keys=True)}
+        save_model(model, str(stage / WEIGHTS), metadata=metadata)  # drops the duplicate names of a shared value table
+        names.insert(0, WEIGHTS)
         umask = os.umask(0)
         os.umask(umask)
         for name in [n for n in names if n.endswith(".safetensors")]:
@@ -239,6 +249,19 @@ def _safetensors_os_error(error: Exception) -> OSError | None:
     return OSError(code, os.strerror(code))
 
 
+def verify_export(folder: Path) -> int:
+    """The number of files of the exported `folder` that match the hashes its weights record (ValueError naming
+    the first that does not: trained.verify_folder)."""
+    if not (folder / WEIGHTS).is_file():
+        raise FileNotFoundError(f"{folder / WEIGHTS} not found: not a folder written by python -m "
+                                f"xlm_pkm.inference.export")
+    metadata = weights_metadata(folder)
+    if FILES_DIGEST not in metadata:
+        raise ValueError(f"{folder / WEIGHTS}: records no hashes of the folder's files (exported by an earlier "
+                         f"version): export the run again to have them")
+    return verify_folder(folder, metadata)
+
+
 def import_exported(folder: str | Path, out_path: str | Path) -> Path:
     """The exported folder back as a run checkpoint (best.pt's form: config, model, step, vocab_fingerprint),
     for tools that read run checkpoints: model and config as they went out, bit for bit."""
@@ -256,13 +279,23 @@ def main(argv: list[str] | None = None) -> int:
 
     prog = program_name("python -m xlm_pkm.inference.export")
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
-    parser.add_argument("checkpoint", help="checkpoint.pt or best.pt of a run (with --import: an exported folder)")
-    parser.add_argument("out_dir", help="folder to export to (with --import: the checkpoint file to write)")
+    parser.add_argument("checkpoint", help="checkpoint.pt or best.pt of a run (with --import or --verify: an exported "
+                                           "folder)")
+    parser.add_argument("out_dir", nargs="?", help="folder to export to (with --import: the checkpoint file to write)")
     parser.add_argument("--data", help="processed data directory (default: the one the model was trained on)")
     parser.add_argument("--import", dest="back", action="store_true",
                         help="the other way: an exported folder back into a run checkpoint (best.pt's form)")
+    parser.add_argument("--verify", action="store_true",
+                        help="check an exported folder's files against the hashes its weights record, and exit")
+    add_plugins_option(parser)
     args = parser.parse_args(argv)
+    if (args.out_dir is None) != args.verify:
+        parser.error("give CHECKPOINT OUT_DIR, or --verify FOLDER")
     try:
+        import_plugins(args.plugins)
+        if args.verify:
+            print(f"{args.checkpoint}: {verify_export(Path(args.checkpoint))} files as exported")
+            return 0
         if args.back:
             if args.data:
                 raise ValueError("--data: an exported folder carries its own vocab and codes")

@@ -43,6 +43,8 @@ MODEL_MODULES = (  # for modeling_xlm_pkm.py (inference/hf_modeling.py): Transfo
     "xlm_pkm.model.memory.triton_topk",
     "xlm_pkm.model.memory.slot_groups",
     "xlm_pkm.model.memory.stats",
+    "xlm_pkm.utils.chunks",
+    "xlm_pkm.utils.path_kind",
     "xlm_pkm.model.memory.dtypes",
     "xlm_pkm.model.memory.value_stores",
     "xlm_pkm.model.memory.value_read",

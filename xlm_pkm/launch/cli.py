@@ -6,10 +6,12 @@ import argparse
 import json
 import math
 import re
+import signal
 import sys
 from pathlib import Path
 
 from xlm_pkm.checkpoint.trained import load_trained
+from xlm_pkm.config import add_plugins_option, import_plugins
 from xlm_pkm.data.dictionary import Dictionary
 from xlm_pkm.errors import EXIT_INTERRUPTED, EXIT_STOPPED, USER_ERRORS, ConfigError, UserError, fail
 from xlm_pkm.inference.generation import generate
@@ -31,9 +33,10 @@ from xlm_pkm.train.build import resolved_config
 from xlm_pkm.train.evaluation import evaluate_checkpoint
 from xlm_pkm.train.memory_estimate import estimate
 from xlm_pkm.train.trainer import Trainer
-from xlm_pkm.utils.atomic import check_writable, holds_json_with, refuse_foreign_file, write_text
+from xlm_pkm.utils.atomic import OutputError, check_writable, holds_json_with, refuse_foreign_file, write_text
+from xlm_pkm.utils.path_component import check_path_length
 from xlm_pkm.utils.program import program_name
-from xlm_pkm.utils.stop_signals import StoppedBySignal, ignore_stop_signals, restore_defaults
+from xlm_pkm.utils.stop_signals import STOP_SIGNALS, StoppedBySignal, ignore_stop_signals, restore_defaults
 
 
 def _interrupted(trainer: Trainer | None) -> UserError:
@@ -45,12 +48,26 @@ def _interrupted(trainer: Trainer | None) -> UserError:
     return UserError(f"interrupted (Ctrl-C) at step {trainer.step}, not saved. {trainer.checkpoints.last_good()}")
 
 
-def _stopped_outside_training(trainer: Trainer | None, signal_name: str) -> UserError:
+def _stopped_outside_training(trainer: Trainer | None, signal_name: str, testing: bool) -> UserError:
     if trainer is None:
         return UserError(f"stopped by {signal_name} during start-up, before any step: nothing trained; run the "
                          f"same command again")
-    return UserError(f"stopped by {signal_name} after training, during the test evaluation: the run is saved "
-                     f"(step {trainer.saved_step}); run the same command again for its test figures")
+    if testing:
+        return UserError(f"stopped by {signal_name} after training, during the test evaluation: the run is saved "
+                         f"(step {trainer.saved_step}); run the same command again for its test figures")
+    return UserError(f"stopped by {signal_name} after training, as the run closed: the run is saved (step "
+                     f"{trainer.saved_step})")
+
+
+def _ignore_stop_signals_until_exit() -> None:
+    """The stop signals ignored from now until the process exits (their defaults would end it with 143, 129...),
+    set with them blocked: not one lands between restore_defaults and ignore_stop_signals."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        restore_defaults()  # its unraisable hook and held signal cleared
+        ignore_stop_signals()  # one pending is discarded
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _failed_collective(error: BaseException) -> BaseException | None:
@@ -119,7 +136,11 @@ def _dry_run(args) -> None:
         print(estimate(cfg, world_size, cfg.train.parallel))
 
 
-def train_main(argv: list[str] | None = None) -> int:
+def train_main(argv: list[str] | None = None, exits: bool = False) -> int:
+    """train.py's command line; returns its exit status. `exits`: the process ends once this returns (train.py,
+    xlm-pkm-train: launch/commands.py); a run stopped to be resumed (exit 75) then leaves the stop signals ignored,
+    so that one more landing while the process ends (a second scancel, kill, Ctrl-C) does not end it with 143
+    in place of 75. Within another program (the reproduction harness, tests) they get their defaults back."""
     prog = program_name("train.py")
     parser = argparse.ArgumentParser(
         prog=prog, description="Train a transformer LM with product key memories.",
@@ -155,18 +176,21 @@ def train_main(argv: list[str] | None = None) -> int:
         except USER_ERRORS as e:
             return fail(prog, e)
         return 0
-    failed, trainer = False, None
+    failed, trainer, testing = False, None, False
     try:
         trainer = Trainer(launch_config(args.config, args.overrides), test=not args.no_test)
         try:
-            trainer.train()
+            trainer.train(keep_stopping=True)  # stopping: a second stop signal (not Ctrl-C) is ignored while it closes
             if trainer.test and trainer.best_path.exists() and trainer.step >= trainer.cfg.train.max_steps:
+                testing = True
                 result = evaluate_checkpoint(trainer.best_path, "test", device=trainer.device,
                                              precision=trainer.cfg.train.precision, env=trainer.env)
                 trainer.log.event("test", trainer.step, **{k: v for k, v in result.items() if k != "step"})
                 trainer.log.info(format_result(result))
-        finally:  # stopped, failed or interrupted with a checkpoint to go on from: how to resume
-            if trainer.saved_step is not None and trainer.saved_step < trainer.cfg.train.max_steps:
+                testing = False
+        finally:  # stopped, failed or interrupted with a checkpoint to go on from: how to resume (unless it is gone)
+            if (trainer.saved_step is not None and trainer.saved_step < trainer.cfg.train.max_steps
+                    and not trainer.run_dir_removed):
                 trainer.log.info(f"to resume (with the same launcher and number of processes): "
                                  f"{resume_command(argv, trainer.cfg.train.exp_id)}")
             trainer.close()
@@ -178,7 +202,7 @@ def train_main(argv: list[str] | None = None) -> int:
         if _failed_collective(e) is not None:  # or the launcher ending this rank, while it closes after a failure
             failed = True
             return fail(prog, _peer_failure(trainer, argv, _failed_collective(e)))
-        error = _stopped_outside_training(trainer, e.name)
+        error = _stopped_outside_training(trainer, e.name, testing)
         fail(prog, error, EXIT_STOPPED)
         return stop_status(f"{prog}: {error}", read_env().is_main)
     except Exception as e:
@@ -189,7 +213,10 @@ def train_main(argv: list[str] | None = None) -> int:
         failed = True
         return fail(prog, _peer_failure(trainer, argv, e))
     finally:
-        restore_defaults()
+        if exits and trainer is not None and trainer.stopped and trainer.step < trainer.cfg.train.max_steps:
+            _ignore_stop_signals_until_exit()
+        else:
+            restore_defaults()
         shutdown(failed)
     if trainer.stopped and trainer.step < trainer.cfg.train.max_steps:
         return stop_status(f"{prog}: stopped at step {trainer.step}, checkpoint saved; to resume (with the same "
@@ -213,11 +240,15 @@ def evaluate_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-batches", type=int, default=0,
                         help="the tokens of one process's first N batches, split across the ranks (the same on any "
                              "number of processes); 0: the whole split")
+    add_plugins_option(parser)
     args = parser.parse_args(argv)
     try:
+        import_plugins(args.plugins)
         if args.batch_size < 0 or args.bptt < 0 or args.max_batches < 0:
             raise ValueError("--batch-size, --bptt and --max-batches must be >= 0 (0: the run's own)")
         if args.json:  # before evaluating, not after
+            if problem := check_path_length(args.json, "--json"):
+                raise OutputError(problem)
             refuse_foreign_file(Path(args.json), is_result_file, "--json", "a result written by evaluate.py")
             check_writable(Path(args.json))
         device = resolve_device(args.device, "--device")
@@ -275,8 +306,10 @@ def generate_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--context", type=int, default=0, help="context window in tokens (default: the run's bptt)")
     parser.add_argument("--no-cache", action="store_true", help="a full forward per token (no key/value cache)")
     parser.add_argument("--device", default="auto")
+    add_plugins_option(parser)
     args = parser.parse_args(argv)
     try:
+        import_plugins(args.plugins)
         if args.max_tokens < 1 or args.num_samples < 1 or args.context < 0:
             raise ValueError("--max-tokens and --num-samples must be >= 1, --context >= 0 (0: the run's bptt)")
         sampling = Sampling(args.temperature, args.top_k, args.top_p, args.greedy)

@@ -53,7 +53,7 @@ def _run(default_program: str, load_main, argv: list[str] | None, stop_signals: 
 def _train_main():
     from xlm_pkm.launch.cli import train_main
 
-    return train_main
+    return lambda argv: train_main(argv, exits=True)  # this process ends once it returns
 
 
 def _evaluate_main():

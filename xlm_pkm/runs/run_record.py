@@ -45,7 +45,7 @@ class RunRecord:
 
     @cached_property
     def config(self) -> Config:
-        return load_config_dict(self.raw_config, source=str(self.path / "config.yaml"))
+        return load_config_dict(self.raw_config, source=str(self.path / "config.yaml"), run_config=True)
 
     @cached_property
     def events(self) -> list[dict]:

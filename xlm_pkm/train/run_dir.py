@@ -8,6 +8,12 @@ previous file as `config.until-step<N>.yaml`.
 
 `train.exp_id=last` resumes the run of the experiment that saved a checkpoint last, unless it is finished.
 
+Nothing a run writes goes through a symbolic link: one planted in the run directory (or in its checkpoint
+folders) is refused at the start in one line naming it (refuse_links), before the run opens any file there, and
+the files it opens later are opened without following one (utils/atomic.py). A run directory removed while the
+run trains (RunDirectoryRemoved) stops it at the end of that step with one line, and nothing about resuming:
+its checkpoints went with it.
+
 Under SLURM a run without train.exp_id is named by its job id, which a requeued job keeps. A cluster
 may hand out the same job id again (its state reset): a job starting for the first time (not a
 restart) whose directory already exists is refused, not resumed into an unrelated run.
@@ -15,21 +21,26 @@ restart) whose directory already exists is refused, not resumed into an unrelate
 
 from __future__ import annotations
 
+import os
 import secrets
 import shutil
 import time
 from fnmatch import fnmatch
 from pathlib import Path
 
-import torch
 import yaml
 
+from xlm_pkm.checkpoint.safe_load import load_torch_file
 from xlm_pkm.config import Config, flat, migrate, save_config, to_dict
-from xlm_pkm.errors import ConfigError
+from xlm_pkm.errors import ConfigError, UserError
 from xlm_pkm.runtime import slurm_env
 from xlm_pkm.runtime.distributed import DistEnv, broadcast_object
-from xlm_pkm.utils.atomic import is_temporary
+from xlm_pkm.utils.atomic import is_temporary, link_error
 from xlm_pkm.utils.lock import DirectoryLock
+
+
+class RunDirectoryRemoved(UserError, RuntimeError):
+    """The run directory was removed (or moved away) while the run trained."""
 
 
 def lock_run_directory(run_dir: Path) -> DirectoryLock:
@@ -44,8 +55,9 @@ def latest_checkpoint(dump_path: str, exp_name: str) -> Path | None:
 
 
 def saved_step(checkpoint: Path) -> int:
-    """The training step a checkpoint.pt was saved at (torch.load's error when it cannot be read)."""
-    return int(torch.load(checkpoint, map_location="cpu", mmap=True, weights_only=False)["step"])
+    """The training step a checkpoint.pt was saved at (torch.load's error when it cannot be read; UnsafeFileError
+    when it names more than data: safe_load.py)."""
+    return int(load_torch_file(checkpoint, mmap=True)["step"])
 
 
 def latest_unfinished(dump_path: str, exp_name: str, max_steps: int) -> str:
@@ -135,6 +147,47 @@ def refuse_unresumable(run_dir: Path, resumed: bool, env: DistEnv) -> bool:
                               f"but no checkpoint.pt to resume it from; a new run there would overwrite it: give "
                               f"another train.exp_id, or move that directory away")
     return untrained
+
+
+# The folders of a run directory that the run writes files into (checkpoint.dcp/stepN/, the *.values shards).
+RUN_FOLDERS = ("*.dcp", "*.values")
+
+
+def symbolic_links(run_dir: Path) -> list[Path]:
+    """The symbolic links in `run_dir` and, below it, in the folders the run writes into (RUN_FOLDERS), not
+    followed; a W&B folder's own links (wandb/latest-run) are W&B's."""
+    found, folders = [], [Path(run_dir)]
+    while folders:
+        folder = folders.pop()
+        with os.scandir(folder) as entries:
+            for entry in entries:
+                if entry.is_symlink():
+                    found.append(Path(entry.path))
+                elif entry.is_dir(follow_symlinks=False) and (folder != Path(run_dir) or any(
+                        fnmatch(entry.name, pattern) for pattern in RUN_FOLDERS)):
+                    folders.append(Path(entry.path))
+    return sorted(found)
+
+
+def refuse_links(run_dir: Path, env: DistEnv) -> None:
+    """A symbolic link planted in the run directory (train.log, metrics.jsonl, checkpoint.pt, checkpoint.dcp...)
+    would have the run write, append or truncate where it points: refused in one line naming it, on every rank
+    (rank 0 looks, once it holds the lock), before the run opens any file there."""
+    links = symbolic_links(run_dir) if env.is_main else []
+    links = broadcast_object(links, env)
+    if links:
+        error = link_error(links[0])
+        raise type(error)(f"{error}" + (f" (and {len(links) - 1} more: {', '.join(p.name for p in links[1:4])}"
+                                        f"{', ...' if len(links) > 4 else ''})" if len(links) > 1 else ""))
+
+
+def directory_identity(path: Path) -> tuple[int, int] | None:
+    """(device, inode) of the directory at `path`; None when none is there."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
 
 
 def remove_temporary_files(run_dir: Path) -> int:

@@ -6,11 +6,14 @@ scaler and every rank's TrainState (counters, RNG states, data cursor, log windo
 is ever saved: `checkpoint.pt` is always the last good state. A run stopped by a signal or its time
 limit saves a checkpoint and sets `stopped`; train.py then exits with status 75 (resume me); so does
 SIGHUP (the terminal or ssh session closed), and so does a rank whose torchrun launcher is gone. Ctrl-C
-(SIGINT) stops the same way; a second one stops at once, but never in the middle of a checkpoint write. Under
+(SIGINT) stops the same way; a second one stops at once, but never in the middle of a checkpoint write; a second
+SIGTERM (SIGHUP, SIGUSR1/2) while the run stops changes nothing (train.py: ignored until its process ends). Under
 SLURM, the time-limit warning (SIGUSR1/SIGUSR2) also requeues the job; SIGTERM (scancel, or SLURM
 requeueing or pre-empting the job itself) does not: a cancelled job ends, its checkpoint kept.
 Besides evaluations, a checkpoint is written every `train.save_every_steps` steps and/or
 `train.save_every_minutes` minutes, so that a node lost without a signal loses at most that much.
+The run directory removed (or moved away) while the run trains stops it at the end of that step with one
+line (RunDirectoryRemoved: rank 0 looks once a step), nothing written anywhere else, no resume command.
 """
 
 from __future__ import annotations
@@ -65,8 +68,11 @@ from xlm_pkm.train.build import (
 from xlm_pkm.train.evaluation import evaluate
 from xlm_pkm.train.memory_estimate import estimate
 from xlm_pkm.train.run_dir import (
+    RunDirectoryRemoved,
+    directory_identity,
     lock_run_directory,
     record_config,
+    refuse_links,
     refuse_unresumable,
     remove_temporary_files,
     run_directory,
@@ -147,6 +153,9 @@ class Trainer:
         self.state = TrainState(self.train_stream, self.device, self.model)
 
         self.lock = self._lock_run_directory()  # rank 0's; creates the directory
+        self.run_dir_identity = directory_identity(self.run_dir)  # another one (or none) later: removed
+        self.run_dir_removed = False  # seen removed (or replaced) while the run trained
+        refuse_links(self.run_dir, self.env)  # before any file there is opened
         self.removed_temporary = remove_temporary_files(self.run_dir) if self.env.is_main else 0
         self.took_over = refuse_unresumable(self.run_dir, self.resumed, self.env)  # a run that trained no step
         if self.resumed:
@@ -436,8 +445,12 @@ class Trainer:
         return {"loss": loss, "norms": norms, "lrs": lrs, "scale": scale, "tokens": tokens, "words": words, **slots}
 
     # ---- the loop ----------------------------------------------------------------------------
-    def train(self) -> dict:
-        """Trains until max_steps (or max_time, or a stop signal); returns the last valid metrics."""
+    def train(self, keep_stopping: bool = False) -> dict:
+        """Trains until max_steps (or max_time, or a stop signal); returns the last valid metrics.
+        `keep_stopping` (train.py, whose process ends once the run is closed): when a stop signal stopped the run
+        before max_steps, the stop signals other than Ctrl-C are left ignored, not given back to the caller's
+        handlers: a second SIGTERM while the run closes and the process exits changes nothing (it ended the
+        process with status 143, or was reported as a stop during the test evaluation that --no-test skips)."""
         cfg, state = self.cfg.train, self.state
         raise_held_signal()  # one that came while the trainer was built but was swallowed (utils/stop_signals.py)
         handlers = {s: signal.signal(s, self._request_stop) for s in STOP_SIGNALS}
@@ -465,9 +478,13 @@ class Trainer:
                 orphaned = self.launcher_pid is not None and os.getppid() != self.launcher_pid
                 minutes_due = (self.env.is_main and cfg.save_every_minutes > 0  # rank 0's clock decides
                                and time.time() - last_save >= 60 * cfg.save_every_minutes)
-                # one host sync per step (if distributed) for both: a stop asked anywhere, a save due by time
-                stop_anywhere, minutes_due = any_ranks([stop or out_of_time or orphaned, minutes_due], self.env,
-                                                       self.device)
+                gone = self.env.is_main and self._run_dir_gone()  # one stat
+                # one host sync per step (if distributed) for all: a stop asked anywhere, a save due by time, the
+                # run directory gone
+                stop_anywhere, minutes_due, gone = any_ranks([stop or out_of_time or orphaned, minutes_due, gone],
+                                                             self.env, self.device)
+                if gone:
+                    raise self._removed()
                 if self.saved_step != state.step and (minutes_due or self._steps_due()):
                     self.save_checkpoint()
                 if self.saved_step == state.step:
@@ -477,10 +494,24 @@ class Trainer:
                                "time limit" if out_of_time else "the torchrun launcher is gone" if orphaned
                                else "a signal to another rank, or its launcher gone")
                     break
+        except Exception as e:  # a write into the removed directory (an evaluation's best.pt) before the check
+            if not isinstance(e, RunDirectoryRemoved) and self._run_dir_gone():
+                raise self._removed() from None
+            raise
         finally:
+            stopping = keep_stopping and self.stopped and state.step < cfg.max_steps
             for s, h in handlers.items():
-                signal.signal(s, h)
+                signal.signal(s, signal.SIG_IGN if stopping and s != signal.SIGINT else h)
         return last_valid
+
+    def _run_dir_gone(self) -> bool:
+        """Whether the run directory is no longer the one this run locked (removed, moved away, replaced)."""
+        return directory_identity(self.run_dir) != self.run_dir_identity
+
+    def _removed(self) -> RunDirectoryRemoved:
+        self.run_dir_removed = True
+        return RunDirectoryRemoved(f"{self.run_dir} was removed (or moved away) while the run trained: stopped at "
+                                   f"step {self.step}; its checkpoints and logs went with it")
 
     def _request_stop(self, signum, frame) -> None:
         if signum == signal.SIGINT and self.stop_signal == signal.SIGINT:  # a second Ctrl-C: stop now...

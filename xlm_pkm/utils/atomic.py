@@ -9,16 +9,24 @@ That OutputError is the one the caller sees, whatever the code writing the file 
 that turns it into its own error (torch.save's zip writer: `RuntimeError ... unexpected pos`), or
 swallows it, still ends in our OutputError, and closing the failed file does not write its buffer
 again (which would raise a second OSError in place of ours).
+
+No output is written through a symbolic link: the temporary file is created with O_CREAT | O_EXCL | O_NOFOLLOW
+(nothing planted at its name is opened), a file appended to (a run's train.log, metrics.jsonl, its lock) is opened
+with O_NOFOLLOW (`open_output_file`, `open_output`), and a link found there (planted to point at another file: a
+user's ~/.bashrc, another run's checkpoint) is one OutputError naming it, its target untouched. A name longer than
+the file system allows is `cannot write NAME: File name too long` (write_error raised itself, looking it up again).
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
 from contextlib import contextmanager
 from pathlib import Path
 
 from xlm_pkm.errors import UserError
+from xlm_pkm.utils.path_component import NAME_MAX_BYTES
 
 
 class OutputError(UserError, RuntimeError):
@@ -26,9 +34,13 @@ class OutputError(UserError, RuntimeError):
 
 
 def temporary_name(path: Path) -> Path:
-    """A temporary file name next to `path`, unique to this process and call."""
+    """A temporary file name next to `path`, unique to this process and call; `path`'s name cut short where
+    needed, so that a final name that fits in NAME_MAX_BYTES gets a temporary one that fits too."""
     path = Path(path)
-    return path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+    name, suffix = path.name, f".{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    if len(os.fsencode(name)) + len(suffix) > NAME_MAX_BYTES:
+        name = os.fsencode(name)[:NAME_MAX_BYTES - len(suffix)].decode("utf-8", "ignore")
+    return path.with_name(name + suffix)
 
 
 def is_temporary(path: Path) -> bool:
@@ -36,8 +48,45 @@ def is_temporary(path: Path) -> bool:
 
 
 def write_error(path: Path, error: OSError) -> OutputError:
-    kept = f"; the previous {Path(path).name} is kept" if Path(path).exists() else ""
+    """The one line of a failed write of `path` (never raises itself: a name too long for the file system fails
+    every call on it)."""
+    if error.errno == errno.ELOOP and os.path.islink(path):
+        return link_error(path)
+    kept = f"; the previous {Path(path).name} is kept" if os.path.lexists(path) else ""  # False where it cannot look
     return OutputError(f"cannot write {path}: {error.strerror or error}{kept}")
+
+
+def link_error(path: Path) -> OutputError:
+    return OutputError(f"{path} is a symbolic link: no output is written through a link (it may point anywhere, "
+                       f"its target is left untouched); remove it")
+
+
+def _no_follow(path, flags: int) -> int:
+    """open's opener: the file at `path` itself, never where a symbolic link there points (ELOOP)."""
+    return os.open(path, flags | os.O_NOFOLLOW, 0o666)
+
+
+def _new_file(path, flags: int) -> int:
+    """open's opener: a file this call creates (EEXIST if anything, a link included, is at `path`)."""
+    return os.open(path, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666)
+
+
+def open_output(path: Path, flags: int, mode: int = 0o666) -> int:
+    """os.open(path, flags | O_NOFOLLOW): a file descriptor on `path` itself, never on where a symbolic link
+    there points (link_error); any other failure is write_error's one line."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as e:
+        raise write_error(path, e) from None
+
+
+def open_output_file(path: Path, mode: str, **open_kwargs):
+    """open(path, mode, ...) of a file a run writes or appends to, without following a symbolic link at `path`
+    (link_error); any other failure is write_error's one line."""
+    try:
+        return open(path, mode, opener=_no_follow, **open_kwargs)
+    except OSError as e:
+        raise write_error(path, e) from None
 
 
 class _Output:
@@ -96,8 +145,8 @@ def atomic_file(path: Path, mode: str = "wb", **open_kwargs):
     """
     path = Path(path)
     tmp = temporary_name(path)
-    try:
-        file = open(tmp, mode, **open_kwargs)
+    try:  # a new file, this process's own: nothing planted at its name (a link) is opened
+        file = open(tmp, mode, opener=_new_file, **open_kwargs)
     except OSError as e:
         raise write_error(path, e) from None
     output = _Output(file, path)
@@ -151,9 +200,13 @@ def refuse_foreign_file(path: Path, is_ours, option: str, ours: str) -> None:
     """Raises OutputError if `path` is a folder, or a file that `is_ours(path)` does not recognise as an
     output of this command (`ours` says what that is): a command replaces only the files it wrote."""
     path = Path(path)
-    if path.is_dir():
+    try:
+        is_dir, exists = path.is_dir(), path.exists()
+    except OSError as e:  # a name too long, a loop of links: nothing can be written there either
+        raise write_error(path, e) from None
+    if is_dir:
         raise OutputError(f"{option} {path}: is a directory; give a file name")
-    if path.exists() and not is_ours(path):
+    if exists and not is_ours(path):
         raise OutputError(f"{option} {path}: exists and is not {ours}, which is all this command replaces; "
                           f"give another file name, or move that file away")
 
@@ -165,8 +218,9 @@ def check_writable(path: Path) -> None:
     path = Path(path)
     tmp = temporary_name(path)
     try:
-        try:
-            with open(tmp, "wb", buffering=0) as f:  # unbuffered: closing writes nothing more
+        f = open(tmp, "wb", buffering=0, opener=_new_file)  # unbuffered: closing writes nothing more
+        try:  # ours (else nothing is removed)
+            with f:
                 f.write(b"\n")
                 os.fsync(f.fileno())
         finally:

@@ -8,7 +8,8 @@ the error message. The kernel releases it when the holder exits, however it dies
 a lock file left by a dead process never blocks the next one. Some network file systems do not
 honour flock. With `remove=True` the holder deletes the file when it releases it (a data folder keeps
 no trace of its preprocessing): a process that locked the file just as it was deleted sees that it
-holds a file no longer at DIR/NAME, and locks the new one.
+holds a file no longer at DIR/NAME, and locks the new one. A symbolic link at DIR/NAME is refused in one line
+(utils/atomic.py's open_output), never opened: its target is not truncated.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import time
 from pathlib import Path
 
 from xlm_pkm.errors import UserError
-from xlm_pkm.utils.atomic import write_error
+from xlm_pkm.utils.atomic import open_output, write_error
 
 
 class DirectoryBusy(UserError, RuntimeError):
@@ -50,9 +51,9 @@ class DirectoryLock:
     def _open(self) -> int:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            return os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as e:
             raise write_error(self.path, e) from None
+        return open_output(self.path, os.O_RDWR | os.O_CREAT, 0o644)  # a link there is refused, its target untouched
 
     def _still_there(self, fd: int) -> bool:
         """Whether the open file `fd` is still the one at the lock's path."""

@@ -22,6 +22,8 @@ import math
 
 import torch
 
+from xlm_pkm.utils.chunks import slices
+
 
 class SlotStats:
     """Per-slot summed weight and hit count, accumulated on the device of the reads (no host sync).
@@ -99,6 +101,7 @@ class OutputNorms:
 
 
 def abs_sum(params: list[torch.Tensor]) -> torch.Tensor:
-    """(2,) float64: Σ|w| over every element of `params` (at least one), and their number."""
-    total = sum(torch.linalg.vector_norm(p.detach(), 1, dtype=torch.float64) for p in params)
+    """(2,) float64: Σ|w| over every element of `params` (at least one), and their number; a slice at a time
+    (utils/chunks.py): the float64 sum of a whole table built a float64 copy of it, twice its float32 size."""
+    total = sum(torch.linalg.vector_norm(part, 1, dtype=torch.float64) for p in params for part in slices(p.detach()))
     return torch.stack([total, total.new_tensor(float(sum(p.numel() for p in params)))])
