@@ -135,12 +135,16 @@ def test_sharded_values_arithmetic():
 
 @pytest.mark.slow
 def test_checkpoint_cost(tmp_path):
-    """It reports the bytes of checkpoint.pt and its tensors' folder, and leaves neither behind."""
+    """It reports the bytes of checkpoint.pt and its tensors' folder for each entry, and leaves neither behind:
+    float32 rows with Adam, and bfloat16 rows with row-wise Adagrad, which write fewer bytes."""
     result = run_benchmark("checkpoint_cost", tmp_path / "ckpt.json", "--vocab", "100", "--repeats", "2",
-                           "--dir", str(tmp_path), "--override", *TINY_MODEL, "model.memory.n_keys=8")
-    assert result["parameters"] > 0 and len(result["write_s_each"]) == 2
-    assert result["bytes"] > 4 * 3 * result["parameters"]  # weights and Adam's two moments, float32
-    assert result["total_s_median"] > 0 and not list(tmp_path.glob("tmp*"))  # its directory removed
+                           "--dir", str(tmp_path), "--override", *TINY_MODEL, "model.memory.n_keys=16")
+    today, two_bytes = result["rows"]
+    assert today["parameters"] > 0 and len(today["write_s_each"]) == 2 and today["total_s_median"] > 0
+    assert today["bytes"] > 4 * 3 * today["parameters"]  # weights and Adam's two moments, float32
+    values = 16 * 16 * 16  # the table's parameters: 16² slots of TINY_MODEL's dim 16
+    assert today["bytes"] - two_bytes["bytes"] > (12 - 2) * values * 0.9  # 12 bytes a value against 2 (+ 4/16)
+    assert not list(tmp_path.glob("tmp*"))  # its directory removed
 
 
 def test_results_go_beside_the_committed_ones_unless_asked(tmp_path, monkeypatch):

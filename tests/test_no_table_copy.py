@@ -41,3 +41,23 @@ def test_the_non_finite_check_and_the_mean_value_read_a_table_without_a_copy():
     torch.testing.assert_close(abs_sum([table])[0], table.double().abs().sum())  # the same figures
     table[-1, -1] = float("nan")
     assert not all_finite(table) and first_non_finite({"model": {"table": table}}) == "model.table"
+
+
+def test_a_bfloat16_table_is_drawn_without_a_float32_table():
+    """value_dtype=bfloat16: the float32 init's numbers rounded to nearest, drawn a chunk of rows at a time into
+    the bfloat16 table (it drew the whole float32 table, then converted it: 6 bytes a value at start-up)."""
+    from xlm_pkm.config import load_config
+    from xlm_pkm.model.memory.value_stores import TableValues
+
+    rows, dim = TABLE
+    tables = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = load_config(None, [f"model.memory.value_dtype={dtype}"]).model.memory
+        torch.manual_seed(0)
+        tables[dtype] = TableValues(cfg, dim, dim, rows).weight.detach()
+        torch.manual_seed(0)
+        largest = largest_allocation(lambda: TableValues(cfg, dim, dim, rows))
+        assert largest <= rows * dim * tables[dtype].element_size()  # the table itself, and small chunks
+    assert tables["bfloat16"].dtype == torch.bfloat16
+    assert torch.equal(tables["bfloat16"], tables["float32"].bfloat16())
+    assert largest < rows * dim * 4  # no float32 table beside the bfloat16 one

@@ -119,9 +119,9 @@ class TableValues(ValueStore):
     def __init__(self, cfg: MemoryConfig, input_dim: int, output_dim: int, n_slots: int):
         super().__init__(cfg, input_dim, output_dim, n_slots)
         shard = current_shard(output_dim) if cfg.shard_values is True else ValueShard(0, 1)
-        weight = torch.empty(n_slots, shard.width(output_dim))
-        init_shard(weight, output_dim, shard)
-        self.weight = mark_memory_value(nn.Parameter(weight.to(getattr(torch, cfg.value_dtype))))
+        weight = torch.empty(n_slots, shard.width(output_dim), dtype=getattr(torch, cfg.value_dtype))
+        init_shard(weight, output_dim, shard)  # drawn in float32 a chunk of rows at a time: no float32 table
+        self.weight = mark_memory_value(nn.Parameter(weight))
         if cfg.value_dtype != "float32":
             self.weight.grad_dtype = torch.float32  # its gradient rows, summed in float32, stay float32
         if cfg.shard_values is True:
