@@ -56,8 +56,23 @@ def test_a_bfloat16_table_is_drawn_without_a_float32_table():
         torch.manual_seed(0)
         tables[dtype] = TableValues(cfg, dim, dim, rows).weight.detach()
         torch.manual_seed(0)
-        largest = largest_allocation(lambda: TableValues(cfg, dim, dim, rows))
+        largest = largest_allocation(lambda cfg=cfg: TableValues(cfg, dim, dim, rows))
         assert largest <= rows * dim * tables[dtype].element_size()  # the table itself, and small chunks
     assert tables["bfloat16"].dtype == torch.bfloat16
     assert torch.equal(tables["bfloat16"], tables["float32"].bfloat16())
     assert largest < rows * dim * 4  # no float32 table beside the bfloat16 one
+
+
+def test_a_bfloat16_table_is_read_without_a_float32_table():
+    """The read sums in float32 the rows it reads; it asked for the table's float32 dtype by converting the whole
+    table (at_least_float32(table).dtype: a float32 copy at every read, 4 bytes a value, in training and
+    evaluation alike)."""
+    from xlm_pkm.model.memory.value_read import read_values
+
+    rows, dim = TABLE
+    table = torch.randn(TABLE).bfloat16().requires_grad_()
+    indices, weights = torch.randint(0, rows, (64, 16)), torch.rand(64, 16)
+    for read_op in ("eager", "custom_op"):
+        largest = largest_allocation(lambda read_op=read_op: read_values(table, indices, weights, True,
+                                                                         read_op=read_op).sum().backward())
+        assert largest < rows * dim * 2  # not even a bfloat16 copy

@@ -13,9 +13,9 @@
                          (model.base)
     memory/              the product-key memory layer and its parts (a package of its own)
 
-May import: errors, settings, registry, utils.path_kind, utils.chunks, model.memory, data.dictionary (alone of data: Engram's token
-compression reads the vocabulary's special tokens and BPE continuation marker where they are defined, as
-the trainer hands the model only the vocabulary's words; that module needs no torch and imports no other
-of xlm_pkm's). The models need torch only (no runtime or training code):
+May import: errors, settings, registry, utils.path_kind, utils.chunks, model.memory, data.dictionary (alone
+of data: Engram's token compression reads the vocabulary's special tokens and BPE continuation marker where
+they are defined, as the trainer hands the model only the vocabulary's words; that module needs no torch and
+imports no other of xlm_pkm's). The models need torch only (no runtime or training code):
 `from xlm_pkm.model.transformer import TransformerLM` works in any PyTorch program.
 """

@@ -28,8 +28,9 @@ memory. A new memory design goes here.
 A variant is one module here: its settings dataclass (a section of MemoryConfig, which pkm.py imports:
 so importing the layer registers the variant's parts), its registered parts, and a test.
 
-May import: errors, settings, registry, utils.chunks, data.dictionary (the vocabulary's special tokens and BPE marker, for
-token_compression.py; see model/__init__.py) (never the rest of model/: the transformer imports the memory).
+May import: errors, settings, registry, utils.chunks, data.dictionary (the vocabulary's special tokens and BPE
+marker, for token_compression.py; see model/__init__.py) (never the rest of model/: the transformer imports
+the memory).
 """
 
 from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory

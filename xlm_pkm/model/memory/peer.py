@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
-from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.dtypes import compute_dtype
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import read_values, slot_sums
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
@@ -80,10 +80,10 @@ def expert_inputs(down: torch.Tensor, indices: torch.Tensor, x: torch.Tensor, ba
     at least float32. torch: in chunks of tokens (at most CHUNK_ELEMENTS gathered elements each); triton:
     the fused read's weight-gradient kernel, which computes exactly these dots (no gathered tensor)."""
     N, L = indices.shape
-    dtype = torch.promote_types(at_least_float32(down).dtype, x.dtype)
+    dtype = torch.promote_types(compute_dtype(down), x.dtype)
     if backend == "triton":
         from xlm_pkm.model.memory.triton_value_read import fused_row_dots  # imports Triton only when used
-        return fused_row_dots(down, indices, x.to(down.dtype), at_least_float32(down).dtype).to(dtype)
+        return fused_row_dots(down, indices, x.to(down.dtype), compute_dtype(down)).to(dtype)
     s = torch.empty(N, L, dtype=dtype, device=x.device)
     step = max(1, CHUNK_ELEMENTS // max(1, L * down.shape[1]))
     for start in range(0, N, step):

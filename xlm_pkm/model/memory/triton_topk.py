@@ -20,7 +20,7 @@ try:  # imported only where Triton is installed (selected_scores.py); transforme
 except ImportError as e:
     raise ImportError(f"the Triton half top-k needs Triton ({e}): use model.memory.half_topk=torch") from None
 
-from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.dtypes import compute_dtype
 
 SCORES_PER_PROGRAM = 2048  # the rows a program holds: 2,048 // n_keys of them (at least one)
 
@@ -45,7 +45,7 @@ def row_topk(scores: torch.Tensor, knn: int) -> tuple[torch.Tensor, torch.Tensor
     torch.topk(scores, knn) (among equal scores, the leftmost first)."""
     *lead, S = scores.shape
     rows = scores.reshape(-1, S).contiguous()  # (R, S)
-    values = torch.empty(rows.shape[0], knn, dtype=at_least_float32(scores).dtype, device=scores.device)
+    values = torch.empty(rows.shape[0], knn, dtype=compute_dtype(scores), device=scores.device)
     indices = torch.empty(rows.shape[0], knn, dtype=torch.int64, device=scores.device)
     block_s = triton.next_power_of_2(S)
     block_r = max(1, SCORES_PER_PROGRAM // block_s)

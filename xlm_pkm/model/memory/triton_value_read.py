@@ -34,7 +34,7 @@ try:  # imported only where Triton is installed (value_read.py); transformers' r
 except ImportError as e:
     raise ImportError(f"the fused value read needs Triton ({e}): use model.memory.value_read=torch") from None
 
-from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.dtypes import compute_dtype
 from xlm_pkm.model.memory.slot_groups import group_by_slot, slot_runs, table_gradient
 
 
@@ -187,7 +187,7 @@ def one_pass_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.Te
     else:
         slots = torch.arange(S, device=table.device)  # (S,): every slot a run, empty when unread
         order, row_starts = slot_runs(indices, S)  # (N*L,), (S + 1,)
-    rows = torch.empty(slots.numel(), D, dtype=at_least_float32(table).dtype, device=table.device)  # (U or S, D)
+    rows = torch.empty(slots.numel(), D, dtype=compute_dtype(table), device=table.device)  # (U or S, D)
     grad_weights = torch.empty(N, L, dtype=torch.float32, device=table.device)
     if slots.numel():
         block_e, block_d = _grad_blocks(indices.numel() / slots.numel(), D, TABLE_GRAD_ROWS)  # a run's mean length
@@ -205,7 +205,7 @@ def fused_read(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tensor
     table, indices, weights = table.contiguous(), indices.contiguous(), weights.contiguous()
     (N, L), D = indices.shape, table.shape[1]
     block_l, block_d = _blocks(L, D, table.element_size())
-    out = torch.empty(N, D, dtype=out_dtype or at_least_float32(table).dtype, device=table.device)
+    out = torch.empty(N, D, dtype=out_dtype or compute_dtype(table), device=table.device)
     if N:
         _read_kernel[(N, triton.cdiv(D, block_d))](table, indices, weights, out, L, D,
                                                    BLOCK_L=block_l, BLOCK_D=block_d)
@@ -223,7 +223,7 @@ def fused_read_grads(table: torch.Tensor, indices: torch.Tensor, weights: torch.
     if weights_grad:
         grad_weights = fused_row_dots(table, indices, grad_out, weights.dtype)  # (N, L)
     if table_grad:
-        slots, rows = fused_slot_sums(indices, weights, grad_out, at_least_float32(table).dtype)  # (U,), (U, D)
+        slots, rows = fused_slot_sums(indices, weights, grad_out, compute_dtype(table))  # (U,), (U, D)
         grad_table = table_gradient(slots, rows, table.shape, sparse)
     return grad_table, grad_weights
 

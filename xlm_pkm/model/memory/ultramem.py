@@ -79,7 +79,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.dtypes import at_least_float32, compute_dtype
 from xlm_pkm.model.memory.keys import KEY_SEARCHES, KeySearch, uniform_keys
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import read_values
@@ -172,7 +172,7 @@ class TuckerKeys(KeySearch):
     def component_scores(self, q: torch.Tensor) -> torch.Tensor:
         """q (N, H, k_dim) -> S (N, H, 2, n_keys, r): S[:, :, 0] = S_rowᵀ, S[:, :, 1] = S_colᵀ, in float32 at
         least (float64 if q or the keys are)."""
-        dtype = torch.promote_types(at_least_float32(q).dtype, at_least_float32(self.weight).dtype)
+        dtype = torch.promote_types(compute_dtype(q), compute_dtype(self.weight))
         q, keys = q.to(dtype), self.weight.to(dtype)
         q = q.view(q.shape[0], self.heads, 2, self.k_dim // 2)  # (N, H, 2, k_dim/2): row and column queries
         q, keys = self.normalize(q, keys)  # each half-query and each key component

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.dtypes import compute_dtype
 from xlm_pkm.model.memory.slot_groups import group_by_slot, table_gradient
 
 
@@ -70,7 +70,7 @@ class _AttachTableGrad(torch.autograd.Function):
 def float32_rows(table: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """What the torch read sums: table (S, D), indices (N, L) as they are when the table is float32 (or float64);
     a lower-precision table's distinct rows read, rows (U, D) float32, and indices (N, L) into them."""
-    if table.dtype == at_least_float32(table).dtype:
+    if table.dtype == compute_dtype(table):
         return table, indices
     slots, lookups = torch.unique(indices, return_inverse=True)  # (U,), (N, L)
     return table.index_select(0, slots).float(), lookups
@@ -81,7 +81,7 @@ def slot_sums(indices: torch.Tensor, weights: torch.Tensor, vectors: torch.Tenso
     """indices, weights (N, L), vectors (N, D) -> slots (U,) the distinct slots read, rows (U, D) in at least
     float32: rows[u] = Σ over the lookups (n, l) of slots[u] of weights[n, l] · vectors[n]. With vectors = the
     output gradient, the table's gradient rows (module docstring); PEER's down table uses it with its inputs."""
-    rows_dtype = at_least_float32(vectors).dtype  # float32 sums for fp16/bf16
+    rows_dtype = compute_dtype(vectors)  # float32 sums for fp16/bf16
     if backend == "triton":
         from xlm_pkm.model.memory.triton_value_read import fused_slot_sums
         return fused_slot_sums(indices, weights, vectors, rows_dtype)
@@ -131,13 +131,13 @@ def read_values(table: torch.Tensor, indices: torch.Tensor, weights: torch.Tenso
     table's dtype, at least float32. backend: "torch" or "triton" (a resolved choice); read_backward: Triton's
     "two_pass" or "one_pass"; read_op: "eager" or "custom_op" (the module docstring)."""
     if backend == "torch":
-        weights = weights.to(at_least_float32(table).dtype)
+        weights = weights.to(compute_dtype(table))
     if read_op == "custom_op":
         return read_values_op()(table, indices, weights, sparse, backend, read_backward)
     if backend == "triton":
         from xlm_pkm.model.memory.triton_value_read import fused_read_values  # imports Triton only when used
         return fused_read_values(table, indices, weights, sparse, read_backward)
-    if not sparse and table.dtype == at_least_float32(table).dtype:
+    if not sparse and table.dtype == compute_dtype(table):
         return F.embedding_bag(indices, table, per_sample_weights=weights, mode="sum")
     rows, lookups = float32_rows(table.detach(), indices)  # the table itself, or the distinct rows read
     read = F.embedding_bag(lookups, rows, per_sample_weights=weights, mode="sum")  # (N, dim)
@@ -188,7 +188,7 @@ def _define_read_ops() -> None:
 
     @read.register_fake
     def _(table, indices, weights, sparse, backend, read_backward):
-        return table.new_empty(indices.shape[0], table.shape[1], dtype=at_least_float32(table).dtype)
+        return table.new_empty(indices.shape[0], table.shape[1], dtype=compute_dtype(table))
 
     @torch.library.custom_op("xlm_pkm::read_values_backward", mutates_args=())
     def read_backward_op(grad_out: Tensor, table: Tensor, indices: Tensor, weights: Tensor, sparse: bool,
@@ -203,11 +203,11 @@ def _define_read_ops() -> None:
             grads = embedding_bag_grads(table, indices, weights, grad_out, sparse, table_grad, weights_grad)
         grad_table, grad_weights = grads
         return (weights.new_empty(0) if grad_weights is None else grad_weights,
-                table.new_empty(0, dtype=at_least_float32(table).dtype) if grad_table is None else grad_table)
+                table.new_empty(0, dtype=compute_dtype(table)) if grad_table is None else grad_table)
 
     @read_backward_op.register_fake
     def _(grad_out, table, indices, weights, sparse, backend, read_backward, table_grad, weights_grad):
-        grad_table = table.new_empty(table.shape if table_grad else (0,), dtype=at_least_float32(table).dtype)
+        grad_table = table.new_empty(table.shape if table_grad else (0,), dtype=compute_dtype(table))
         return (weights.new_empty(weights.shape if weights_grad else (0,)),
                 grad_table.to_sparse(1) if sparse and table_grad else grad_table)
 
