@@ -13,8 +13,9 @@ tensors: save_model / load_model). from_pretrained therefore loads them itself, 
 load_model, rather than through transformers' loader. Decoding keeps the model's KVCache (attention keys
 and values, Engram's N-gram windows) between steps: generate() feeds only the new tokens, as generate.py
 does. A batch must not be padded on the left (an attention mask with zeros is refused): every row is read
-from its first position, as in training. Loaded in bf16 or fp16 (from_pretrained's dtype), the memory layers
-stay in float32, as under training's autocast: their input is cast to float32 and their output back. An edited
+from its first position, as in training. Loaded in bf16 or fp16 (from_pretrained's dtype), the memory and Engram
+layers stay in float32, as under training's autocast: their input is cast to float32 and their output back; their
+tables stay as stored (float32, or bfloat16: model.memory.value_dtype), neither rounded nor copied. An edited
 config.json is refused: its `model` section must have the hash the weights' metadata records, and their shapes.
 
 A retrofit (model.base: model/retrofit.py) is RetrofitLM: its base is the folder's base/ (a plain transformers
@@ -35,6 +36,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import cached_file
 
 from xlm_pkm.model.attention import KVCache
+from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.retrofit import RetrofitLM
 from xlm_pkm.model.transformer import ModelConfig, TransformerLM, model_config_digest
 
@@ -64,10 +66,23 @@ def check_model_config(model: dict, weights: str) -> None:
                          f"restore it, or export the run's checkpoint again")
 
 
+def cast_outside_memories(lm: TransformerLM | RetrofitLM, dtype: torch.dtype) -> None:
+    """lm's floating parameters and buffers cast to `dtype`, but those of its memory and Engram layers, left as they
+    are: float32, and their tables as stored (a float32 one not rounded to `dtype`, a bfloat16 one not copied)."""
+    kept = {id(m) for _, layer in (*lm.memories(), *lm.engrams()) for m in layer.modules()}
+    for module in (m for m in lm.modules() if id(m) not in kept):
+        for p in module.parameters(recurse=False):
+            if p.is_floating_point():
+                p.data = p.data.to(dtype)
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer.is_floating_point():
+                setattr(module, name, buffer.to(dtype))
+
+
 class Float32Memory:
-    """Forward hooks that run one memory layer in its own dtype (float32) inside a model cast to a lower one: its
-    input cast to the layer's dtype, its output back to the input's (the layer's numeric rule: model/memory/dtypes.py).
-    In a float32 model they change nothing."""
+    """Forward hooks that run one memory (or Engram) layer in its own dtype (float32, that of its dense parameters:
+    its tables may be bfloat16) inside a model cast to a lower one: its input cast to the layer's dtype, its output
+    back to the input's (the layer's numeric rule: model/memory/dtypes.py). In a float32 model they change nothing."""
 
     def __init__(self, memory: torch.nn.Module):
         self.dtype = None  # the input's dtype, that of the rest of the model
@@ -77,7 +92,7 @@ class Float32Memory:
     def enter(self, memory: torch.nn.Module, args: tuple) -> tuple:
         x, *rest = args  # (B, T, dim)
         self.dtype = x.dtype
-        return (x.to(next(memory.parameters()).dtype), *rest)
+        return (x.to(next(p for p in memory.parameters() if not is_memory_value(p)).dtype), *rest)
 
     def leave(self, memory: torch.nn.Module, args: tuple, output: torch.Tensor) -> torch.Tensor:
         return output.to(self.dtype)
@@ -102,8 +117,8 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: XlmPkmConfig, lm: TransformerLM | RetrofitLM | None = None):
         super().__init__(config)
         self.lm = lm if lm is not None else TransformerLM(build_dataclass(ModelConfig, config.model))
-        for _, memory in self.lm.memories():
-            Float32Memory(memory)
+        for _, layer in (*self.lm.memories(), *self.lm.engrams()):
+            Float32Memory(layer)
 
     @classmethod
     def _supports_default_dynamic_cache(cls) -> bool:
@@ -135,10 +150,8 @@ class XlmPkmForCausalLM(PreTrainedModel, GenerationMixin):
             raise ValueError(f"{weights}: weights of another architecture than config.json "
                              f"({' '.join(str(e).split())[:300]})") from None
         dtype = dtype if dtype is not None else torch_dtype
-        if dtype not in (None, "auto"):
-            model.to(getattr(torch, dtype) if isinstance(dtype, str) else dtype)
-            for _, memory in model.lm.memories():  # float32, as trained (Float32Memory)
-                memory.float()
+        if dtype not in (None, "auto"):  # the memory and Engram layers float32 (Float32Memory), as trained
+            cast_outside_memories(model.lm, getattr(torch, dtype) if isinstance(dtype, str) else dtype)
         if isinstance(device_map, (str, torch.device)) and str(device_map) != "auto":
             model.to(device_map)
         elif device_map == "auto" and torch.cuda.is_available():
