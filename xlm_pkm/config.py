@@ -2,15 +2,20 @@
 
     cfg = load_config("configs/paper/l12_d1024_m1.yaml", ["optim.lr=1e-4", "model.memory.n_keys=256"])
 
-Each section is a dataclass beside the code it configures, and checks itself (settings.py):
+Each section is a dataclass in its package's settings module, which imports none of the package's code (the
+code imports it), and checks itself (settings.py):
 
-    model          ModelConfig   model/transformer.py          model.span: SpanConfig, model/adaptive_span.py
-                                                               model.base: BaseConfig, model/retrofit.py
-    model.memory   MemoryConfig  model/memory/pkm.py           .peer (peer.py), .tucker, .expanded (ultramem.py)
-    model.engram   EngramConfig  model/memory/engram.py
-    data           DataConfig    data/stream.py
-    optim          OptimConfig   optim/optimizers.py           .lora, .memory_finetune: the same module (*)
+    model          ModelConfig   model/model_settings.py          .span: SpanConfig, .base: BaseConfig
+    model.memory   MemoryConfig  model/memory/memory_settings.py  .peer, .tucker, .expanded: the same module
+    model.engram   EngramConfig  model/memory/memory_settings.py
+    data           DataConfig    data/stream.py                   (it imports no other module of data/)
+    optim          OptimConfig   optim/optim_settings.py          .lora, .memory_finetune: the same module (*)
     train          TrainConfig   here, with train.wandb: WandbConfig (the run itself)
+
+A name a section chooses (model.sublayers, model.memory.key_type, optim.optimizer...) is checked against a
+registry of those settings modules, which the code's modules fill when imported: this module imports them
+(model.blocks, which imports the memory's parts, and optim.optimizers, which imports the schedules), and a
+config's plugins register theirs (registry.py).
 
 (*) LoRA and sparse memory finetuning run in finetune/, which loads checkpoints and so sits above this
 module; their settings are part of the optimizer's section (which parameters and rows a step updates), so
@@ -39,9 +44,11 @@ from typing import Literal
 
 from xlm_pkm.data.stream import DataConfig
 from xlm_pkm.errors import ConfigError
-from xlm_pkm.model.blocks import CONTEXT_SUBLAYERS
-from xlm_pkm.model.transformer import ModelConfig, resolve_memory_layers
-from xlm_pkm.optim.optimizers import OptimConfig
+from xlm_pkm.model import blocks  # noqa: F401 (registers the sublayers; its memory imports register their parts)
+from xlm_pkm.model.model_settings import CONTEXT_SUBLAYERS, ModelConfig
+from xlm_pkm.model.transformer import resolve_memory_layers
+from xlm_pkm.optim import optimizers  # noqa: F401 (registers the optimizers and schedules optim names)
+from xlm_pkm.optim.optim_settings import OptimConfig
 from xlm_pkm.runtime.precision import DEVICES
 from xlm_pkm.settings import architecture_keys, check, choice_text, non_negative, positive
 from xlm_pkm.utils.path_component import check_path_component
@@ -120,7 +127,7 @@ class TrainConfig:
 
 @dataclass
 class Config:
-    """A run's config: each component's section, composed (sections beside their code: see the module
+    """A run's config: each component's section, composed (each in its package's settings module: see the module
     docstring)."""
 
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -9,13 +9,16 @@
 
 A settings field names its implementation with a string; the field declares the registry itself
 (`field(default="product", metadata=one_of(KEY_SEARCHES))`, settings.py), and the config loader checks the
-name against it, so adding an implementation never touches the config code. The registries:
-KEY_SEARCHES (model/memory/keys.py, model.memory.key_type), SCORE_FUNCTIONS (model/memory/scores.py,
-model.memory.score), VALUE_STORES (model/memory/value_stores.py, model.memory.values), SUBLAYERS
-(model/blocks.py, model.sublayers), DENSE_OPTIMIZERS and VALUE_OPTIMIZERS (optim/optimizers.py:
-optim.optimizer, optim.values_optimizer; their entries are DenseOptimizer / ValueOptimizer, which declare
-their state size) and SCHEDULES (optim/schedule.py: optim.schedule). A registry made with an `entry` type
-refuses anything else.
+name against it, so adding an implementation never touches the config code. Each registry lives beside the
+settings that name it, in its package's settings module (which imports none of the package's code), and is
+filled by the modules that implement the names, when imported. The registries: KEY_SEARCHES
+(model.memory.key_type; filled by model/memory/keys.py), SCORE_FUNCTIONS (model.memory.score; scores.py),
+VALUE_STORES (model.memory.values; value_stores.py), all three in model/memory/memory_settings.py; SUBLAYERS
+(model.sublayers; model/blocks.py) in model/model_settings.py; DENSE_OPTIMIZERS and VALUE_OPTIMIZERS
+(optim.optimizer, optim.values_optimizer; optim/optimizers.py: their entries are DenseOptimizer /
+ValueOptimizer, which declare their state size) and SCHEDULES (optim.schedule; optim/schedule.py) in
+optim/optim_settings.py. The implementations' modules re-export them (`from xlm_pkm.model.memory.keys import
+KEY_SEARCHES` works). A registry made with an `entry` type refuses anything else.
 
 Outside this package, a module of your own registers into them when imported; name it in the
 config's `plugins` (`plugins: [my_pkg.my_keys]`, or the override `plugins=[my_pkg.my_keys]`) and

@@ -1,7 +1,8 @@
 """The rules a settings field declares beside it, and `check`, which applies them to a section.
 
-Every component keeps its settings as a dataclass beside its code (model/memory/pkm.py's MemoryConfig,
-optim/optimizers.py's OptimConfig...); config.py composes them into a run's Config. A field states what
+Every component keeps its settings as a dataclass in its package's settings module, which imports none of its
+code (model/memory/memory_settings.py's MemoryConfig, optim/optim_settings.py's OptimConfig...); config.py
+composes them into a run's Config. A field states what
 values it takes in its metadata, and a section states the rules between its fields in a `check` method:
 
     @dataclass

@@ -11,7 +11,8 @@
     meta.py        meta.json (written last): proof of completeness, each split's shards, check_split
     dictionary.py  vocabulary with <s> </s> <pad> <unk> first
     shard.py       the binary shard format (readable with numpy alone, checksummed)
-    stream.py      TokenStream: rank-disjoint, resumable LM batches, blocks shuffled per epoch; DataConfig
+    stream.py      TokenStream: rank-disjoint, resumable LM batches, blocks shuffled per epoch; DataConfig, the
+                   settings (data), here since this module imports no other of data/
     fact_batches.py  FactBatches: one fact's paraphrases per batch, padded, padding masked (finetuning)
     stats.py       corpus statistics (python -m xlm_pkm.data.stats DIR)
     bytes.py       character-level data (enwik8, text8): one token per byte

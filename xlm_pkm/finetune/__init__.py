@@ -7,5 +7,5 @@
     slot_counts.py      the background slot counts it ranks against (python -m xlm_pkm.finetune.slot_counts)
 
 May import: errors, utils, settings, config, runtime, data, model, optim, checkpoint (their settings, LoraConfig and
-MemoryFinetuneConfig, are optim/'s: this package sits above config.py).
+MemoryFinetuneConfig, are optim/optim_settings.py's: this package sits above config.py).
 """

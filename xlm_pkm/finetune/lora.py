@@ -27,7 +27,7 @@ from torch import nn
 from xlm_pkm.errors import ConfigError
 from xlm_pkm.finetune.trainable import freeze
 from xlm_pkm.model.retrofit import is_base_weight
-from xlm_pkm.optim.optimizers import LoraConfig, OptimConfig
+from xlm_pkm.optim.optim_settings import LoraConfig, OptimConfig
 
 ADAPTER = "default"  # peft's adapter name
 # each attention and FFN linear: our names (model/attention.py, blocks.py), then the Llama family's (a retrofit's base)

@@ -42,7 +42,7 @@ from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.stats import SlotStats
 from xlm_pkm.model.memory.value_stores import is_memory_value
-from xlm_pkm.optim.optimizers import MemoryFinetuneConfig
+from xlm_pkm.optim.optim_settings import MemoryFinetuneConfig
 from xlm_pkm.runtime.distributed import DistEnv, all_reduce_sum
 
 KIND = "xlm_pkm slot counts"  # marks a background file

@@ -19,27 +19,11 @@ rounded up to a multiple of 64 (capped at S), the keys an attention layer must k
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import torch
 from torch import nn
 
-from xlm_pkm.settings import architecture, non_negative, positive
-
-
-@dataclass
-class SpanConfig:
-    """Relative-position context attention with a stream cache (Sukhbaatar et al. 2019): the
-    all_attention and span_attention sublayers (all_attention.py, this module, stream_attention.py): model.span."""
-
-    # S: the previous tokens a query can see; relative position table d_h x S
-    max_span: int = field(default=8192, metadata=architecture(positive()))
-    # learn each head's span (z in [0, 1], soft mask with a ramp of R); else all S
-    adaptive: bool = field(default=True, metadata=architecture())
-    ramp: int = field(default=32, metadata=architecture(positive()))  # R
-    # span loss: loss_coeff · S · mean z per layer, summed over layers (training)
-    loss_coeff: float = field(default=1e-7, metadata=non_negative())
-    adaptive_cache: bool = True  # cache min(S, span in use + 64) inputs (--adapt-span-cache), else S
+from xlm_pkm.model.model_settings import SpanConfig as SpanConfig  # its settings, here too
 
 TRIM_MULTIPLE = 64  # spans in use and caches grow and shrink in steps of this many tokens
 

@@ -10,12 +10,10 @@ forward(x, rows[, cache]), its layer's rows of the model's N-gram hash; all_atte
 (stream_attention.py) instead keep their own cache of the stream between forwards. `shared` holds what
 several layers share, built before every layer (shared_state), and "layer", the 1-indexed layer being
 built. A Block wraps a layer's sublayers, each with its own LayerNorm and residual. A new block type is
-its module, its builder registered here, and a config naming it.
+its module, its builder registered here (into SUBLAYERS, model_settings.py's), and a config naming it.
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,14 +27,8 @@ from xlm_pkm.model.memory.keys import KEY_SEARCHES
 from xlm_pkm.model.memory.ngram_hash import NgramHash
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_stores import VALUE_STORES
+from xlm_pkm.model.model_settings import CONTEXT_SUBLAYERS, SUBLAYERS, ModelConfig
 from xlm_pkm.model.stream_attention import StreamAttention
-from xlm_pkm.registry import Registry
-
-if TYPE_CHECKING:
-    from xlm_pkm.model.transformer import ModelConfig  # transformer.py imports this module
-
-SUBLAYERS = Registry("block sublayer")
-CONTEXT_SUBLAYERS = ("all_attention", "span_attention")  # relative positions and a stream cache (their family's)
 
 
 class FeedForward(nn.Module):

@@ -44,10 +44,8 @@ import os
 import re
 import struct
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -61,48 +59,13 @@ from xlm_pkm.model.memory.ngram_hash import NgramHash
 from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.memory_host import MemoryHost
-from xlm_pkm.settings import architecture, positive
+from xlm_pkm.model.model_settings import BaseConfig, ModelConfig
 from xlm_pkm.utils.path_kind import path_problem
-
-if TYPE_CHECKING:
-    from xlm_pkm.model.transformer import ModelConfig  # transformer.py imports this module
 
 BASE_WEIGHT = "is_base_weight"  # the mark of a base's own parameter: it never trains, checkpoints leave it out
 FAMILIES = "Llama, Mistral, Qwen2, SmolLM2"  # the Llama family: decoder layers whose MLP a memory goes beside
 # what sized() reads of the base's transformers config (a GPT-2's has no intermediate_size: not of the family)
 FAMILY_SIZES = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-
-
-@dataclass
-class BaseConfig:
-    """A pretrained Hugging Face causal LM (Llama family) that takes the memories, beside the MLPs of `layers`:
-    model.base (this module)."""
-
-    # the base's folder (config.json and safetensors weights, or a GGUF file); empty: no base (TransformerLM)
-    path: str = ""
-    gguf_file: str = ""  # a GGUF file in `path` to load instead (dequantized to float32; needs pip install gguf)
-    # the 1-indexed decoder layers whose MLP gets a memory beside it; empty: one, at layer L - L//4 of the base's L
-    # (the paper's top memory: model/transformer.memory_layers), set when the run starts
-    layers: list[int] = field(default_factory=list, metadata=architecture(positive()))
-    gate_init: float = 0.0  # every memory's output gate (one per channel) starts here; 0: the base's logits at step 0
-    # a learnt (dim,) vector added beside each memory (its parameter: beside.LAYER.shift), 0 at step 0: it takes the
-    # part of the change that is the same for every token (a shift to the new text's domain), so the memory's
-    # slots need not (results/retrofit/README.md measures it)
-    shift: bool = field(default=False, metadata=architecture())
-    # the base's own weights train too, as any weight (optim.trainable), and checkpoints hold them (full finetuning);
-    # false: frozen, and checkpoints hold what trains beside it only
-    trainable: bool = field(default=False, metadata=architecture())
-    # blake2b of the base's files (base_files), recorded when the run starts; a base whose files differ is refused
-    digest: str = field(default="", metadata=architecture())
-
-    def check(self, prefix: str) -> None:
-        if not self.path:
-            given = [key for key in ("gguf_file", "layers", "digest", "trainable") if getattr(self, key)]
-            if given:
-                raise ConfigError(f"{prefix}{given[0]}: set {prefix}path (the base model's folder) first")
-            return
-        if len(set(self.layers)) != len(self.layers):
-            raise ConfigError(f"{prefix}layers: must be distinct, got {self.layers}")
 
 
 def is_base_weight(p: torch.Tensor) -> bool:

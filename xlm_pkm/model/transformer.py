@@ -46,118 +46,24 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.errors import ConfigError
 from xlm_pkm.model.adaptive_io import AdaptiveEmbedding, AdaptiveLogSoftmax
-from xlm_pkm.model.adaptive_span import AdaptiveSpan, SpanConfig
+from xlm_pkm.model.adaptive_span import AdaptiveSpan
 from xlm_pkm.model.attention import KVCache
-from xlm_pkm.model.blocks import CONTEXT_SUBLAYERS, SUBLAYERS, Block, shared_state
-from xlm_pkm.model.memory.engram import Engram, EngramConfig
-from xlm_pkm.model.memory.pkm import MemoryConfig, ProductKeyMemory
+from xlm_pkm.model.blocks import SUBLAYERS, Block, shared_state
+from xlm_pkm.model.memory.engram import Engram
+from xlm_pkm.model.memory.pkm import ProductKeyMemory
 from xlm_pkm.model.memory.value_stores import is_memory_value
 from xlm_pkm.model.memory_host import MemoryHost
-from xlm_pkm.model.retrofit import BaseConfig
+from xlm_pkm.model.model_settings import ModelConfig
 from xlm_pkm.model.stream_attention import StreamAttention
-from xlm_pkm.settings import architecture, non_negative, one_of, positive, probability
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ModelConfig:
-    """A causal transformer LM (paper §4.3), with memories replacing or following some FFNs: model."""
-
-    vocab_size: int = field(default=0, metadata=architecture(non_negative()))  # 0: taken from the data's vocabulary
-    # model width (embeddings, attention, FFN input/output)
-    dim: int = field(default=1024, metadata=architecture(positive()))
-    n_layers: int = field(default=12, metadata=architecture(positive()))  # transformer layers
-    n_heads: int = field(default=16, metadata=architecture(positive()))  # attention heads per layer
-    ffn_dim: int = field(default=0, metadata=architecture(non_negative()))  # 0: 4 * dim
-    dropout: float = field(default=0.0, metadata=probability())  # on embeddings and sublayer outputs
-    attention_dropout: float = field(default=0.0, metadata=probability())  # on the attention weights
-    max_len: int = field(default=512, metadata=architecture(positive()))  # learned positional embeddings
-    pre_norm: bool = field(default=False, metadata=architecture())  # False: post-norm, as XLM
-    # the sublayer types of every layer, in order (model/blocks.py); a memory layer's "ffn" gives way
-    # to the memory (mem_mode replace), or the memory follows the others (add)
-    sublayers: list[str] = field(default_factory=lambda: ["attention", "ffn"],
-                                 metadata=architecture(one_of(SUBLAYERS)))
-    # interspersed at regular intervals (see transformer.memory_layers)
-    n_memories: int = field(default=0, metadata=non_negative())
-    # explicit 1-indexed layers (wins over n_memories); as an architecture key, the layers resolved from both
-    mem_layers: list[int] = field(default_factory=list, metadata=architecture())
-    # replace: memory instead of the FFN | add: x + memory(x) after the FFN
-    mem_mode: Literal["replace", "add"] = field(default="replace", metadata=architecture())
-    memory: MemoryConfig = field(default_factory=MemoryConfig)
-    engram: EngramConfig = field(default_factory=EngramConfig)  # token-addressed memory, beside or instead of PKM
-    # transformer: XLM's LM (learned absolute positions up to max_len, embedding LayerNorm when post-norm,
-    # output tied to the token embeddings, dropout on embeddings and residual branches).
-    # all_attention: the all-attention paper's LM, for the all_attention / span_attention sublayers:
-    # no absolute positions (relative ones in the attention, streams of any length through the cache),
-    # no embedding norm, N(0, 1) embeddings, an output Linear with bias (or the tied adaptive softmax),
-    # `dropout` on the input embeddings and the last hidden state only.
-    family: Literal["transformer", "all_attention"] = field(default="transformer", metadata=architecture())
-    # N key/value vectors per head in each all_attention sublayer
-    persistent_vectors: int = field(default=0, metadata=architecture(non_negative()))
-    # joint: one softmax over context and persistent vectors (the paper's model); split / head_split:
-    # the paper's attn-split and head-split ablations (model/all_attention.py)
-    persistent_mixing: Literal["joint", "split", "head_split"] = field(default="joint", metadata=architecture())
-    span: SpanConfig = field(default_factory=SpanConfig)
-    # tied adaptive input + adaptive softmax over a frequency-sorted vocabulary (family all_attention):
-    # cluster boundaries (ids), e.g. [20000, 40000, 200000]; empty: a full softmax
-    adaptive_cutoffs: list[int] = field(default_factory=list, metadata=architecture(positive()))
-    # cluster c's embedding dimension: dim / factor^c
-    adaptive_factor: int = field(default=4, metadata=architecture(positive()))
-    # a pretrained Hugging Face causal LM taking the memories beside its MLPs (model/retrofit.py); the sizes above
-    # are then the base's, set when the run starts
-    base: BaseConfig = field(default_factory=BaseConfig)
-
-    def check(self, prefix: str) -> None:
-        """The model's rules between its sections: the all-attention family's sublayers and adaptive
-        input/softmax go with family=all_attention; Engram's place (model.engram.layers, not sublayers) in
-        a transformer whose batches start its N-gram windows afresh."""
-        context = [name for name in self.sublayers if name in CONTEXT_SUBLAYERS]
-        if context and self.family != "all_attention":
-            raise ConfigError(f"{prefix}sublayers: {context[0]} needs {prefix}family=all_attention (relative "
-                              f"positions, stream cache), got {prefix}family={self.family}")
-        if self.adaptive_cutoffs and self.family != "all_attention":
-            raise ConfigError(f"{prefix}adaptive_cutoffs: the adaptive input/softmax needs {prefix}family="
-                              f"all_attention, got {prefix}family={self.family}")
-        if any(b <= a for a, b in zip(self.adaptive_cutoffs, self.adaptive_cutoffs[1:])):
-            raise ConfigError(f"{prefix}adaptive_cutoffs: must increase strictly, got {self.adaptive_cutoffs}")
-        if self.base.path:
-            self._check_retrofit(prefix)
-        e = self.engram
-        if "engram" in self.sublayers:
-            raise ConfigError(f"{prefix}sublayers: engram is not listed there; {prefix}engram.layers places it "
-                              f"(first in each of those layers)")
-        if not e.layers:
-            return
-        n_layers = "the base's layers" if self.base.path else self.n_layers  # a retrofit's: retrofit.sized checks
-        if (not self.base.path and any(not 1 <= layer <= self.n_layers for layer in e.layers)) or \
-                len(set(e.layers)) != len(e.layers):
-            raise ConfigError(f"{prefix}engram.layers must be distinct layers in [1, {n_layers}], got {e.layers}")
-        if self.family != "transformer":
-            raise ConfigError(f"{prefix}engram needs {prefix}family=transformer: the all_attention family's streams "
-                              f"continue from one batch to the next, and Engram's N-gram window starts afresh at "
-                              f"every batch")
-
-    def _check_retrofit(self, prefix: str) -> None:
-        """A retrofit (model.base) places its memories beside the base's MLPs: none of this model's own layout."""
-        own = [(key, value) for key, value in (("n_memories", self.n_memories), ("mem_layers", self.mem_layers),
-                                               ("adaptive_cutoffs", self.adaptive_cutoffs))
-               if value]
-        if own:
-            key, value = own[0]
-            raise ConfigError(f"{prefix}{key}={value}: a retrofit ({prefix}base.path) places its memories at "
-                              f"{prefix}base.layers (Engram: {prefix}engram.layers), beside the base's MLPs")
-        if self.family != "transformer":
-            raise ConfigError(f"{prefix}family={self.family}: a retrofit ({prefix}base.path) is the base's network")
 
 
 def model_config_digest(model: dict) -> str:

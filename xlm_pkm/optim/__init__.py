@@ -1,11 +1,15 @@
 """Optimizers and learning rates (paper §4.3): dense Adam on a schedule, the memory values on their own.
 
-    optimizers.py  Optimizers: one optimizer per parameter group, chosen by name (DENSE_OPTIMIZERS,
-                   VALUE_OPTIMIZERS, each declaring its state size); fp16 loss-scaled steps skipped on every
-                   rank together; OptimConfig (optim), with LoraConfig and MemoryFinetuneConfig (optim.lora,
-                   optim.memory_finetune: the code is in finetune/, which loads checkpoints and so sits above
-                   config.py; these settings sit here, in the section they belong to, below it)
-    schedule.py    the dense learning rate by step (SCHEDULES: inverse_sqrt, linear_warmup, constant)
+    optim_settings.py  the settings, imported by the code and importing none of it: OptimConfig (optim), with
+                   LoraConfig and MemoryFinetuneConfig (optim.lora, optim.memory_finetune: the code is in
+                   finetune/, which loads checkpoints and so sits above config.py; these settings sit here, in
+                   the section they belong to, below it); the registries its names are chosen from
+                   (DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, SCHEDULES), filled by the two modules below
+    optimizers.py  Optimizers: one optimizer per parameter group, chosen by name (registered into
+                   DENSE_OPTIMIZERS, VALUE_OPTIMIZERS, each declaring its state size); fp16 loss-scaled steps
+                   skipped on every rank together
+    schedule.py    the dense learning rate by step (registered into SCHEDULES: inverse_sqrt, linear_warmup,
+                   constant)
     clipping.py    gradient norm and clipping over sparse and sharded gradients
     lazy_adam.py   Adam on the rows of a row-sparse gradient only (the memory values)
     rowwise_adagrad.py  FBGEMM's exact row-wise Adagrad on row-sparse gradients: one accumulator per row

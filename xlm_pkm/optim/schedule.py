@@ -1,20 +1,14 @@
 """The dense learning rate by optimizer step (paper §4.3: Vaswani et al.'s inverse square root after a
-linear warmup), chosen by `optim.schedule` from SCHEDULES; the memory values keep a constant rate, or
-decay with UltraMem's value lr decay (values_lr)."""
+linear warmup), chosen by `optim.schedule` from SCHEDULES (optim_settings.py: this module registers into
+it); the memory values keep a constant rate, or decay with UltraMem's value lr decay (values_lr)."""
 
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
-from xlm_pkm.registry import Registry
+from xlm_pkm.optim.optim_settings import SCHEDULES, OptimConfig
 
-if TYPE_CHECKING:
-    from xlm_pkm.optim.optimizers import OptimConfig  # optimizers.py imports this module
-
-# Dense learning-rate schedules by optim.schedule: (optimizer step, 1-based; OptimConfig) -> lr.
-SCHEDULES = Registry("learning-rate schedule")
-
+# the dense schedules by optim.schedule: (optimizer step, 1-based; OptimConfig) -> lr
 
 def _warmup(step: int, cfg: OptimConfig, after: float) -> float:
     """Linear from warmup_init_lr to lr over warmup_steps, then `after`."""

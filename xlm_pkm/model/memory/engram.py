@@ -30,57 +30,14 @@ rounds its row updates stochastically (optim/stochastic_rounding.py), as the mem
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from xlm_pkm.errors import ConfigError
+from xlm_pkm.model.memory.memory_settings import EngramConfig
 from xlm_pkm.model.memory.stats import SlotStats
 from xlm_pkm.model.memory.value_read import read_values
 from xlm_pkm.model.memory.value_stores import mark_memory_value
-from xlm_pkm.settings import architecture, non_negative, positive
-
-
-@dataclass
-class EngramConfig:
-    """Engram (DeepSeek-AI 2026, arXiv 2601.07372): hashed N-gram embeddings added to the residual stream at
-    `layers` (this module; the hash: ngram_hash.py): model.engram. Off while `layers` is empty."""
-
-    # 1-indexed layers; the paper's 27B model: [2, 15] of 30 (a retrofit's: the base's decoder layers, beside the MLP)
-    layers: list[int] = field(default_factory=list, metadata=architecture(positive()))
-    # N: the orders 2..N are hashed (the paper's and the reference's 3)
-    max_ngram: int = field(default=3, metadata=architecture())
-    # K hash heads per order, each its own table of prime size
-    heads: int = field(default=8, metadata=architecture(positive()))
-    # rows of one order's tables, all K heads together (each head ~table_size / K)
-    table_size: int = field(default=65536, metadata=architecture(positive()))
-    # width of one order's embedding, all K heads together (each head ngram_dim / K)
-    ngram_dim: int = field(default=512, metadata=architecture(positive()))
-    # the causal depthwise convolution's width (dilation: max_ngram)
-    kernel_size: int = field(default=4, metadata=architecture(positive()))
-    # the hash multipliers' seed (the reference's: seed + 10007 · layer index)
-    seed: int = field(default=0, metadata=architecture(non_negative()))
-    # the tables as stored: float32 | bfloat16 (2 bytes a value; read in float32, gradient rows float32, updates
-    # rounded stochastically: optim/stochastic_rounding.py), as model.memory.value_dtype for the memory's values
-    table_dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata=architecture())
-
-    def check(self, prefix: str) -> None:
-        """Engram's own rules, when on: N-gram orders from 2, at least one table row per hash head, heads
-        splitting the width evenly (the model's rules on where it goes: transformer.ModelConfig.check)."""
-        if not self.layers:
-            return
-        if self.max_ngram < 2:
-            raise ConfigError(f"{prefix}max_ngram: N-grams of order 2 and up are hashed, so it must be >= 2, "
-                              f"got {self.max_ngram}")
-        if self.table_size < self.heads:
-            raise ConfigError(f"{prefix}table_size: one order's {self.heads} hash heads need at least one row "
-                              f"each, got {self.table_size} rows")
-        if self.ngram_dim % self.heads:
-            raise ConfigError(f"{prefix}ngram_dim ({self.ngram_dim}) must be divisible by {prefix}heads "
-                              f"({self.heads}): each head reads ngram_dim / heads columns")
 
 
 class Engram(nn.Module):

@@ -41,21 +41,15 @@ and an entry in tests/test_memory.py's brute-force cases.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from xlm_pkm.model.memory.dtypes import at_least_float32
+from xlm_pkm.model.memory.memory_settings import KEY_SEARCHES, MemoryConfig
 from xlm_pkm.model.memory.selected_scores import register_row_topk, register_tf32_scores, top_scores
 from xlm_pkm.model.memory.value_read import triton_installed
-from xlm_pkm.registry import Registry
-
-if TYPE_CHECKING:
-    from xlm_pkm.model.memory.pkm import MemoryConfig  # pkm.py imports this module
-
-KEY_SEARCHES = Registry("memory key type")
 
 
 def uniform_keys(*shape: int) -> nn.Parameter:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from xlm_pkm.model.memory.engram import EngramConfig
+from xlm_pkm.model.memory.memory_settings import EngramConfig
 
 BOS, PAD = 0, 2  # data/dictionary.py: <s> starts every document; <pad>
 MULTIPLIER_LAYER_PRIME = 10007  # the reference's per-layer seed step

@@ -45,34 +45,21 @@ Where the paper is silent or ambiguous, chosen here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.autograd.function import once_differentiable
 
 from xlm_pkm.model.memory.dtypes import compute_dtype
+from xlm_pkm.model.memory.memory_settings import VALUE_STORES, MemoryConfig
+from xlm_pkm.model.memory.memory_settings import PeerConfig as PeerConfig  # its section, importable from here too
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import read_values, slot_sums
-from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
-from xlm_pkm.settings import architecture
-
-if TYPE_CHECKING:
-    from xlm_pkm.model.memory.pkm import MemoryConfig
+from xlm_pkm.model.memory.value_stores import ValueStore, mark_memory_value
 
 CHUNK_ELEMENTS = 2**24  # the forward gathers at most this many down-table elements at a time (64 MiB float32)
 
 ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu}  # σ of Eq. 6 (memory.peer.activation)
-
-
-@dataclass
-class PeerConfig:
-    """PEER's experts (values=peer, PeerExperts below): model.memory.peer."""
-
-    # σ of each expert σ(u_i·x) v_i: the paper's "ReLU or GELU" (He 2024, Eq. 6); gelu: erf form
-    activation: Literal["gelu", "relu"] = field(default="gelu", metadata=architecture())
 
 
 def expert_inputs(down: torch.Tensor, indices: torch.Tensor, x: torch.Tensor, backend: str) -> torch.Tensor:

@@ -25,9 +25,10 @@ Three parts are chosen by name, so that the variants of the design are this same
 Search, score function and value read run in float32, also under autocast. A key search may add a
 training loss term (`aux_loss()`, UltraMem's on its core): the model sums them (TransformerLM.aux_loss).
 
-Every setting is a field of MemoryConfig below (model.memory in a run's config; the variants' own in
-their sections, beside their code: PeerConfig, TuckerConfig, ExpandedConfig), checked by the layer
-(settings.check); keyword arguments override the fields of `cfg` (default MemoryConfig()). Beyond it:
+Every setting is a field of MemoryConfig (memory_settings.py: model.memory in a run's config; the variants' own
+in their sections there: PeerConfig, TuckerConfig, ExpandedConfig), checked by the layer (settings.check); keyword
+arguments override the fields of `cfg` (default MemoryConfig()). This module imports every part and variant, so
+that their registrations are made (into memory_settings.py's registries). Beyond it:
   - shared_values: an existing value store to share between memory layers (Berges et al. 2024 share one
     memory pool across layers).
   - sparse_values (attribute, default False): the value tables' gradients are sparse tensors with one
@@ -50,8 +51,6 @@ per-slot weight and hit count and the outputs' norms (see stats.py); `memory.sta
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
@@ -59,86 +58,14 @@ from torch import nn
 
 from xlm_pkm.model.memory.dtypes import at_least_float32
 from xlm_pkm.model.memory.keys import KEY_SEARCHES
-from xlm_pkm.model.memory.peer import PeerConfig
+from xlm_pkm.model.memory.memory_settings import MemoryConfig
+from xlm_pkm.model.memory.peer import PeerExperts  # noqa: F401 (registers the value store peer)
 from xlm_pkm.model.memory.scores import SCORE_FUNCTIONS
 from xlm_pkm.model.memory.stats import OutputNorms, SlotStats, abs_sum
-from xlm_pkm.model.memory.ultramem import ExpandedConfig, TuckerConfig
+from xlm_pkm.model.memory.ultramem import TuckerKeys  # noqa: F401 (registers key_type tucker, values expanded)
 from xlm_pkm.model.memory.value_read import choose_backend, resolve_backend
 from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore
-from xlm_pkm.settings import architecture, check, execution, one_of, positive, probability
-
-
-@dataclass
-class MemoryConfig:
-    """A Product Key Memory layer (paper §3): model.memory. Options beyond the paper are off by default."""
-
-    # sub-keys per half: |K| = n_keys ** 2 slots (flat: n_keys ** 2 full keys)
-    n_keys: int = field(default=512, metadata=architecture(positive()))
-    # query / key dimension (product: two halves of k_dim / 2)
-    k_dim: int = field(default=512, metadata=architecture(positive()))
-    # memory heads; each has its own query and keys, the value table is shared
-    heads: int = field(default=4, metadata=architecture(positive()))
-    knn: int = field(default=32, metadata=architecture(positive()))  # keys selected per head
-    # product | flat (exhaustive search over |K| full keys, Table 4) | any class in model/memory/keys.py
-    key_type: str = field(default="product", metadata=architecture(one_of(KEY_SEARCHES)))
-    # batchnorm (paper, §4.5; training statistics span the batch) | layernorm (per head, causal) | none
-    query_norm: Literal["batchnorm", "layernorm", "none"] = field(default="batchnorm", metadata=architecture())
-    # hidden sizes of the query MLP (ReLU)
-    query_hidden: list[int] = field(default_factory=list, metadata=architecture(positive()))
-    input_dropout: float = field(default=0.0, metadata=probability())  # on the memory's input
-    query_dropout: float = field(default=0.0, metadata=probability())  # on the queries, before the key search
-    value_dropout: float = field(default=0.0, metadata=probability())  # on the values read
-    # Memory+ output gating: W_o(silu(W_g x) * read) (Berges et al. 2024)
-    gated: bool = field(default=False, metadata=architecture())
-    # L2-normalise queries and keys (product: each half) before scoring
-    qk_norm: bool = field(default=False, metadata=architecture())
-    # LayerNorm queries and keys (product, tucker: each half and sub-key) before scoring, learned gains, no bias
-    # (UltraMem's query/key LN, keys.py)
-    qk_layernorm: bool = field(default=False, metadata=architecture())
-    # product keys: the pairs of the halves' knn best scored, all knn² | winnable: only those that can be among the
-    # knn best, (a+1)(b+1) <= knn for ranks a, b (keys.py; the same slots)
-    pair_candidates: Literal["all", "winnable"] = field(default="all", metadata=execution())
-    # the products that choose the keys (product: half scores, flat: scores) in float32 | tf32 (CUDA) | bfloat16,
-    # the chosen keys' scores then recomputed in float32 (selected_scores.py)
-    score_precision: Literal["float32", "tf32", "bfloat16"] = "float32"
-    # product keys: each half's knn best sub-keys by torch.topk | triton (a selection kernel, triton_topk.py) | auto
-    # (triton on CUDA where Triton is installed, torch elsewhere: a 4.7 ms shorter step on an H200, issue 59)
-    half_topk: Literal["auto", "torch", "triton"] = field(default="auto", metadata=execution())
-    # product / flat keys: every head searches one set of keys (PEER, He 2024 §2)
-    share_keys: bool = field(default=False, metadata=architecture())
-    # softmax(scores / temperature) over the selected keys; 1: the paper
-    temperature: float = field(default=1.0, metadata=architecture(positive()))
-    # all memory layers of the model read one value table
-    share_values: bool = field(default=False, metadata=architecture())
-    # each of W processes holds 1/W of every value row and of its optimizer state (model/memory/value_shards.py);
-    # auto: true under train.parallel=fsdp on W > 1 processes where the tables can be (the table store, its width
-    # divisible by W), else false, resolved when a run starts (train/build.resolved_config; unresolved: false)
-    shard_values: Literal["auto", True, False] = field(default="auto", metadata=execution())
-    # auto (Triton kernels on CUDA, EmbeddingBag on CPU) | torch | triton (model/memory/value_read.py)
-    value_read: Literal["auto", "torch", "triton"] = field(default="auto", metadata=execution())
-    # the Triton read's backward: two_pass (a kernel for each gradient) | one_pass (one kernel, each row read once)
-    # | auto (one_pass where the read is Triton's, two_pass with torch's: 6% faster steps on an H200, issue 59)
-    read_backward: Literal["auto", "two_pass", "one_pass"] = field(default="auto", metadata=execution())
-    # the table read as: custom_op (one node of a compiled graph: 11% faster compiled steps on an H200, issue 59) |
-    # eager (torch.compile breaks its graph around it; the same computation)
-    read_op: Literal["custom_op", "eager"] = field(default="custom_op", metadata=execution())
-    # the table read without gradients (evaluation, generation): table (as stored) | bfloat16 (a bfloat16 copy,
-    # made again when the table changes: half the bytes a read moves; value_stores.py)
-    inference_values: Literal["table", "bfloat16"] = "table"
-    # the value table as stored: float32 | bfloat16 (2 bytes a value; read and summed in float32, its gradient rows
-    # float32, its optimizer's row updates computed in float32 and rounded stochastically: optim/stochastic_rounding.py;
-    # the table store only; value_stores.py)
-    value_dtype: Literal["float32", "bfloat16"] = field(default="float32", metadata=architecture())
-    # the selected scores -> the read weights: softmax (the paper) | relu (Csordás et al. 2023) | identity
-    # (the raw scores, UltraMem) | any function in model/memory/scores.py
-    score: str = field(default="softmax", metadata=architecture(one_of(SCORE_FUNCTIONS)))
-    # what the slots hold: table (one value row per slot, the paper) | peer (PEER's single-neuron experts)
-    # | any store in model/memory/value_stores.py or registered by a variant's module
-    values: str = field(default="table", metadata=architecture(one_of(VALUE_STORES)))
-    # the variants' own settings, each beside its code
-    peer: PeerConfig = field(default_factory=PeerConfig)  # values=peer (peer.py)
-    tucker: TuckerConfig = field(default_factory=TuckerConfig)  # key_type=tucker (ultramem.py)
-    expanded: ExpandedConfig = field(default_factory=ExpandedConfig)  # values=expanded (ultramem.py)
+from xlm_pkm.settings import check
 
 
 class ProductKeyMemory(nn.Module):

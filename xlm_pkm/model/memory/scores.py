@@ -17,9 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from xlm_pkm.registry import Registry
-
-SCORE_FUNCTIONS = Registry("memory score function")
+from xlm_pkm.model.memory.memory_settings import SCORE_FUNCTIONS
 
 
 @SCORE_FUNCTIONS.register("softmax")

@@ -72,51 +72,18 @@ lookups); the projections are dense parameters.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from xlm_pkm.model.memory.dtypes import at_least_float32, compute_dtype
-from xlm_pkm.model.memory.keys import KEY_SEARCHES, KeySearch, uniform_keys
+from xlm_pkm.model.memory.keys import KeySearch, uniform_keys
+from xlm_pkm.model.memory.memory_settings import KEY_SEARCHES, VALUE_STORES, MemoryConfig
+from xlm_pkm.model.memory.memory_settings import ExpandedConfig as ExpandedConfig  # its sections, here too
+from xlm_pkm.model.memory.memory_settings import TuckerConfig as TuckerConfig
 from xlm_pkm.model.memory.slot_groups import table_gradient
 from xlm_pkm.model.memory.value_read import read_values
-from xlm_pkm.model.memory.value_stores import VALUE_STORES, ValueStore, mark_memory_value
-from xlm_pkm.settings import architecture
-
-if TYPE_CHECKING:
-    from xlm_pkm.model.memory.pkm import MemoryConfig
-
-
-@dataclass
-class TuckerConfig:
-    """UltraMem's key search (key_type=tucker, TuckerKeys below): model.memory.tucker."""
-
-    # r, each sub-key's components; an r x r core mixes row and column scores
-    rank: int = field(default=2, metadata=architecture())
-    # cores per head (multi-core scoring, > 1 needs values=expanded)
-    cores: int = field(default=1, metadata=architecture())
-    # rows and columns kept by the core's rank-1 approximation; 0: knn
-    topm: int = field(default=0, metadata=architecture())
-    # also keep the m lowest rows and columns (two negatives make a high score too) and their m² pairs; false:
-    # the paper's top-m only
-    both_signs: bool = field(default=False, metadata=architecture())
-    aux_coeff: float = 0.001  # α of the core's loss α/(r-1) Σ_{i>=2} max(0, λ_i - τ)²
-    aux_margin: float = 0.15  # τ of that loss
-
-
-@dataclass
-class ExpandedConfig:
-    """UltraMem's implicit value expansion (values=expanded, ExpandedValues below): model.memory.expanded."""
-
-    expansion: int = field(default=1, metadata=architecture())  # E virtual blocks over n_slots / E physical values
-    # width of the physical values; 0: the memory's output dim
-    value_dim: int = field(default=0, metadata=architecture())
-    # fan_in: values and projections N(0, 1/D_v) (as before this key) | released: UltraMem's released code,
-    # values N(0, 0.02²) and projections N(0, 1/(E·D_v)) (module docstring)
-    init: Literal["fan_in", "released"] = "fan_in"
+from xlm_pkm.model.memory.value_stores import ValueStore, mark_memory_value
 
 
 def rank_one(core: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,28 +11,22 @@ group (LazyAdam, Adagrad, SGD on sparse rows), sparse memory finetuning selects 
 is dense. One store may be shared by several memories (memory.share_values, Memory+).
 
 "table" is the paper's (§3.1): one (n_slots, output_dim) table, out = Σ_heads Σ_knn w · values[slot].
-Variants register theirs from their own module (peer.py, ultramem.py), which pkm.py imports for
-their settings (sections of MemoryConfig): importing the layer registers every store.
+Variants register theirs from their own module (peer.py, ultramem.py), which pkm.py imports: importing
+the layer registers every store (into VALUE_STORES, memory_settings.py's).
 """
 
 from __future__ import annotations
 
 import functools
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from xlm_pkm.errors import ConfigError
+from xlm_pkm.model.memory.memory_settings import VALUE_STORES, MemoryConfig
 from xlm_pkm.model.memory.value_read import read_values, read_values_op
 from xlm_pkm.model.memory.value_shards import ValueShard, current_shard, init_shard
-from xlm_pkm.registry import Registry
-
-if TYPE_CHECKING:
-    from xlm_pkm.model.memory.pkm import MemoryConfig  # pkm.py imports this module
-
-VALUE_STORES = Registry("memory value store")
 
 
 def mark_memory_value(p: nn.Parameter) -> nn.Parameter:
