@@ -202,8 +202,8 @@ def _row(model, method, setting, seed, em, valid_ppl=20.0, test_ppl=25.0, test_a
 
 def test_settings_are_chosen_on_the_selection_seed_and_summarised_on_the_others(tmp_path):
     rows = [_row("memory", "pretrained", "-", seed, 0.0) for seed in (0, 3)] + [
-        _row("memory", "sparse", "t=10", 3, 0.5, test_ppl=26.0),
-        _row("memory", "sparse", "t=99", 3, 0.5, test_ppl=27.0),
+        _row("memory", "sparse", "t=10", 3, 0.5, valid_ppl=21.0, test_ppl=26.0),
+        _row("memory", "sparse", "t=99", 3, 0.5, valid_ppl=22.0, test_ppl=27.0),
         _row("memory", "sparse", "t=1", 3, 0.2, test_ppl=25.0), _row("memory", "sparse", "t=1", 0, 0.9),
         _row("memory", "sparse", "t=10", 0, 0.7, test_ppl=28.0), _row("memory", "sparse", "t=10", 1, 0.5,
                                                                      test_ppl=26.0)]
@@ -224,7 +224,7 @@ def test_settings_are_chosen_on_the_selection_seed_and_summarised_on_the_others(
     report = write_report(results, tmp_path / "out").read_text()
     assert "chosen on the facts of seed 3, held out" in report and "seeds 0, 1" in report
     assert "| memory | sparse | t=10 | 2 | 60.0 ± 14.1% | 70.0 ± 14.1% | 30.0 ± 0.0% | · | · / · / · |" in report
-    assert "| memory | sparse | t=99 | 50.0% | 25.0% | 60.0% | 30.0% | · | +0.00 | +2.00 | +0.00 |" in report
+    assert "| memory | sparse | t=99 | 50.0% | 25.0% | 60.0% | 30.0% | · | +2.00 | +2.00 | +0.00 |" in report
     assert (tmp_path / "out" / "learning_forgetting.png").stat().st_size > 1000
     with pytest.raises(ValueError, match="no pretrained row for model"):
         with_changes(rows[2:3])
@@ -234,14 +234,14 @@ def test_settings_are_chosen_on_the_selection_seed_and_summarised_on_the_others(
 
 
 def test_forgetting_at_equal_learning_is_a_paired_ratio_to_the_reference_over_the_verdict_seeds():
-    """At each level: each method's least-forgetting setting reaching it on seed 3, on seeds 0-2; R and its
-    interval from the per-seed log ratios (a paired t by hand: t_{0.975, 2} = 4.3027)."""
+    """At each level: each method's least-forgetting (Δ valid ppl) setting reaching it on seed 3, on seeds 0-2; R
+    and its interval from the per-seed log ratios (a paired t by hand: t_{0.975, 2} = 4.3027)."""
     rows = [_row("memory", "pretrained", "-", 0, 0.0, test_ppl=20.0)]
     for method, setting, em, changes in (("sparse_memory", "a", 0.15, (1.0, 2.0, 1.5)),
                                          ("sparse_memory", "b", 0.40, (30.0, 30.0, 30.0)),
                                          ("full", "x", 0.18, (10.0, 30.0, 15.0)),
                                          ("full", "y", 0.12, (5.0, 5.0, 5.0))):
-        rows += [_row("memory", method, setting, seed, em, test_ppl=20.0 + change)
+        rows += [_row("memory", method, setting, seed, em, valid_ppl=20.0 + change, test_ppl=20.0 + change)
                  for seed, change in zip((3, 0, 1, 2), (changes[0], *changes))]
     table = equal_learning(rows, levels=(0.14, 0.3, 0.5))
     logs = [math.log(f / s) for f, s in zip((10.0, 30.0, 15.0), (1.0, 2.0, 1.5))]
@@ -576,3 +576,27 @@ def test_changes_from_a_baseline_are_points_and_perplexity_percent():
                    "fc": {"baseline": 0.2, "change": 60.0, "unit": "points"},
                    "valid_ppl": {"baseline": 30.0, "change": 62.0, "unit": "percent"},
                    "test_acc": {"baseline": 0.3, "change": -5.0, "unit": "points"}}
+
+
+def test_the_table_against_another_reference_answers_the_method_forgets_less():
+    """--also-reference's table (method_less): the claim is "the method forgets less than the reference" (Lin et
+    al.'s "LoRA forgets less than full finetuning"), so R < 1 holds and R > 1 is reversed, the same R and interval
+    as the main table's claim "the reference forgets less" with the words swapped (issue 84)."""
+    rows = [_row("memory", "pretrained", "-", 0, 0.0, test_ppl=20.0)]
+    sweeps = {("full", "lr=1"): (0.4, (4.0, 5.0, 6.0)), ("full", "lr=2"): (0.8, (8.0, 10.0, 12.0)),
+              ("less", "lr=1"): (0.4, (1.0, 1.1, 1.2)), ("less", "lr=2"): (0.8, (2.0, 2.2, 2.4)),
+              ("more", "lr=1"): (0.4, (40.0, 52.0, 55.0)), ("more", "lr=2"): (0.8, (80.0, 90.0, 130.0))}
+    for (method, setting), (em, changes) in sweeps.items():
+        rows += [_row("memory", method, setting, seed, em, test_ppl=20.0 + change)
+                 for seed, change in zip((3, 0, 1, 2), (changes[0], *changes))]
+    claimed = common_em(rows, reference=("memory", "full"), levels=(0.6,), method_less=True)
+    plain = common_em(rows, reference=("memory", "full"), levels=(0.6,))
+    assert "R = Δ test ppl / full's [95%] (verdict: the method forgets less than full)" in claimed
+
+    def cell(table, method):
+        return next(line for line in table.splitlines() if f"| {method} |" in line).split(" | ")[-1]
+
+    assert cell(claimed, "less").startswith("0.22 [") and "(holds, 3 seeds)" in cell(claimed, "less")
+    assert "(reversed, 3 seeds)" in cell(plain, "less")
+    assert "(reversed, 3 seeds)" in cell(claimed, "more") and "(holds, 3 seeds)" in cell(plain, "more")
+    assert cell(claimed, "less").split(" (")[0] == cell(plain, "less").split(" (")[0]  # the same R and interval

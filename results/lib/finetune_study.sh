@@ -49,7 +49,8 @@ only() {
 }
 
 # chosen SCORES SELECT LEVELS < SWEEP: the sweep's lines of each (model, method)'s settings chosen on the SELECT
-# facts' scores: its best, and its least forgetting at each EM level of LEVELS (the equal-learning comparison)
+# facts' scores: its best (highest EM), and its least forgetting at each EM level of LEVELS (the equal-learning
+# comparison), forgetting read as Δ valid ppl, never on the test split the verdict reads (continual_report.SELECTION)
 chosen() {
   local scores=$1 select=$2 levels=$3 sweep level model method setting
   sweep=$(cat)

@@ -6,8 +6,9 @@ with learning_curves.png beside it). Test perplexity is read only from the runs 
 factor (the others have no test.json). A cell's row in the tables shows what is there; a comparison
 needs both cells chosen and at least two seeds in common. Convergence: the last quarter's relative
 improvement of valid perplexity, (p(¾T) − p(T)) / p(¾T), with p(¾T) the last evaluation at or before
-three quarters of the run's T steps, mean over the cell's seeds. Compute: total and active parameters
-and training FLOPs per token of the run's config.yaml (reproduce.model_size, on the meta device), and
+three quarters of the run's T steps, mean over the cell's seeds, each read on the curve of the training its test
+read (`curve_folder`: the re-train's where the run was trained again, study.retrain). Compute: total and active
+parameters and training FLOPs per token of the run's config.yaml (reproduce.model_size, on the meta device), and
 the median of the training tokens/s the runs logged (runs side by side share the machine: a rough
 speed, not a benchmark), and with `--bench FILE` the tokens/s of a benchmark's rows named after the
 cells (benchmarks/variants_speed.py: every cell timed alone, interleaved). Under the study's divergence rule
@@ -42,9 +43,10 @@ def bench_rows(benches: list[dict]) -> dict[str, float]:
             for name in row.get("cells", [row["cell"]])}
 
 
-def events(run: StudyRun, kind: str) -> list[dict]:
+def events(run: StudyRun, kind: str, folder: Path | None = None) -> list[dict]:
+    """The run's metrics.jsonl events of `kind`, from its results (or `folder`, e.g. its re-train's)."""
     try:
-        return [e for e in read_json_lines(run.results / "metrics.jsonl") if e.get("event") == kind]
+        return [e for e in read_json_lines((folder or run.results) / "metrics.jsonl") if e.get("event") == kind]
     except (OSError, ValueError) as e:
         raise StudyError(str(e)) from None
 
@@ -54,9 +56,16 @@ def curve(run: StudyRun) -> list[tuple[int, float]]:
     return [(e["step"] * run.tokens_per_step, e["ppl"]) for e in events(run, "valid")]
 
 
-def last_quarter(run: StudyRun) -> float | None:
-    """(p(¾T) − p(T)) / p(¾T) of valid perplexity p (module docstring); None without an evaluation by ¾T."""
-    valid = {e["step"]: e["ppl"] for e in events(run, "valid")}
+def curve_folder(run: StudyRun) -> Path:
+    """Where the metrics of the training whose best.pt the test read are: the re-train's folder where the run was
+    trained again (its first checkpoint gone, study.retrain), else the run's results."""
+    return run.retrained if run.retrained.is_dir() else run.results
+
+
+def last_quarter(run: StudyRun, folder: Path | None = None) -> float | None:
+    """(p(¾T) − p(T)) / p(¾T) of valid perplexity p (module docstring) on the curve in `folder` (the run's results by
+    default); None without an evaluation by ¾T."""
+    valid = {e["step"]: e["ppl"] for e in events(run, "valid", folder)}
     early = [s for s in valid if s <= 0.75 * run.steps]
     if not early or run.steps not in valid:
         return None
@@ -180,7 +189,7 @@ def cell_table(study: Study, speeds: dict[str, float]) -> str:
         cfg = load_config(runs[0].results / "config.yaml")
         size = model_size(cfg, cfg.data.bptt)
         test = seed_values(study, cell)
-        quarter = [q for q in map(last_quarter, runs) if q is not None]
+        quarter = [q for q in (last_quarter(r, curve_folder(r)) for r in runs) if q is not None]
         diverged = [diverged_text(study, cell)] if study.diverge_ratio else []
         speed = [e["tokens_per_sec"] for r in runs for e in events(r, "train") if e["step"] > 1]
         rows.append([f"`{cell}`", f"`{config}`", Measure(tuple(test.values())).text() if test else "·",

@@ -16,7 +16,8 @@
 #    rows), all memory values (SGD), full finetuning (every weight of the base, the memory and its gate: AdamW,
 #    weight decay 0.1, model.base.trainable) and LoRA (rank 8 adapters on the base's linears alone: AdamW,
 #    weight decay 0.1); on the SELECT facts over the SWEEP below, then on seeds 0, 1, 2 the settings chosen there
-#    (each method's best EM and its least forgetting at each EM level of LEVELS);
+#    (each method's best EM and its least forgetting at each EM level of LEVELS, forgetting read on the valid
+#    split: Δ valid ppl, never the test split the verdict reads);
 # 5. score every run (learning on the facts; forgetting as perplexity on the corpus's valid and held-out test
 #    text and next-token accuracy, and as the share of KNOWLEDGE's world-knowledge questions the start answered
 #    that it still answers: data/knowledge/) and write report.md here: the verdict is its common-EM tables at
