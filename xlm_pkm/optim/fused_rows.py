@@ -77,10 +77,13 @@ def _scaled_chunks(p: torch.Tensor, grad: torch.Tensor, grad_scale: torch.Tensor
         yield rows, g if grad_scale is None else g / grad_scale
 
 
-class FusedLazyAdam(LazyAdam):
-    """LazyAdam (lazy_adam.py) with its row update in one pass; grad_scale and found_inf as the module says."""
+class OnePassRows:
+    """The step every one-pass optimizer below shares (a mixin, first among its bases): per parameter with a
+    gradient, its state, the step t counted (unless found_inf), then its rows updated by the Triton kernel on a GPU
+    (`_kernel`) or chunk by chunk by the CPU function (`_rows`); `name` for the sparse-gradient error."""
 
     _step_supports_amp_scaling = True  # takes grad_scale and found_inf (torch's GradScaler's fused-optimizer path)
+    name: str
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -88,123 +91,108 @@ class FusedLazyAdam(LazyAdam):
         grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
         streams = table_streams(self, self.rounding_seed)
         for group in self.param_groups:
-            (beta1, beta2), kwargs = group["betas"], {k: group[k] for k in ("lr", "eps", "weight_decay")}
             for p in group["params"]:
                 if p.grad is None:
                     continue
-                grad, state = _sparse_grad(p, "LazyAdam"), self.state[p]
-                if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
-                    state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype(p))
-                    state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype(p))
+                grad, state = _sparse_grad(p, self.name), self._state(p)
                 step = _counted_step(state, p, found_inf)  # ()
                 if _use_triton(p):
-                    from xlm_pkm.optim import triton_rows
-
-                    t = step.double()
-                    bias = torch.stack([(1 - beta2**t).sqrt(), (1 - beta1**t).reciprocal()]).float()  # (2,)
-                    triton_rows.lazy_adam_rows_(p, state["exp_avg"], state["exp_avg_sq"], grad,
-                                                *_device_flags(p, grad_scale, found_inf), bias, step, streams[p],
-                                                betas=(beta1, beta2), **kwargs)
+                    self._kernel(p, state, grad, _device_flags(p, grad_scale, found_inf), step, streams[p], group)
                 elif found_inf is None or not found_inf:
                     for rows, g in _scaled_chunks(p, grad, grad_scale):
-                        update_rows(p, state, rows, g, group, float(step), streams[p])
+                        self._rows(p, state, rows, g, group, step, streams[p])
         return loss
 
 
-class FusedSparseAdagrad(Float32State, torch.optim.Adagrad):
+class FusedLazyAdam(OnePassRows, LazyAdam):
+    """LazyAdam (lazy_adam.py) with its row update in one pass; grad_scale and found_inf as the module says."""
+
+    name = "LazyAdam"
+
+    def _state(self, p):
+        state = self.state[p]
+        if not state:
+            state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+            state["exp_avg"] = torch.zeros_like(p, dtype=state_dtype(p))
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=state_dtype(p))
+        return state
+
+    def _kernel(self, p, state, grad, flags, step, key, group):
+        from xlm_pkm.optim import triton_rows
+
+        (beta1, beta2), t = group["betas"], step.double()
+        bias = torch.stack([(1 - beta2**t).sqrt(), (1 - beta1**t).reciprocal()]).float()  # (2,)
+        triton_rows.lazy_adam_rows_(p, state["exp_avg"], state["exp_avg_sq"], grad, *flags, bias, step, key,
+                                    betas=(beta1, beta2), **{k: group[k] for k in ("lr", "eps", "weight_decay")})
+
+    def _rows(self, p, state, rows, g, group, step, key):
+        update_rows(p, state, rows, g, group, float(step), key)
+
+
+class FusedSparseAdagrad(OnePassRows, Float32State, torch.optim.Adagrad):
     """torch's Adagrad on sparse gradients, as VALUE_OPTIMIZERS' adagrad builds it (no lr decay, no weight decay,
     a zero initial sum), with its row update in one pass; grad_scale and found_inf as the module says."""
 
-    _step_supports_amp_scaling = True
+    name = "Adagrad"
 
-    def __init__(self, params, lr: float = 1e-2, eps: float = 1e-10, rounding_seed: int = 0):
+    def __init__(self, params, lr: float = 1e-2, eps: float = 1e-10, rounding_seed: int | None = 0):
         super().__init__(params, lr=lr, eps=eps)
         self.rounding_seed = rounding_seed
         for p, state in self.state.items():  # torch's Adagrad makes its sums here, of p's dtype
             state["sum"] = state["sum"].to(state_dtype(p))
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None if closure is None else closure()
-        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
-        streams = table_streams(self, self.rounding_seed)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, state = _sparse_grad(p, "Adagrad"), self.state[p]
-                step = _counted_step(state, p, found_inf)
-                if _use_triton(p):
-                    from xlm_pkm.optim import triton_rows
+    def _state(self, p):
+        return self.state[p]
 
-                    triton_rows.adagrad_rows_(p, state["sum"], grad, *_device_flags(p, grad_scale, found_inf), step,
-                                              streams[p], lr=group["lr"], eps=group["eps"])
-                elif found_inf is None or not found_inf:
-                    for rows, g in _scaled_chunks(p, grad, grad_scale):
-                        s = state["sum"].index_select(0, rows).addcmul_(g, g)  # (C, dim)
-                        state["sum"].index_copy_(0, rows, s)
-                        add_rows_(p, rows, g / s.sqrt_().add_(group["eps"]), -group["lr"], streams[p], step)
-        return loss
+    def _kernel(self, p, state, grad, flags, step, key, group):
+        from xlm_pkm.optim import triton_rows
+
+        triton_rows.adagrad_rows_(p, state["sum"], grad, *flags, step, key, lr=group["lr"], eps=group["eps"])
+
+    def _rows(self, p, state, rows, g, group, step, key):
+        s = state["sum"].index_select(0, rows).addcmul_(g, g)  # (C, dim)
+        state["sum"].index_copy_(0, rows, s)
+        add_rows_(p, rows, g / s.sqrt_().add_(group["eps"]), -group["lr"], key, step)
 
 
-class FusedRowwiseAdagrad(RowwiseAdagrad):
+class FusedRowwiseAdagrad(OnePassRows, RowwiseAdagrad):
     """RowwiseAdagrad (rowwise_adagrad.py) with its row update in one pass; grad_scale and found_inf as the module
     says."""
 
-    _step_supports_amp_scaling = True
+    name = "RowwiseAdagrad"
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None if closure is None else closure()
-        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
-        streams = table_streams(self, self.rounding_seed)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, state = _sparse_grad(p, "RowwiseAdagrad"), rowwise_adagrad.init_state(self.state[p], p)
-                step = _counted_step(state, p, found_inf)
-                if _use_triton(p):
-                    from xlm_pkm.optim import triton_rows
+    def _state(self, p):
+        return rowwise_adagrad.init_state(self.state[p], p)
 
-                    triton_rows.rowwise_adagrad_rows_(p, state["row_sum"], grad,
-                                                      *_device_flags(p, grad_scale, found_inf), step, streams[p],
-                                                      lr=group["lr"], eps=group["eps"])
-                elif found_inf is None or not found_inf:
-                    for rows, g in _scaled_chunks(p, grad, grad_scale):
-                        rowwise_adagrad.update_rows(p, state, rows, g, group, streams[p])
-        return loss
+    def _kernel(self, p, state, grad, flags, step, key, group):
+        from xlm_pkm.optim import triton_rows
+
+        triton_rows.rowwise_adagrad_rows_(p, state["row_sum"], grad, *flags, step, key, lr=group["lr"],
+                                          eps=group["eps"])
+
+    def _rows(self, p, state, rows, g, group, step, key):
+        rowwise_adagrad.update_rows(p, state, rows, g, group, key)
 
 
-class FusedSparseSGD(torch.optim.SGD):
+class FusedSparseSGD(OnePassRows, torch.optim.SGD):
     """torch's SGD on sparse gradients, as VALUE_OPTIMIZERS' sgd builds it (no momentum, no weight decay), with its
     row update in one pass; grad_scale and found_inf as the module says."""
 
-    _step_supports_amp_scaling = True
+    name = "SGD"
 
-    def __init__(self, params, lr: float = 1e-3, rounding_seed: int = 0):
+    def __init__(self, params, lr: float = 1e-3, rounding_seed: int | None = 0):
         super().__init__(params, lr=lr)
         self.rounding_seed = rounding_seed
 
-    @torch.no_grad()
-    def step(self, closure=None):
-        loss = None if closure is None else closure()
-        grad_scale, found_inf = getattr(self, "grad_scale", None), getattr(self, "found_inf", None)
-        streams = table_streams(self, self.rounding_seed)
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                grad, state = _sparse_grad(p, "SGD"), self.state[p]
-                state.setdefault("step", 0)
-                step = _counted_step(state, p, found_inf)
-                if _use_triton(p):
-                    from xlm_pkm.optim import triton_rows
+    def _state(self, p):
+        state = self.state[p]
+        state.setdefault("step", 0)
+        return state
 
-                    triton_rows.sgd_rows_(p, grad, *_device_flags(p, grad_scale, found_inf), step, streams[p],
-                                          lr=group["lr"])
-                elif found_inf is None or not found_inf:
-                    for rows, g in _scaled_chunks(p, grad, grad_scale):
-                        add_rows_(p, rows, g, -group["lr"], streams[p], step)
-        return loss
+    def _kernel(self, p, state, grad, flags, step, key, group):
+        from xlm_pkm.optim import triton_rows
+
+        triton_rows.sgd_rows_(p, grad, *flags, step, key, lr=group["lr"])
+
+    def _rows(self, p, state, rows, g, group, step, key):
+        add_rows_(p, rows, g, -group["lr"], key, step)
