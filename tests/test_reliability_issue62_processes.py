@@ -225,8 +225,8 @@ def saving_while_read(monkeypatch, run: Path, times: int) -> None:
 
     load, saves = files.load, []
 
-    def load_then_a_save_lands(path):
-        state = load(path)
+    def load_then_a_save_lands(path, **options):
+        state = load(path, **options)
         if len(saves) < times:
             saves.append(save_lands(run, load))
         return state
