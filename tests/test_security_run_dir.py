@@ -271,3 +271,15 @@ def test_a_name_that_fits_gets_a_temporary_name_that_fits(tmp_path):
     with atomic_file(tmp_path / "short.json", "w", encoding="utf-8") as f:  # the text modes still work
         f.write("{}\n")
     assert (tmp_path / "short.json").read_text() == "{}\n"
+
+
+def test_a_run_log_closed_twice_closes_once(tmp_path):
+    """A trainer closed by its run and again by its caller (tests/test_retrofit.py does) closed its events file a
+    second time: 'flush of closed file' (TensorBoard's writer, which it replaces, allowed it)."""
+    from xlm_pkm.train.run_log import RunLogger
+
+    log = RunLogger(tmp_path, True)
+    log.event("train", 1, loss=1.0)
+    log.close()
+    log.close()
+    assert any(p.name.startswith("events.out.tfevents") for p in tmp_path.iterdir())

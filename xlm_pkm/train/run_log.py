@@ -135,6 +135,9 @@ class EventFile:
             raise write_error(self.path, e) from None
 
     def close(self) -> None:
+        """Flushes and closes the file; once closed, nothing (as SummaryWriter.close: a trainer closed twice)."""
+        if self.file.closed:
+            return
         try:
             self.flush()
         finally:
